@@ -1,0 +1,3 @@
+"""hypermedia: a self-hostable media processing service built on durable jobs."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,90 @@
+"""Settings read from ``HYPERMEDIA_*`` environment variables.
+
+Defaults follow seed 000: worker heartbeat every 30 s, metrics every 60 s,
+a worker silent for more than 2 minutes is unhealthy.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path = Path("hypermedia-data")
+    database_url: str = ""
+    lease_seconds: float = 60.0
+    worker_heartbeat_seconds: float = 30.0
+    worker_metrics_seconds: float = 60.0
+    worker_stale_seconds: float = 120.0
+    reaper_interval_seconds: float = 5.0
+    promoter_interval_seconds: float = 1.0
+    retention_interval_seconds: float = 3600.0
+    metrics_raw_days: int = 7
+    leader_lease_seconds: float = 15.0
+    poll_interval_seconds: float = 1.0
+    cancel_poll_seconds: float = 1.0
+    claim_batch: int = 10
+    child_max_attempts: int = 1000
+    child_memory_mb: int = 2048
+    backoff_base_seconds: float = 2.0
+    backoff_max_seconds: float = 600.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.home / 'hypermedia.db').resolve()}"
+
+    def with_(self, **changes: Any) -> Settings:
+        return replace(self, **changes)
+
+
+_ENV_NAMES = {
+    "home": "HOME",
+    "database_url": "DATABASE_URL",
+    "lease_seconds": "LEASE_SECONDS",
+    "worker_heartbeat_seconds": "HEARTBEAT_SECONDS",
+    "worker_metrics_seconds": "METRICS_SECONDS",
+    "worker_stale_seconds": "WORKER_STALE_SECONDS",
+    "reaper_interval_seconds": "REAPER_INTERVAL_SECONDS",
+    "promoter_interval_seconds": "PROMOTER_INTERVAL_SECONDS",
+    "retention_interval_seconds": "RETENTION_INTERVAL_SECONDS",
+    "metrics_raw_days": "METRICS_RAW_DAYS",
+    "leader_lease_seconds": "LEADER_LEASE_SECONDS",
+    "poll_interval_seconds": "POLL_INTERVAL_SECONDS",
+    "cancel_poll_seconds": "CANCEL_POLL_SECONDS",
+    "claim_batch": "CLAIM_BATCH",
+    "child_max_attempts": "CHILD_MAX_ATTEMPTS",
+    "child_memory_mb": "CHILD_MEMORY_MB",
+    "backoff_base_seconds": "BACKOFF_BASE_SECONDS",
+    "backoff_max_seconds": "BACKOFF_MAX_SECONDS",
+}
+
+
+def load_settings() -> Settings:
+    """Build settings from the environment, converting each value to its field's type."""
+    defaults = Settings()
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        env_name = _ENV_NAMES.get(f.name)
+        if env_name is None:
+            continue
+        raw = os.environ.get(f"HYPERMEDIA_{env_name}")
+        if raw is None:
+            continue
+        current = getattr(defaults, f.name)
+        if isinstance(current, Path):
+            values[f.name] = Path(raw)
+        elif isinstance(current, bool):
+            values[f.name] = raw.lower() in {"1", "true", "yes"}
+        else:
+            values[f.name] = type(current)(raw)
+    return replace(defaults, **values)
+
+
+ENV_DOC = {f"HYPERMEDIA_{v}": k for k, v in _ENV_NAMES.items()}

@@ -1,0 +1,140 @@
+"""Connecting to the database and opening transactions.
+
+A ``Driver`` owns the SQLAlchemy engine(s) for one database URL and hands out
+``Tx`` objects (see ``hypermedia.db.queries``) whose named methods are the only
+SQL the rest of the code can reach.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+
+from hypermedia.db import dialects
+from hypermedia.db.queries import Tx
+
+DEFAULT_POOL = {"pool_size": 10, "max_overflow": 20, "pool_pre_ping": True}
+
+
+def normalise_url(url: str) -> str:
+    """Pick the drivers we ship: psycopg 3 for PostgreSQL, PyMySQL for MariaDB/MySQL."""
+    u = make_url(url)
+    if u.drivername in {"postgresql", "postgres"}:
+        u = u.set(drivername="postgresql+psycopg")
+    elif u.drivername in {"mysql", "mariadb"}:
+        u = u.set(drivername="mysql+pymysql")
+    return u.render_as_string(hide_password=False)
+
+
+class Driver:
+    def __init__(self, url: str, *, echo: bool = False) -> None:
+        self.url = normalise_url(url)
+        self.name = make_url(self.url).get_backend_name()
+        if self.name == "mariadb":
+            self.name = "mysql"
+        self._engines = self._make_engines(echo)
+        self._local = threading.local()
+
+    # -- engines -------------------------------------------------------------
+
+    def _make_engines(self, echo: bool) -> dict[str, sa.Engine]:
+        if self.name != "sqlite":
+            opts: dict[str, Any] = dict(DEFAULT_POOL)
+            if self.name == "mysql":
+                # READ COMMITTED: gap locks under REPEATABLE READ would make
+                # SKIP LOCKED claims block each other on the index range.
+                opts["isolation_level"] = "READ COMMITTED"
+            eng = sa.create_engine(self.url, echo=echo, **opts)
+            return {"write": eng, "read": eng}
+        database = make_url(self.url).database
+        if database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        # Two engines on SQLite: writers take the database lock up front with
+        # BEGIN IMMEDIATE (no deadlocked upgrades); readers stay deferred so
+        # they never wait on writers under WAL.
+        return {
+            "write": _sqlite_engine(self.url, "BEGIN IMMEDIATE", echo),
+            "read": _sqlite_engine(self.url, "BEGIN", echo),
+        }
+
+    @property
+    def engine(self) -> sa.Engine:
+        return self._engines["write"]
+
+    def dispose(self) -> None:
+        for eng in {id(e): e for e in self._engines.values()}.values():
+            eng.dispose()
+
+    # -- transactions ----------------------------------------------------------
+
+    @contextmanager
+    def tx(self) -> Iterator[Tx]:
+        """A write transaction, committed on success, rolled back on error."""
+        with self._engines["write"].begin() as conn:
+            yield Tx(conn, self.name)
+
+    @contextmanager
+    def read(self) -> Iterator[Tx]:
+        with self._engines["read"].begin() as conn:
+            yield Tx(conn, self.name)
+
+    # -- wake-ups --------------------------------------------------------------
+
+    def listen(self, on_wake: Callable[[str], None], stop: threading.Event) -> None:
+        """Block until ``stop``; call ``on_wake(queue)`` for each job notification.
+
+        Only PostgreSQL can push; elsewhere this returns at once and workers poll.
+        """
+        if self.name == "postgresql":
+            dialects.pg_listen(self.url, on_wake, stop)
+
+    def healthy(self) -> bool:
+        try:
+            with self.read() as tx:
+                tx.ping()
+            return True
+        except sa.exc.DBAPIError:
+            return False
+
+
+def _sqlite_engine(url: str, begin: str, echo: bool) -> sa.Engine:
+    eng = sa.create_engine(url, echo=echo, pool_size=5, max_overflow=10)
+
+    @event.listens_for(eng, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not pysqlite, decide when transactions begin.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        # FULL: a commit is on disk before it returns (WAL + NORMAL can lose
+        # the last transactions on power loss, and a job must never be lost).
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(eng, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        conn.exec_driver_sql(begin)
+
+    return eng
+
+
+_DRIVERS: dict[str, Driver] = {}
+_LOCK = threading.Lock()
+
+
+def connect(url: str) -> Driver:
+    """One Driver (and pool) per URL per process."""
+    with _LOCK:
+        drv = _DRIVERS.get(url)
+        if drv is None:
+            drv = _DRIVERS[url] = Driver(url)
+        return drv

@@ -1,0 +1,324 @@
+"""Named queries over one open transaction.
+
+``Tx`` is what the rest of the code sees of the database: plain dicts in and
+out, every status change guarded by the statuses it may start from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from hypermedia.db import dialects
+from hypermedia.db.schema import job_attempts as A
+from hypermedia.db.schema import job_events as E
+from hypermedia.db.schema import job_outputs as O
+from hypermedia.db.schema import processing_jobs as J
+from hypermedia.db.schema import processing_profiles as P
+from hypermedia.db.workers import WorkerQueries
+
+Row = dict[str, Any]
+
+
+def _rows(result: sa.CursorResult[Any]) -> list[Row]:
+    return [dict(r._mapping) for r in result]
+
+
+class Tx(WorkerQueries):
+    def __init__(self, conn: sa.Connection, dialect: str) -> None:
+        self.conn = conn
+        self.dialect = dialect
+
+    def ping(self) -> None:
+        self.conn.execute(sa.text("SELECT 1"))
+
+    # -- profiles ------------------------------------------------------------
+
+    def profile(self, key: str, version: str | None = None) -> Row | None:
+        q = sa.select(P).where(P.c.profile_key == key)
+        if version is None:
+            q = q.where(P.c.is_active.is_(True)).order_by(P.c.profile_id.desc()).limit(1)
+        else:
+            q = q.where(P.c.profile_version == version)
+        row = self.conn.execute(q).first()
+        return dict(row._mapping) if row else None
+
+    def profile_by_id(self, profile_id: int) -> Row | None:
+        row = self.conn.execute(sa.select(P).where(P.c.profile_id == profile_id)).first()
+        return dict(row._mapping) if row else None
+
+    def profiles_for_type(self, job_type: str) -> list[Row]:
+        q = (
+            sa.select(P)
+            .where(P.c.job_type == job_type, P.c.is_active.is_(True))
+            .order_by(P.c.profile_id.desc())
+        )
+        return _rows(self.conn.execute(q))
+
+    def insert_profile(self, values: Row) -> int:
+        res = self.conn.execute(sa.insert(P).values(values))
+        return int(res.inserted_primary_key[0])  # type: ignore[index]
+
+    # -- jobs ----------------------------------------------------------------
+
+    def insert_jobs(self, rows: Sequence[Row]) -> dict[str, int]:
+        """Insert jobs; return job_id by job_uuid (the order of RETURNING is not promised)."""
+        if not rows:
+            return {}
+        res = self.conn.execute(sa.insert(J).returning(J.c.job_id, J.c.job_uuid), list(rows))
+        return {r.job_uuid: r.job_id for r in res}
+
+    def job(self, job_id: int, *, lock: bool = False) -> Row | None:
+        q = sa.select(J).where(J.c.job_id == job_id, J.c.deleted_at.is_(None))
+        if lock:
+            q = q.with_for_update()
+        row = self.conn.execute(q).first()
+        return dict(row._mapping) if row else None
+
+    def job_by_uuid(self, job_uuid: str) -> Row | None:
+        row = self.conn.execute(sa.select(J).where(J.c.job_uuid == job_uuid)).first()
+        return dict(row._mapping) if row else None
+
+    def job_by_idempotency_key(self, project_id: str, key: str) -> Row | None:
+        q = sa.select(J).where(J.c.project_id == project_id, J.c.idempotency_key == key)
+        row = self.conn.execute(q).first()
+        return dict(row._mapping) if row else None
+
+    def jobs(
+        self,
+        *,
+        status: str | None = None,
+        job_type: str | None = None,
+        queue: str | None = None,
+        project_id: str | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[Row]:
+        q = sa.select(J).where(J.c.deleted_at.is_(None))
+        for col, value in (
+            (J.c.status, status),
+            (J.c.job_type, job_type),
+            (J.c.queue_name, queue),
+            (J.c.project_id, project_id),
+        ):
+            if value is not None:
+                q = q.where(col == value)
+        if before_id is not None:
+            q = q.where(J.c.job_id < before_id)
+        return _rows(self.conn.execute(q.order_by(J.c.job_id.desc()).limit(limit)))
+
+    def jobs_where(self, job_ids: Iterable[int], *, lock: bool = False) -> list[Row]:
+        ids = list(job_ids)
+        if not ids:
+            return []
+        q = sa.select(J).where(J.c.job_id.in_(ids))
+        if lock:
+            q = q.with_for_update()
+        return _rows(self.conn.execute(q))
+
+    def count_by_status(self) -> dict[tuple[str, str], int]:
+        q = sa.select(J.c.queue_name, J.c.status, sa.func.count()).group_by(
+            J.c.queue_name, J.c.status
+        )
+        return {(r[0], r[1]): int(r[2]) for r in self.conn.execute(q)}
+
+    def update_job(
+        self,
+        job_id: int,
+        from_statuses: Iterable[str],
+        values: Row,
+        *,
+        attempt: int | None = None,
+        worker_id: str | None = None,
+    ) -> bool:
+        """Guarded status change; False when the row was not in an allowed state."""
+        q = sa.update(J).where(J.c.job_id == job_id, J.c.status.in_(sorted(from_statuses)))
+        if attempt is not None:
+            q = q.where(J.c.attempt_count == attempt)
+        if worker_id is not None:
+            q = q.where(J.c.claimed_by == worker_id)
+        return self.conn.execute(q.values(values)).rowcount == 1
+
+    def update_jobs_many(self, from_statuses: Iterable[str], rows: Sequence[Row]) -> None:
+        """Executemany of guarded updates; each row carries ``_id`` and the same columns."""
+        if not rows:
+            return
+        cols = [k for k in rows[0] if k != "_id"]
+        stmt = (
+            sa.update(J)
+            .where(J.c.job_id == sa.bindparam("_id"), J.c.status.in_(sorted(from_statuses)))
+            .values({c: sa.bindparam(f"v_{c}") for c in cols})
+        )
+        params = [{"_id": r["_id"], **{f"v_{c}": r[c] for c in cols}} for r in rows]
+        self.conn.execute(stmt, params)
+
+    def update_jobs_by_ids(self, ids: Sequence[int], from_statuses: Iterable[str], values: Row) -> int:
+        if not ids:
+            return 0
+        q = sa.update(J).where(J.c.job_id.in_(list(ids)), J.c.status.in_(sorted(from_statuses)))
+        return int(self.conn.execute(q.values(values)).rowcount)
+
+    def fenced(
+        self, worker_id: str | None, items: Sequence[tuple[int, int]], statuses: Iterable[str]
+    ) -> list[Row]:
+        """Lock and return the jobs still held by this (worker, attempt); others are stale."""
+        if not items:
+            return []
+        ids = [i for i, _ in items]
+        q = sa.select(
+            J.c.job_id,
+            J.c.status,
+            J.c.attempt_count,
+            J.c.max_attempts,
+            J.c.claimed_by,
+            J.c.memory_limit_mb,
+            J.c.started_at,
+            J.c.queue_name,
+        ).where(J.c.job_id.in_(ids), J.c.status.in_(sorted(statuses)))
+        if worker_id is not None:
+            q = q.where(J.c.claimed_by == worker_id)
+        if self.dialect != "sqlite":  # SQLite already holds the write lock
+            q = q.with_for_update()
+        want = dict(items)
+        return [r for r in _rows(self.conn.execute(q)) if want.get(r["job_id"]) == r["attempt_count"]]
+
+    def claim(
+        self, worker_id: str, queues: Sequence[str], n: int, now: datetime, lease_until: datetime
+    ) -> list[Row]:
+        return dialects.claim(self.conn, self.dialect, worker_id, queues, n, now, lease_until)
+
+    def notify(self, queues: set[str]) -> None:
+        dialects.notify(self.conn, self.dialect, queues)
+
+    def due_retries(self, now: datetime, limit: int) -> list[Row]:
+        q = (
+            sa.select(J.c.job_id, J.c.queue_name, J.c.attempt_count)
+            .where(J.c.status == "retry_wait", J.c.available_at <= now)
+            .order_by(J.c.available_at)
+            .limit(limit)
+        )
+        return _rows(self.conn.execute(q))
+
+    def expired_leases(self, now: datetime, limit: int) -> list[Row]:
+        q = (
+            sa.select(J.c.job_id, J.c.attempt_count, J.c.claimed_by)
+            .where(
+                J.c.status.in_(["claimed", "processing", "cancel_requested"]),
+                J.c.visibility_timeout < now,
+            )
+            .limit(limit)
+        )
+        return _rows(self.conn.execute(q))
+
+    def held_by(self, worker_ids: Sequence[str]) -> list[Row]:
+        if not worker_ids:
+            return []
+        q = sa.select(J.c.job_id, J.c.attempt_count, J.c.claimed_by).where(
+            J.c.status.in_(["claimed", "processing", "cancel_requested"]),
+            J.c.claimed_by.in_(list(worker_ids)),
+        )
+        return _rows(self.conn.execute(q))
+
+    def statuses_of(self, worker_id: str, items: Sequence[tuple[int, int]]) -> dict[int, str]:
+        """Current status of the jobs a worker runs, or absent if no longer its attempt."""
+        if not items:
+            return {}
+        want = dict(items)
+        q = sa.select(J.c.job_id, J.c.status, J.c.attempt_count, J.c.claimed_by).where(
+            J.c.job_id.in_(list(want))
+        )
+        return {
+            r.job_id: r.status
+            for r in self.conn.execute(q)
+            if r.claimed_by == worker_id and r.attempt_count == want[r.job_id]
+        }
+
+    def renew_leases(
+        self, worker_id: str, ids: Sequence[int], until: datetime, now: datetime
+    ) -> int:
+        if not ids:
+            return 0
+        q = (
+            sa.update(J)
+            .where(
+                J.c.job_id.in_(list(ids)),
+                J.c.claimed_by == worker_id,
+                J.c.status.in_(["claimed", "processing", "cancel_requested"]),
+            )
+            .values(visibility_timeout=until)
+        )
+        return int(self.conn.execute(q).rowcount)
+
+    # -- attempts, events, outputs ------------------------------------------
+
+    def insert_attempts(self, rows: Sequence[Row]) -> None:
+        if rows:
+            self.conn.execute(sa.insert(A), list(rows))
+
+    def finish_attempts(self, rows: Sequence[Row]) -> None:
+        """Executemany: each row has job_id, attempt_number and the columns to set."""
+        if not rows:
+            return
+        cols = [k for k in rows[0] if k not in ("job_id", "attempt_number")]
+        stmt = (
+            sa.update(A)
+            .where(
+                A.c.job_id == sa.bindparam("k_job"),
+                A.c.attempt_number == sa.bindparam("k_n"),
+                A.c.status == "started",
+            )
+            .values({c: sa.bindparam(f"v_{c}") for c in cols})
+        )
+        params = [
+            {"k_job": r["job_id"], "k_n": r["attempt_number"], **{f"v_{c}": r[c] for c in cols}}
+            for r in rows
+        ]
+        self.conn.execute(stmt, params)
+
+    def delete_attempt(self, job_id: int, attempt_number: int) -> None:
+        self.conn.execute(
+            sa.delete(A).where(A.c.job_id == job_id, A.c.attempt_number == attempt_number)
+        )
+
+    def attempts(self, job_id: int) -> list[Row]:
+        q = sa.select(A).where(A.c.job_id == job_id).order_by(A.c.attempt_number)
+        return _rows(self.conn.execute(q))
+
+    def insert_events(self, rows: Sequence[Row]) -> None:
+        if rows:
+            self.conn.execute(sa.insert(E), list(rows))
+
+    def events(self, job_id: int, after_id: int = 0) -> list[Row]:
+        q = (
+            sa.select(E)
+            .where(E.c.job_id == job_id, E.c.event_id > after_id)
+            .order_by(E.c.event_id)
+        )
+        return _rows(self.conn.execute(q))
+
+    def insert_outputs(self, rows: Sequence[Row]) -> int:
+        """Insert outputs not already recorded for (job, type, profile version)."""
+        if not rows:
+            return 0
+        ids = sorted({r["job_id"] for r in rows})
+        existing = {
+            (r.job_id, r.output_type, r.profile_version)
+            for r in self.conn.execute(
+                sa.select(O.c.job_id, O.c.output_type, O.c.profile_version).where(
+                    O.c.job_id.in_(ids)
+                )
+            )
+        }
+        fresh = [
+            r for r in rows if (r["job_id"], r["output_type"], r["profile_version"]) not in existing
+        ]
+        if fresh:
+            self.conn.execute(sa.insert(O), fresh)
+        return len(fresh)
+
+    def outputs(self, job_id: int) -> list[Row]:
+        q = sa.select(O).where(O.c.job_id == job_id, O.c.deleted_at.is_(None))
+        return _rows(self.conn.execute(q.order_by(O.c.output_id)))

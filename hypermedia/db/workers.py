@@ -1,0 +1,129 @@
+"""Queries about workers, their metrics, the leader lease and queue switches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from hypermedia.db.schema import leader_leases as L
+from hypermedia.db.schema import queue_states as Q
+from hypermedia.db.schema import worker_metrics as M
+from hypermedia.db.schema import worker_metrics_hourly as H
+from hypermedia.db.schema import workers as W
+
+Row = dict[str, Any]
+LIVE = ("active", "idle", "draining")
+
+
+class WorkerQueries:
+    conn: sa.Connection
+    dialect: str
+
+    def insert_worker(self, values: Row) -> None:
+        self.conn.execute(sa.insert(W).values(values))
+
+    def update_worker(self, worker_id: str, values: Row) -> bool:
+        q = sa.update(W).where(W.c.worker_id == worker_id).values(values)
+        return self.conn.execute(q).rowcount == 1
+
+    def worker(self, worker_id: str) -> Row | None:
+        row = self.conn.execute(sa.select(W).where(W.c.worker_id == worker_id)).first()
+        return dict(row._mapping) if row else None
+
+    def workers(self, *, include_terminated: bool = False) -> list[Row]:
+        q = sa.select(W).order_by(W.c.started_at.desc())
+        if not include_terminated:
+            q = q.where(W.c.status != "terminated")
+        return [dict(r._mapping) for r in self.conn.execute(q)]
+
+    def mark_stale_workers(self, cutoff: datetime) -> list[str]:
+        """Flip live workers silent since ``cutoff`` to unhealthy; return their ids."""
+        q = sa.select(W.c.worker_id).where(W.c.status.in_(LIVE), W.c.last_heartbeat < cutoff)
+        if self.dialect != "sqlite":
+            q = q.with_for_update(skip_locked=True)
+        ids = [r[0] for r in self.conn.execute(q)]
+        if ids:
+            self.conn.execute(
+                sa.update(W)
+                .where(W.c.worker_id.in_(ids), W.c.status.in_(LIVE))
+                .values(status="unhealthy")
+            )
+        return ids
+
+    # -- metrics -------------------------------------------------------------
+
+    def insert_metric(self, values: Row) -> None:
+        self.conn.execute(sa.insert(M).values(values))
+
+    def metrics(self, worker_id: str, limit: int = 60) -> list[Row]:
+        q = (
+            sa.select(M)
+            .where(M.c.worker_id == worker_id)
+            .order_by(M.c.recorded_at.desc())
+            .limit(limit)
+        )
+        return [dict(r._mapping) for r in self.conn.execute(q)]
+
+    def oldest_metric_before(self, cutoff: datetime) -> datetime | None:
+        q = sa.select(sa.func.min(M.c.recorded_at)).where(M.c.recorded_at < cutoff)
+        value = self.conn.execute(q).scalar()
+        return value if isinstance(value, datetime) else None
+
+    def metrics_between(self, start: datetime, end: datetime) -> list[Row]:
+        q = sa.select(M).where(M.c.recorded_at >= start, M.c.recorded_at < end)
+        return [dict(r._mapping) for r in self.conn.execute(q)]
+
+    def delete_metrics_between(self, start: datetime, end: datetime) -> int:
+        q = sa.delete(M).where(M.c.recorded_at >= start, M.c.recorded_at < end)
+        return int(self.conn.execute(q).rowcount)
+
+    def insert_hourly(self, rows: Sequence[Row]) -> None:
+        if rows:
+            self.conn.execute(sa.insert(H), list(rows))
+
+    def hourly(self, worker_id: str) -> list[Row]:
+        q = sa.select(H).where(H.c.worker_id == worker_id).order_by(H.c.hour)
+        return [dict(r._mapping) for r in self.conn.execute(q)]
+
+    # -- leader lease ----------------------------------------------------------
+
+    def take_lease(self, name: str, holder: str, now: datetime, until: datetime) -> bool:
+        """Renew our lease or take an expired one; portable, no upsert needed."""
+        q = (
+            sa.update(L)
+            .where(L.c.name == name, sa.or_(L.c.holder == holder, L.c.expires_at < now))
+            .values(holder=holder, expires_at=until, acquired_at=now)
+        )
+        if self.conn.execute(q).rowcount == 1:
+            return True
+        if self.conn.execute(sa.select(L.c.name).where(L.c.name == name)).first():
+            return False
+        try:
+            with self.conn.begin_nested():
+                self.conn.execute(
+                    sa.insert(L).values(name=name, holder=holder, acquired_at=now, expires_at=until)
+                )
+        except sa.exc.IntegrityError:
+            return False
+        return True
+
+    def release_lease(self, name: str, holder: str) -> None:
+        self.conn.execute(sa.delete(L).where(L.c.name == name, L.c.holder == holder))
+
+    def lease_holder(self, name: str, now: datetime) -> str | None:
+        q = sa.select(L.c.holder).where(L.c.name == name, L.c.expires_at >= now)
+        return self.conn.execute(q).scalar()
+
+    # -- queue switches --------------------------------------------------------
+
+    def paused_queues(self) -> set[str]:
+        q = sa.select(Q.c.queue_name).where(Q.c.paused.is_(True))
+        return {r[0] for r in self.conn.execute(q)}
+
+    def set_queue_paused(self, queue: str, paused: bool, now: datetime) -> None:
+        q = sa.update(Q).where(Q.c.queue_name == queue).values(paused=paused, updated_at=now)
+        if self.conn.execute(q).rowcount == 0:
+            self.conn.execute(sa.insert(Q).values(queue_name=queue, paused=paused, updated_at=now))

@@ -1,0 +1,93 @@
+"""Machine-readable error codes and what the engine does with each.
+
+The policy is data: a code maps to whether a failed attempt may be retried,
+the seed-004 category shown to people, and the terminal outcome it produces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CodePolicy:
+    retryable: bool
+    category: str
+    outcome: str = "failed"
+    # OOM retries ask the next attempt for more memory (multiplier on the limit).
+    memory_factor: float = 1.0
+
+
+ERROR_POLICY: dict[str, CodePolicy] = {
+    "CORRUPT_INPUT": CodePolicy(False, "invalid_input"),
+    "UNSUPPORTED_FORMAT": CodePolicy(False, "unsupported_operation"),
+    "INPUT_TOO_LARGE": CodePolicy(False, "invalid_input"),
+    "LIMIT_EXCEEDED": CodePolicy(False, "invalid_input"),
+    "INVALID_PARAMS": CodePolicy(False, "invalid_input"),
+    "OOM": CodePolicy(True, "provider_failure", memory_factor=2.0),
+    "TIMEOUT": CodePolicy(True, "timeout", outcome="timeout"),
+    "STORAGE_UNAVAILABLE": CodePolicy(True, "storage"),
+    "PROVIDER_UNAVAILABLE": CodePolicy(True, "provider_unavailable", "provider_unavailable"),
+    "DEPENDENCY_FAILED": CodePolicy(True, "external_dependency"),
+    "CRASHED": CodePolicy(True, "provider_failure"),
+    "ORPHANED": CodePolicy(True, "provider_failure", outcome="orphaned"),
+    "INTERNAL": CodePolicy(True, "unknown"),
+}
+
+CATEGORIES = (
+    "invalid_input",
+    "permission_denied",
+    "provider_unavailable",
+    "unsupported_operation",
+    "timeout",
+    "cancellation",
+    "external_dependency",
+    "storage",
+    "provider_failure",
+    "unknown",
+)
+
+
+def policy_for(code: str) -> CodePolicy:
+    """Unknown codes are treated like INTERNAL: retried, category unknown."""
+    return ERROR_POLICY.get(code, ERROR_POLICY["INTERNAL"])
+
+
+class HypermediaError(Exception):
+    """Base class; ``str()`` of every subclass is safe to show a user."""
+
+
+class JobError(HypermediaError):
+    """A pipeline failure with a machine-readable code and a user-safe reason."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+class StaleTransition(HypermediaError):
+    """A guarded status change matched no row: the job was not where we thought."""
+
+    def __init__(self, job_id: int, action: str, status: str | None) -> None:
+        where = f"it is {status}" if status else "it does not exist"
+        super().__init__(f"cannot {action} job {job_id}: {where}")
+        self.job_id = job_id
+        self.action = action
+        self.status = status
+
+
+class StaleAttempt(HypermediaError):
+    """A worker reported on an attempt that is no longer the job's current one."""
+
+
+class NotFound(HypermediaError):
+    pass
+
+
+class InvalidRequest(HypermediaError):
+    pass
+
+
+class IdempotencyConflict(HypermediaError):
+    """The idempotency key was used before for a different request."""

@@ -1,0 +1,1 @@
+"""The job queue: states, use cases and retry policy. No SQL lives here."""
