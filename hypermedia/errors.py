@@ -91,3 +91,7 @@ class InvalidRequest(HypermediaError):
 
 class IdempotencyConflict(HypermediaError):
     """The idempotency key was used before for a different request."""
+
+
+class Conflict(HypermediaError):
+    """A unique key refused the write (the database said so, not our guess)."""

@@ -177,6 +177,7 @@ class Tx(WorkerQueries):
             J.c.memory_limit_mb,
             J.c.started_at,
             J.c.queue_name,
+            J.c.visibility_timeout,
         ).where(J.c.job_id.in_(ids), J.c.status.in_(sorted(statuses)))
         if worker_id is not None:
             q = q.where(J.c.claimed_by == worker_id)

@@ -1,0 +1,68 @@
+"""debug.noop and debug.sleep: built-in job types for health checks, tests and benchmarks.
+
+debug.sleep takes ``{"ms": N}`` and, to exercise the failure paths,
+``{"fail": "CODE"}`` (raise that error code) and ``{"crash": true}`` (the child
+process dies with SIGKILL, like a segfaulting decoder would), and
+``{"alloc_mb": N}`` (allocate memory, to hit the attempt's memory limit).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from hypermedia.errors import ERROR_POLICY, JobError
+from hypermedia.pipelines.registry import Context, Pipeline, register
+
+
+def _noop(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
+    return None
+
+
+def _validate_noop(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    if params:
+        raise JobError("INVALID_PARAMS", "debug.noop takes no parameters")
+    return {}
+
+
+def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    allowed = {"ms", "fail", "crash", "alloc_mb", "steps"}
+    unknown = set(params) - allowed
+    if unknown:
+        raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
+    ms = params.get("ms", 0)
+    max_ms = int(settings.get("max_ms", 3_600_000))
+    if not isinstance(ms, int) or isinstance(ms, bool) or not 0 <= ms <= max_ms:
+        raise JobError("INVALID_PARAMS", f"ms must be an integer from 0 to {max_ms}")
+    fail = params.get("fail")
+    if fail is not None and fail not in ERROR_POLICY:
+        raise JobError("INVALID_PARAMS", f"fail must be one of {', '.join(ERROR_POLICY)}")
+    if not isinstance(params.get("crash", False), bool):
+        raise JobError("INVALID_PARAMS", "crash must be true or false")
+    alloc = params.get("alloc_mb", 0)
+    if not isinstance(alloc, int) or not 0 <= alloc <= 65536:
+        raise JobError("INVALID_PARAMS", "alloc_mb must be an integer from 0 to 65536")
+    return dict(params)
+
+
+def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
+    ms = int(params.get("ms", 0))
+    steps = max(1, int(params.get("steps", 1)))
+    for i in range(steps):
+        time.sleep(ms / 1000 / steps)
+        if steps > 1:
+            ctx.progress(100 * (i + 1) / steps, f"step {i + 1}/{steps}")
+    if params.get("alloc_mb"):
+        blob = bytearray(params["alloc_mb"] * 1024 * 1024)
+        blob[::4096] = b"x" * len(blob[::4096])
+    if params.get("crash"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if params.get("fail"):
+        raise JobError(params["fail"], f"debug.sleep was asked to fail with {params['fail']}")
+    return {"slept_ms": ms, "pid": os.getpid()}
+
+
+register(Pipeline("debug.noop", "bulk", _validate_noop, _noop))
+register(Pipeline("debug.sleep", "bulk", _validate_sleep, _sleep))

@@ -1,0 +1,57 @@
+"""Job type → pipeline. Workers look pipelines up here inside the child process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hypermedia.errors import JobError
+
+Runner = Callable[[dict[str, Any], "Context"], dict[str, Any] | None]
+Validator = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
+
+
+class Context:
+    """What a running pipeline may use: its scratch directory and a progress callback."""
+
+    def __init__(self, scratch: str, report: Callable[[dict[str, Any]], None]) -> None:
+        self.scratch = scratch
+        self._report = report
+
+    def progress(self, percent: float | None = None, step: str | None = None) -> None:
+        self._report({"percent": percent, "step": step})
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    job_type: str
+    queue: str
+    validate: Validator  # (params, profile settings) -> params, raising JobError
+    run: Runner
+
+
+_REGISTRY: dict[str, Pipeline] = {}
+
+
+def register(p: Pipeline) -> Pipeline:
+    _REGISTRY[p.job_type] = p
+    return p
+
+
+def get(job_type: str) -> Pipeline:
+    _load_builtin()
+    try:
+        return _REGISTRY[job_type]
+    except KeyError:
+        raise JobError("UNSUPPORTED_FORMAT", f"unknown job type {job_type!r}") from None
+
+
+def known() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def _load_builtin() -> None:
+    if not _REGISTRY:
+        from hypermedia.pipelines import debug  # noqa: F401  (registers on import)

@@ -1,0 +1,477 @@
+"""The job engine: every state change of a job is one of these methods.
+
+Each method runs one transaction through the driver seam, guards the change
+with the transition table (``states.TRANSITIONS``), and writes a diagnostic
+event in the same transaction.  Worker-side reports (start, settle, renew) are
+fenced by (job, attempt number, worker): a superseded attempt changes nothing.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hypermedia.config import Settings
+from hypermedia.db.driver import Driver
+from hypermedia.errors import (
+    IdempotencyConflict,
+    InvalidRequest,
+    JobError,
+    NotFound,
+    StaleTransition,
+)
+from hypermedia.pipelines import registry
+from hypermedia.queue import states
+from hypermedia.queue.models import AttemptResult, Claimed, NewJob
+from hypermedia.queue.settle import Decision, decide
+from hypermedia.redact import redact
+
+Row = dict[str, Any]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def event(job_id: int, now: datetime, src: str | None, dst: str | None, **kw: Any) -> Row:
+    return {
+        "job_id": job_id,
+        "kind": kw.pop("kind", "event"),
+        "from_status": src,
+        "to_status": dst,
+        "attempt_number": kw.pop("attempt_number", None),
+        "code": kw.pop("code", None),
+        "message": redact(kw.pop("message", ""), 1000),
+        "actor": kw.pop("actor", None),
+        "created_at": now,
+    }
+
+
+class Engine:
+    def __init__(
+        self,
+        db: Driver,
+        settings: Settings,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.db = db
+        self.settings = settings
+        self.clock = clock
+        self.rng = rng or random.Random()
+
+    # -- enqueue ---------------------------------------------------------------
+
+    def enqueue(self, job: NewJob) -> int:
+        """Create one job; with an idempotency key, a repeat returns the first job."""
+        if job.idempotency_key is None:
+            return self.enqueue_many([job])[0]
+        with self.db.tx() as tx:
+            found = tx.job_by_idempotency_key(job.project_id, job.idempotency_key)
+            if found is None:
+                row, ev_msg = self._new_row(tx, job)
+                ids = tx.insert_jobs([row])
+                job_id = ids[row["job_uuid"]]
+                tx.insert_events([event(job_id, row["created_at"], None, row["status"],
+                                        message=ev_msg, actor=job.created_by)])
+                tx.notify({row["queue_name"]})
+                return job_id
+        if not _same_request(found, job):
+            raise IdempotencyConflict(
+                "this Idempotency-Key was already used for a different request"
+            )
+        return int(found["job_id"])
+
+    def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
+        """Create many jobs in one transaction; ids in the order given."""
+        if not jobs:
+            return []
+        with self.db.tx() as tx:
+            built = [self._new_row(tx, j) for j in jobs]
+            ids = tx.insert_jobs([r for r, _ in built])
+            tx.insert_events(
+                [
+                    event(ids[r["job_uuid"]], r["created_at"], None, r["status"],
+                          message=msg, actor=r["created_by"])
+                    for r, msg in built
+                ]
+            )
+            tx.notify({r["queue_name"] for r, _ in built if r["status"] == "queued"})
+        return [ids[r["job_uuid"]] for r, _ in built]
+
+    def _new_row(self, tx: Any, job: NewJob) -> tuple[Row, str]:
+        pipeline = registry.get(job.job_type)
+        profile = self._profile(tx, job)
+        if profile["job_type"] != job.job_type:
+            raise InvalidRequest(
+                f"profile {profile['profile_key']} is for {profile['job_type']}, not {job.job_type}"
+            )
+        try:
+            params = pipeline.validate(dict(job.params), dict(profile["settings"] or {}))
+        except JobError as exc:
+            raise InvalidRequest(exc.reason) from None
+        if not 1 <= job.priority <= 10:
+            raise InvalidRequest("priority must be from 1 (highest) to 10 (lowest)")
+        if not 1 <= job.max_attempts <= 100:
+            raise InvalidRequest("max_attempts must be from 1 to 100")
+        if job.input_size_bytes > profile["max_input_bytes"]:
+            raise InvalidRequest("input is larger than this profile accepts")
+        now = self.clock()
+        size_mb = job.input_size_bytes / 1_048_576
+        status = "created" if job.hold else "queued"
+        row = {
+            "job_uuid": str(uuid.uuid4()),
+            "object_id": job.object_id,
+            "pool_id": job.pool_id,
+            "owner_id": job.owner_id,
+            "project_id": job.project_id,
+            "job_type": job.job_type,
+            "queue_name": job.queue or profile["queue_name"],
+            "priority": job.priority,
+            "status": status,
+            "profile_id": profile["profile_id"],
+            "params": params,
+            "input_key": job.input_key,
+            "input_size_bytes": job.input_size_bytes,
+            "estimated_credits": profile["credit_cost_base"]
+            + int(round(profile["credit_cost_per_mb"] * size_mb)),
+            "max_attempts": job.max_attempts,
+            "attempt_count": 0,
+            "timeout_seconds": job.timeout_seconds or profile["timeout_seconds"],
+            "available_at": job.run_at or now,
+            "idempotency_key": job.idempotency_key,
+            "created_by": job.created_by,
+            "updated_by": job.created_by,
+            "created_at": now,
+            "updated_at": now,
+        }
+        return row, f"{job.job_type} {status} with profile {profile['profile_key']}:" + str(
+            profile["profile_version"]
+        )
+
+    def _profile(self, tx: Any, job: NewJob) -> Row:
+        ref = job.profile or job.job_type.replace(".", "-")
+        key, _, version = ref.partition(":")
+        profile = tx.profile(key, version or None)
+        if profile is None:
+            raise InvalidRequest(f"no active profile {ref!r}")
+        return dict(profile)
+
+    # -- worker side -----------------------------------------------------------
+
+    def claim(self, worker_id: str, queues: Sequence[str], n: int) -> list[Claimed]:
+        """Take up to ``n`` ready jobs: status, lease and attempt row in one transaction."""
+        if n <= 0 or not queues:
+            return []
+        now = self.clock()
+        until = now + timedelta(seconds=self.settings.lease_seconds)
+        with self.db.tx() as tx:
+            rows = tx.claim(worker_id, list(queues), n, now, until)
+            if not rows:
+                return []
+            tx.insert_attempts(
+                [
+                    {
+                        "job_id": r["job_id"],
+                        "worker_id": worker_id,
+                        "attempt_number": r["attempt_count"],
+                        "status": "started",
+                        "started_at": now,
+                    }
+                    for r in rows
+                ]
+            )
+            tx.insert_events(
+                [
+                    event(r["job_id"], now, "queued", "claimed", actor=worker_id,
+                          attempt_number=r["attempt_count"])
+                    for r in rows
+                ]
+            )
+        return [_claimed(r) for r in rows]
+
+    def start(self, worker_id: str, items: Sequence[tuple[int, int]]) -> set[int]:
+        """claimed → processing for these (job, attempt); returns the ids that moved."""
+        with self.db.tx() as tx:
+            return self._start(tx, worker_id, items)
+
+    def _start(self, tx: Any, worker_id: str, items: Sequence[tuple[int, int]]) -> set[int]:
+        held = tx.fenced(worker_id, items, states.sources("start"))
+        if not held:
+            return set()
+        now = self.clock()
+        ids = [r["job_id"] for r in held]
+        tx.update_jobs_by_ids(
+            ids, states.sources("start"),
+            {"status": "processing", "started_at": now, "updated_at": now},
+        )
+        tx.insert_events(
+            [
+                event(r["job_id"], now, "claimed", "processing", actor=worker_id,
+                      attempt_number=r["attempt_count"])
+                for r in held
+            ]
+        )
+        return set(ids)
+
+    def flush(
+        self,
+        worker_id: str,
+        starts: Sequence[tuple[int, int]],
+        results: Sequence[AttemptResult],
+    ) -> set[int]:
+        """One transaction for a batch of starts and finished attempts.
+
+        Returns the job ids whose result was accepted; any other result came
+        from a superseded attempt and was dropped.
+        """
+        with self.db.tx() as tx:
+            if starts:
+                self._start(tx, worker_id, starts)
+            return self._settle(tx, worker_id, results)
+
+    def settle(self, worker_id: str | None, results: Sequence[AttemptResult]) -> set[int]:
+        with self.db.tx() as tx:
+            return self._settle(tx, worker_id, results)
+
+    def _settle(
+        self,
+        tx: Any,
+        worker_id: str | None,
+        results: Sequence[AttemptResult],
+        *,
+        lease_expired_before: datetime | None = None,
+    ) -> set[int]:
+        if not results:
+            return set()
+        held = {
+            r["job_id"]: r
+            for r in tx.fenced(worker_id, [(x.job_id, x.attempt) for x in results],
+                               states.RUNNING_SIDE)
+        }
+        now = self.clock()
+        decisions: list[Decision] = []
+        for res in results:
+            row = held.get(res.job_id)
+            if row is None:
+                continue
+            if res.worker_id is not None and row["claimed_by"] != res.worker_id:
+                continue
+            if lease_expired_before is not None and not _expired(row, lease_expired_before):
+                continue
+            decisions.append(decide(row, res, now, self.settings, self.rng))
+        self._apply(tx, worker_id, decisions, now)
+        return {d.job_id for d in decisions}
+
+    def _apply(self, tx: Any, worker_id: str | None, decisions: list[Decision], now: datetime) -> None:
+        by_action: dict[tuple[str, tuple[str, ...]], list[Row]] = {}
+        for d in decisions:
+            key = (d.action, tuple(sorted(d.job_values)))
+            by_action.setdefault(key, []).append({"_id": d.job_id, **d.job_values})
+        for (action, _), rows in by_action.items():
+            tx.update_jobs_many(states.sources(action), rows)
+        tx.finish_attempts([d.attempt_values for d in decisions])
+        tx.insert_outputs([o for d in decisions for o in d.outputs])
+        tx.insert_events([d.event for d in decisions])
+
+    def renew(self, worker_id: str, items: Sequence[tuple[int, int]]) -> dict[int, str]:
+        """Extend the leases of running attempts; return each job's status.
+
+        A job missing from the answer is no longer this worker's attempt: its
+        lease expired and someone else owns it now, so the worker should stop it.
+        """
+        if not items:
+            return {}
+        now = self.clock()
+        until = now + timedelta(seconds=self.settings.lease_seconds)
+        with self.db.tx() as tx:
+            statuses = tx.statuses_of(worker_id, items)
+            mine = [i for i, _ in items if i in statuses]
+            tx.renew_leases(worker_id, mine, until, now)
+        return statuses
+
+    def poll_statuses(self, worker_id: str, items: Sequence[tuple[int, int]]) -> dict[int, str]:
+        """Read-only variant of ``renew`` used for the frequent cancel check."""
+        with self.db.read() as tx:
+            return tx.statuses_of(worker_id, items)
+
+    def hand_back(self, worker_id: str, items: Sequence[tuple[int, int]]) -> set[int]:
+        """Return claimed-but-unstarted jobs to the queue; the attempt never ran."""
+        now = self.clock()
+        with self.db.tx() as tx:
+            held = tx.fenced(worker_id, items, states.sources("hand_back"))
+            for r in held:
+                tx.update_job(
+                    r["job_id"], states.sources("hand_back"),
+                    {"status": "queued", "attempt_count": r["attempt_count"] - 1,
+                     "claimed_by": None, "claimed_at": None, "visibility_timeout": None,
+                     "updated_at": now},
+                    attempt=r["attempt_count"], worker_id=worker_id,
+                )
+                tx.delete_attempt(r["job_id"], r["attempt_count"])
+            tx.insert_events(
+                [event(r["job_id"], now, "claimed", "queued", actor=worker_id,
+                       message="handed back unstarted by a draining worker") for r in held]
+            )
+            tx.notify({r["queue_name"] for r in held})
+        return {r["job_id"] for r in held}
+
+    # -- user actions (seed 001 methods) ------------------------------------------
+
+    def release(self, job_id: int, actor: str | None = None) -> None:
+        """created → queued."""
+        self._move(job_id, "release", {}, actor, "released")
+
+    def cancel(self, job_id: int, actor: str | None = None) -> str:
+        """Cancel: waiting jobs at once; running ones are asked to stop. Returns the new status."""
+        now = self.clock()
+        with self.db.tx() as tx:
+            job = tx.job(job_id, lock=True)
+            if job is None:
+                raise NotFound(f"job {job_id} not found")
+            status = job["status"]
+            if status == "cancel_requested":
+                return status
+            if status in states.sources("cancel"):
+                values = {"outcome": "cancelled", "category": "cancellation",
+                          "retryable": True, "safe_reason": "cancelled by request",
+                          "completed_at": now}
+                self._guarded(tx, job, "cancel", values, actor, "cancelled by request")
+                return "cancelled"
+            if status in states.sources("request_cancel"):
+                self._guarded(tx, job, "request_cancel", {}, actor, "cancel requested")
+                return "cancel_requested"
+            raise StaleTransition(job_id, "cancel", status)
+
+    def retry(self, job_id: int, actor: str | None = None) -> None:
+        """failed/cancelled → queued as a new attempt; earlier attempts stay in history."""
+        now = self.clock()
+        with self.db.tx() as tx:
+            job = tx.job(job_id, lock=True)
+            if job is None:
+                raise NotFound(f"job {job_id} not found")
+            values = {
+                "max_attempts": max(job["max_attempts"], job["attempt_count"] + 1),
+                "outcome": None, "category": None, "retryable": None, "error_code": None,
+                "safe_reason": None, "completed_at": None, "available_at": now,
+                "visibility_timeout": None,
+            }
+            self._guarded(tx, job, "retry", values, actor, "retried by request")
+            tx.notify({job["queue_name"]})
+
+    def _move(self, job_id: int, action: str, values: Row, actor: str | None, msg: str) -> None:
+        with self.db.tx() as tx:
+            job = tx.job(job_id, lock=True)
+            if job is None:
+                raise NotFound(f"job {job_id} not found")
+            self._guarded(tx, job, action, values, actor, msg)
+            if states.target(action) == "queued":
+                tx.notify({job["queue_name"]})
+
+    def _guarded(self, tx: Any, job: Row, action: str, values: Row, actor: str | None,
+                 msg: str) -> None:
+        now = self.clock()
+        dst = states.target(action)
+        full = {"status": dst, "updated_at": now, "updated_by": actor, **values}
+        if not tx.update_job(job["job_id"], states.sources(action), full):
+            raise StaleTransition(job["job_id"], action, job["status"])
+        tx.insert_events([event(job["job_id"], now, job["status"], dst, actor=actor,
+                                message=msg, attempt_number=job["attempt_count"] or None)])
+
+    def can_retry(self, job: Row) -> bool:
+        return job["status"] in states.sources("retry")
+
+    @staticmethod
+    def duration(job: Row) -> timedelta | None:
+        if job.get("started_at") and job.get("completed_at"):
+            return job["completed_at"] - job["started_at"]  # type: ignore[no-any-return]
+        return None
+
+    # -- maintenance -------------------------------------------------------------
+
+    def promote(self, limit: int = 1000) -> int:
+        """retry_wait → queued for jobs whose backoff has passed."""
+        now = self.clock()
+        with self.db.tx() as tx:
+            due = tx.due_retries(now, limit)
+            ids = [r["job_id"] for r in due]
+            if not ids:
+                return 0
+            tx.update_jobs_by_ids(ids, states.sources("promote"),
+                                  {"status": "queued", "updated_at": now})
+            moved = {r["job_id"]: r for r in tx.jobs_where(ids) if r["status"] == "queued"}
+            tx.insert_events([event(i, now, "retry_wait", "queued", message="backoff over")
+                              for i in moved])
+            tx.notify({r["queue_name"] for r in moved.values()})
+        return len(moved)
+
+    def reap(self, limit: int = 500) -> dict[str, int]:
+        """Release jobs whose lease expired and mark silent workers unhealthy."""
+        now = self.clock()
+        stale_cutoff = now - timedelta(seconds=self.settings.worker_stale_seconds)
+        with self.db.tx() as tx:
+            stale = tx.mark_stale_workers(stale_cutoff)
+            orphans = tx.held_by(stale)
+            released = self._settle(tx, None, _orphaned(orphans, "its worker stopped heartbeating"))
+        with self.db.tx() as tx:
+            expired = tx.expired_leases(now, limit)
+            released |= self._settle(tx, None, _orphaned(expired, "its worker's lease expired"),
+                                     lease_expired_before=now)
+        return {"unhealthy_workers": len(stale), "released_jobs": len(released)}
+
+    # -- reading -----------------------------------------------------------------
+
+    def get(self, job_id: int) -> Row:
+        with self.db.read() as tx:
+            job = tx.job(job_id)
+            if job is None:
+                raise NotFound(f"job {job_id} not found")
+            job["attempts"] = tx.attempts(job_id)
+            job["events"] = tx.events(job_id)
+            job["outputs"] = tx.outputs(job_id)
+        job["legacy_status"] = states.LEGACY_STATUS[job["status"]]
+        job["can_retry"] = self.can_retry(job)
+        return job
+
+    def list(self, **filters: Any) -> list[Row]:
+        with self.db.read() as tx:
+            return list(tx.jobs(**filters))
+
+
+def _claimed(r: Row) -> Claimed:
+    return Claimed(
+        job_id=r["job_id"], job_uuid=r["job_uuid"], job_type=r["job_type"],
+        queue_name=r["queue_name"], priority=r["priority"], params=r["params"] or {},
+        attempt=r["attempt_count"], max_attempts=r["max_attempts"],
+        timeout_seconds=r["timeout_seconds"], memory_limit_mb=r["memory_limit_mb"],
+        profile_id=r["profile_id"], project_id=r["project_id"], object_id=r["object_id"],
+        pool_id=r["pool_id"], input_key=r["input_key"], input_size_bytes=r["input_size_bytes"],
+    )
+
+
+def _orphaned(rows: Sequence[Row], why: str) -> list[AttemptResult]:
+    return [
+        AttemptResult(job_id=r["job_id"], attempt=r["attempt_count"], status="orphaned",
+                      code="ORPHANED", message=f"attempt abandoned: {why}",
+                      worker_id=r["claimed_by"])
+        for r in rows
+    ]
+
+
+def _expired(row: Row, before: datetime) -> bool:
+    vt = row.get("visibility_timeout")
+    return vt is not None and vt < before
+
+
+def _same_request(found: Row, job: NewJob) -> bool:
+    return (
+        found["job_type"] == job.job_type
+        and (found["params"] or {}) == (job.params or {})
+        and found["priority"] == job.priority
+        and (job.queue is None or found["queue_name"] == job.queue)
+        and found["object_id"] == job.object_id
+    )

@@ -1,0 +1,83 @@
+"""Plain values passed between the engine, workers and interfaces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass
+class NewJob:
+    job_type: str
+    params: dict[str, Any] = field(default_factory=dict)
+    profile: str | None = None  # "key" (newest active) or "key:vN"
+    queue: str | None = None
+    priority: int = 5
+    max_attempts: int = 3
+    timeout_seconds: int | None = None
+    project_id: str = "default"
+    owner_id: str = "system"
+    idempotency_key: str | None = None
+    object_id: int | None = None
+    pool_id: int | None = None
+    input_key: str = ""
+    input_size_bytes: int = 0
+    run_at: datetime | None = None
+    hold: bool = False  # stay 'created' until released
+    created_by: str | None = None
+
+
+@dataclass
+class Claimed:
+    """A job a worker now holds: enough to run it and to report on it."""
+
+    job_id: int
+    job_uuid: str
+    job_type: str
+    queue_name: str
+    priority: int
+    params: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    timeout_seconds: int
+    memory_limit_mb: int | None
+    profile_id: int
+    project_id: str
+    object_id: int | None = None
+    pool_id: int | None = None
+    input_key: str = ""
+    input_size_bytes: int = 0
+
+
+@dataclass
+class Output:
+    output_type: str
+    mime_type: str
+    profile_version: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    object_id: int | None = None
+    output_key: str = ""
+    output_size_bytes: int = 0
+
+
+@dataclass
+class AttemptResult:
+    """What happened to one attempt, as the worker (or the reaper) saw it.
+
+    ``status`` is an attempt status: completed, failed, timeout, crashed,
+    cancelled or orphaned.
+    """
+
+    job_id: int
+    attempt: int
+    status: str
+    code: str | None = None
+    message: str = ""
+    result: dict[str, Any] | None = None
+    outputs: list[Output] = field(default_factory=list)
+    actual_credits: int | None = None
+    duration_ms: int | None = None
+    peak_memory_mb: int | None = None
+    cpu_time_ms: int | None = None
+    worker_id: str | None = None  # set by the reaper for jobs of other workers

@@ -1,0 +1,147 @@
+"""How an attempt's result turns into the job's next state (pure, no I/O).
+
+Completed → completed.  A job whose cancel was requested ends cancelled
+whatever the attempt did (unless it completed).  A failure consults the
+error-code policy: retryable codes with attempts left go to ``retry_wait``
+with backoff, everything else fails for good with its outcome and category.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from hypermedia.config import Settings
+from hypermedia.errors import policy_for
+from hypermedia.queue.backoff import retry_delay
+from hypermedia.queue.models import AttemptResult
+from hypermedia.redact import redact
+
+Row = dict[str, Any]
+
+# The error code an attempt status implies when the worker gave none.
+IMPLIED_CODE = {"timeout": "TIMEOUT", "crashed": "CRASHED", "orphaned": "ORPHANED"}
+
+
+@dataclass
+class Decision:
+    job_id: int
+    action: str
+    job_values: Row
+    attempt_values: Row
+    event: Row
+    outputs: list[Row] = field(default_factory=list)
+
+
+def decide(
+    job: Row, res: AttemptResult, now: datetime, settings: Settings, rng: random.Random
+) -> Decision:
+    code = res.code or IMPLIED_CODE.get(res.status)
+    if res.status == "completed":
+        code = None
+    reason = redact(res.message) if res.message else None
+    attempt_values = {
+        "job_id": res.job_id,
+        "attempt_number": res.attempt,
+        "status": res.status,
+        "error_code": code,
+        "error_message": redact(res.message, 2000) if res.message else None,
+        "finished_at": now,
+        "duration_ms": res.duration_ms,
+        "peak_memory_mb": res.peak_memory_mb,
+        "cpu_time_ms": res.cpu_time_ms,
+    }
+    base = {"updated_at": now, "visibility_timeout": None, "error_code": code}
+    if res.status == "completed":
+        action, values = "complete", {
+            **base,
+            "status": "completed",
+            "outcome": "completed",
+            "category": None,
+            "retryable": False,
+            "safe_reason": None,
+            "completed_at": now,
+            "result": res.result,
+            "actual_credits": res.actual_credits,
+        }
+        message = "attempt completed"
+    elif job["status"] == "cancel_requested":
+        action, values = "confirm_cancel", {
+            **base,
+            "status": "cancelled",
+            "outcome": "cancelled",
+            "category": "cancellation",
+            "retryable": True,
+            "safe_reason": "cancelled by request",
+            "completed_at": now,
+        }
+        message = "attempt stopped: cancelled by request"
+    else:
+        action, values, message = _failure(job, res, code or "INTERNAL", reason, now, settings, rng)
+        values = {**base, **values}
+    ev = {
+        "job_id": res.job_id,
+        "kind": "event" if action == "complete" else "error",
+        "from_status": job["status"],
+        "to_status": values["status"],
+        "attempt_number": res.attempt,
+        "code": code,
+        "message": redact(message, 1000),
+        "actor": res.worker_id or job.get("claimed_by"),
+        "created_at": now,
+    }
+    outputs = [
+        {
+            "job_id": res.job_id,
+            "output_type": o.output_type,
+            "object_id": o.object_id,
+            "output_key": o.output_key,
+            "output_size_bytes": o.output_size_bytes,
+            "mime_type": o.mime_type,
+            "metadata": o.metadata,
+            "profile_version": o.profile_version,
+            "created_at": now,
+        }
+        for o in (res.outputs if action == "complete" else [])
+    ]
+    return Decision(res.job_id, action, values, attempt_values, ev, outputs)
+
+
+def _failure(
+    job: Row,
+    res: AttemptResult,
+    code: str,
+    reason: str | None,
+    now: datetime,
+    settings: Settings,
+    rng: random.Random,
+) -> tuple[str, Row, str]:
+    pol = policy_for(code)
+    safe = reason or code.lower().replace("_", " ")
+    common = {"category": pol.category, "safe_reason": safe}
+    if pol.retryable and job["attempt_count"] < job["max_attempts"]:
+        delay = retry_delay(
+            job["attempt_count"], settings.backoff_base_seconds, settings.backoff_max_seconds, rng
+        )
+        values: Row = {
+            **common,
+            "status": "retry_wait",
+            "available_at": now + timedelta(seconds=delay),
+            "retryable": True,
+        }
+        if pol.memory_factor != 1.0:
+            current = job.get("memory_limit_mb") or settings.child_memory_mb
+            values["memory_limit_mb"] = int(current * pol.memory_factor)
+        return "retry_later", values, f"{code}: {safe}; retry in {delay:.1f}s"
+    values = {
+        **common,
+        "status": "failed",
+        "outcome": pol.outcome,
+        "retryable": pol.retryable,
+        "completed_at": now,
+    }
+    why = "no attempts left" if pol.retryable else "permanent error"
+    return "fail", values, f"{code}: {safe} ({why})"
+

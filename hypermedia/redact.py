@@ -1,0 +1,39 @@
+"""One function decides what text may leave the system.
+
+Anything shown to a user (job reasons, events, CLI output) passes through
+``redact``: file paths, URLs with credentials, tokens and stack traces are
+replaced, and the text is bounded.
+"""
+
+from __future__ import annotations
+
+import re
+
+_PATTERNS = [
+    # Traceback blocks: keep nothing after the header.
+    (re.compile(r"Traceback \(most recent call last\):.*", re.S), "[traceback removed]"),
+    # Credentials inside URLs: scheme://user:pass@host
+    (re.compile(r"([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@", re.I), r"\1[redacted]@"),
+    # Bearer tokens, API keys, secrets given as key=value.
+    (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [redacted]"),
+    (
+        re.compile(r"(?i)\b(password|passwd|secret|token|api[_-]?key|access[_-]?key)\b\s*[=:]\s*\S+"),
+        r"\1=[redacted]",
+    ),
+    (re.compile(r"\bhm_[A-Za-z0-9]{8,}\b"), "[token]"),
+    # Absolute filesystem paths (POSIX) and Windows drive paths.
+    (re.compile(r"(?<![\w/])(?:/[\w.@+-]+){2,}/?"), "[path]"),
+    (re.compile(r"\b[A-Za-z]:\\[^\s]+"), "[path]"),
+]
+
+MAX_REASON = 300
+
+
+def redact(text: object, limit: int = MAX_REASON) -> str:
+    out = str(text)
+    for pattern, repl in _PATTERNS:
+        out = pattern.sub(repl, out)
+    out = " ".join(out.split())
+    if len(out) > limit:
+        out = out[: limit - 1] + "…"
+    return out
