@@ -294,6 +294,26 @@ class Engine:
             tx.renew_leases(worker_id, mine, until, now)
         return statuses
 
+    def report_progress(
+        self, worker_id: str, reports: dict[tuple[int, int], dict[str, Any]]
+    ) -> int:
+        """Store the latest progress snapshot of running attempts (fenced)."""
+        now = self.clock()
+        with self.db.tx() as tx:
+            held = tx.fenced(worker_id, list(reports), states.RUNNING_SIDE)
+            rows, events = [], []
+            for r in held:
+                snap = _snapshot(reports[(r["job_id"], r["attempt_count"])], now)
+                if snap is None:
+                    continue
+                rows.append({"_id": r["job_id"], "progress": snap})
+                events.append(event(r["job_id"], now, None, None, kind="progress",
+                                    attempt_number=r["attempt_count"], actor=worker_id,
+                                    message=_progress_text(snap)))
+            tx.update_jobs_many(states.RUNNING_SIDE, rows)
+            tx.insert_events(events)
+        return len(rows)
+
     def poll_statuses(self, worker_id: str, items: Sequence[tuple[int, int]]) -> dict[int, str]:
         """Read-only variant of ``renew`` used for the frequent cancel check."""
         with self.db.read() as tx:
@@ -475,3 +495,30 @@ def _same_request(found: Row, job: NewJob) -> bool:
         and (job.queue is None or found["queue_name"] == job.queue)
         and found["object_id"] == job.object_id
     )
+
+
+def _snapshot(report: dict[str, Any], now: datetime) -> Row | None:
+    """A progress snapshot (seed 004): determinate 0..100, or a step only."""
+    percent = report.get("percent")
+    step = report.get("step")
+    if percent is not None:
+        if not isinstance(percent, int | float) or not 0 <= percent <= 100:
+            return None
+        mode = "determinate"
+    else:
+        mode = "step" if step else "indeterminate"
+    return {
+        "mode": mode,
+        "percent": None if percent is None else round(float(percent), 1),
+        "step": redact(step, 100) if step else None,
+        "updated_at": now.isoformat(),
+    }
+
+
+def _progress_text(snap: Row) -> str:
+    parts = []
+    if snap["percent"] is not None:
+        parts.append(f"{snap['percent']:g}%")
+    if snap["step"]:
+        parts.append(str(snap["step"]))
+    return " ".join(parts) or snap["mode"]

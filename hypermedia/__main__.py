@@ -1,0 +1,3 @@
+from hypermedia.cli.main import app
+
+app()

@@ -1,0 +1,71 @@
+"""What every command shares: settings, the engine, output and error handling."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from hypermedia.config import Settings, load_settings
+from hypermedia.db.driver import connect
+from hypermedia.errors import HypermediaError, NotFound
+from hypermedia.queue.engine import Engine
+from hypermedia.redact import redact
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def settings() -> Settings:
+    return load_settings()
+
+
+def engine(s: Settings | None = None) -> Engine:
+    s = s or settings()
+    return Engine(connect(s.url), s)
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _default(o: Any) -> Any:
+    if isinstance(o, datetime):
+        return o.isoformat()
+    if isinstance(o, Decimal):
+        return float(o)
+    if isinstance(o, set | frozenset):
+        return sorted(o)
+    raise TypeError(type(o).__name__)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, default=_default, sort_keys=True) + "\n")
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn our errors into a short red line and an exit code; never a traceback."""
+    try:
+        yield
+    except NotFound as exc:
+        err_console.print(f"[red]not found:[/] {redact(exc)}")
+        raise typer.Exit(2) from None
+    except HypermediaError as exc:
+        err_console.print(f"[red]error:[/] {redact(exc)}")
+        raise typer.Exit(1) from None
+    except Exception as exc:  # database down, bad URL…: say what kind, not the internals
+        err_console.print(f"[red]error:[/] {type(exc).__name__}: {redact(exc)}")
+        raise typer.Exit(1) from None

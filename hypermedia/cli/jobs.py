@@ -1,0 +1,154 @@
+"""hypermedia jobs submit|ls|show|cancel|retry."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from hypermedia.cli.common import console, engine, print_json, user_errors
+from hypermedia.errors import InvalidRequest
+from hypermedia.queue.models import NewJob
+from hypermedia.queue.states import TERMINAL
+
+app = typer.Typer(help="Submit, list, inspect, cancel and retry jobs.", no_args_is_help=True)
+
+LIST_COLUMNS = ("job_id", "job_type", "queue_name", "priority", "status", "attempt_count",
+                "error_code", "created_at")
+
+
+@app.command()
+def submit(
+    job_type: str = typer.Argument(..., help="e.g. debug.noop, debug.sleep"),
+    params: str = typer.Option("{}", "--params", help="JSON object of parameters"),
+    priority: int = typer.Option(5, "--priority", min=1, max=10, help="1 highest … 10 lowest"),
+    queue: str | None = typer.Option(None, "--queue", help="default: the profile's queue"),
+    profile: str | None = typer.Option(None, "--profile", help="KEY or KEY:vN"),
+    count: int = typer.Option(1, "--count", min=1, max=1_000_000),
+    max_attempts: int = typer.Option(3, "--max-attempts", min=1, max=100),
+    timeout: int | None = typer.Option(None, "--timeout", help="seconds per attempt"),
+    project: str = typer.Option("default", "--project"),
+    idempotency_key: str | None = typer.Option(None, "--idempotency-key"),
+    wait: bool = typer.Option(False, "--wait", help="wait until every job is terminal"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Enqueue COUNT jobs of JOB_TYPE."""
+    with user_errors():
+        try:
+            parsed = json.loads(params)
+        except json.JSONDecodeError:
+            raise InvalidRequest("--params is not valid JSON") from None
+        if not isinstance(parsed, dict):
+            raise InvalidRequest("--params must be a JSON object")
+        if idempotency_key and count > 1:
+            raise InvalidRequest("--idempotency-key needs --count 1")
+        eng = engine()
+        job = NewJob(job_type, parsed, profile=profile, queue=queue, priority=priority,
+                     max_attempts=max_attempts, timeout_seconds=timeout, project_id=project,
+                     idempotency_key=idempotency_key, created_by="cli")
+        if idempotency_key:
+            ids = [eng.enqueue(job)]
+        else:
+            ids = []
+            for start in range(0, count, 1000):
+                ids += eng.enqueue_many([job] * min(1000, count - start))
+        if wait:
+            _wait(eng, ids)
+        if as_json:
+            print_json({"job_ids": ids} if not wait else
+                       {"jobs": [_brief(eng.get(i)) for i in ids]})
+        elif count == 1:
+            console.print(f"job {ids[0]} {'done' if wait else 'queued'}")
+        else:
+            console.print(f"{len(ids)} jobs queued: {ids[0]} … {ids[-1]}")
+
+
+def _wait(eng: Any, ids: list[int]) -> None:
+    pending = set(ids)
+    while pending:
+        for job_id in list(pending):
+            if eng.get(job_id)["status"] in TERMINAL:
+                pending.discard(job_id)
+        if pending:
+            time.sleep(0.2)
+
+
+def _brief(job: dict[str, Any]) -> dict[str, Any]:
+    return {k: job.get(k) for k in ("job_id", "job_uuid", "job_type", "status", "outcome",
+                                    "error_code", "safe_reason", "result")}
+
+
+@app.command("ls")
+def list_jobs(
+    status: str | None = typer.Option(None, "--status"),
+    job_type: str | None = typer.Option(None, "--type"),
+    queue: str | None = typer.Option(None, "--queue"),
+    limit: int = typer.Option(50, "--limit", min=1, max=10_000),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """List jobs, newest first."""
+    with user_errors():
+        rows = engine().list(status=status, job_type=job_type, queue=queue, limit=limit)
+        if as_json:
+            print_json([{k: r[k] for k in (*LIST_COLUMNS, "job_uuid", "outcome")} for r in rows])
+            return
+        table = Table(*LIST_COLUMNS)
+        for r in rows:
+            table.add_row(*("" if r[c] is None else str(r[c]) for c in LIST_COLUMNS))
+        console.print(table)
+
+
+@app.command()
+def show(job_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
+    """One job with its attempts, outputs and events."""
+    with user_errors():
+        job = engine().get(job_id)
+        if as_json:
+            print_json(job)
+            return
+        console.print(f"[bold]job {job['job_id']}[/] {job['job_type']}  status [bold]"
+                      f"{job['status']}[/] ({job['legacy_status']})  queue {job['queue_name']}"
+                      f"  priority {job['priority']}  attempts {job['attempt_count']}/"
+                      f"{job['max_attempts']}")
+        if job["safe_reason"]:
+            console.print(f"reason: {job['error_code']}: {job['safe_reason']}")
+        if job["result"] is not None:
+            console.print(f"result: {json.dumps(job['result'])}")
+        attempts = Table("attempt", "worker", "status", "code", "started", "ms", "cpu ms", "peak MB",
+                         title="attempts")
+        for a in job["attempts"]:
+            attempts.add_row(*(str(a[k]) if a[k] is not None else "" for k in (
+                "attempt_number", "worker_id", "status", "error_code", "started_at",
+                "duration_ms", "cpu_time_ms", "peak_memory_mb")))
+        console.print(attempts)
+        events = Table("at", "from", "to", "kind", "message", title="events")
+        for e in job["events"]:
+            events.add_row(str(e["created_at"]), e["from_status"] or "", e["to_status"] or "",
+                           e["kind"], e["message"])
+        console.print(events)
+
+
+@app.command()
+def cancel(job_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Cancel a job: waiting ones at once, running ones are stopped by their worker."""
+    with user_errors():
+        status = engine().cancel(job_id, actor="cli")
+        if as_json:
+            print_json({"job_id": job_id, "status": status})
+        else:
+            console.print(f"job {job_id}: {status}")
+
+
+@app.command()
+def retry(job_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Queue a failed or cancelled job again, as a new attempt."""
+    with user_errors():
+        eng = engine()
+        eng.retry(job_id, actor="cli")
+        if as_json:
+            print_json({"job_id": job_id, "status": "queued"})
+        else:
+            console.print(f"job {job_id}: queued again")

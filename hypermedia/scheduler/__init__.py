@@ -1,0 +1,1 @@
+"""Leader election and the maintenance services only the leader runs."""

@@ -1,0 +1,79 @@
+"""Leader election through a lease row, and the loop that runs maintenance.
+
+Whoever holds the unexpired ``leader_leases`` row named "maintenance" runs
+the services; it renews the lease at a third of its length.  If the leader
+dies, another node takes over once the lease has expired.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+
+from hypermedia.queue.engine import Engine
+from hypermedia.scheduler.maintenance import Service, default_services
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "maintenance"
+
+
+class Leader(threading.Thread):
+    def __init__(
+        self,
+        engine: Engine,
+        node_id: str,
+        stop: threading.Event,
+        services: list[Service] | None = None,
+    ) -> None:
+        super().__init__(name="leader", daemon=True)
+        self.engine = engine
+        self.node_id = node_id
+        self.stop = stop
+        self.services = services if services is not None else default_services(engine)
+        self.is_leader = False
+
+    def try_lead(self) -> bool:
+        now = self.engine.clock()
+        ttl = timedelta(seconds=self.engine.settings.leader_lease_seconds)
+        with self.engine.db.tx() as tx:
+            self.is_leader = tx.take_lease(LEASE_NAME, self.node_id, now, now + ttl)
+        return self.is_leader
+
+    def run(self) -> None:
+        renew_every = self.engine.settings.leader_lease_seconds / 3
+        next_renew = 0.0
+        due = {s.name: 0.0 for s in self.services}
+        while not self.stop.is_set():
+            now = time.monotonic()
+            if now >= next_renew:
+                try:
+                    self.try_lead()
+                except Exception as exc:
+                    log.warning("leader lease check failed (%s)", type(exc).__name__)
+                    self.is_leader = False
+                next_renew = now + renew_every
+            if self.is_leader:
+                for svc in self.services:
+                    if now >= due[svc.name]:
+                        self._run(svc)
+                        due[svc.name] = time.monotonic() + svc.period
+            self.stop.wait(0.1)
+        self._resign()
+
+    def _run(self, svc: Service) -> None:
+        try:
+            svc.run_once()
+        except Exception as exc:
+            log.warning("%s failed (%s); will retry", svc.name, type(exc).__name__)
+
+    def _resign(self) -> None:
+        if not self.is_leader:
+            return
+        try:
+            with self.engine.db.tx() as tx:
+                tx.release_lease(LEASE_NAME, self.node_id)
+        except Exception:
+            log.debug("could not release the leader lease", exc_info=True)

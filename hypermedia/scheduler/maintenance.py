@@ -1,0 +1,117 @@
+"""Maintenance services: each is ``run_once()`` (testable alone) plus a period.
+
+Only the elected leader runs them (see ``leader.Leader``), so two API nodes or
+two ``serve`` processes never reap or aggregate the same rows twice.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any, Protocol
+
+from hypermedia.queue.engine import Engine
+
+
+class Service(Protocol):
+    name: str
+    period: float
+
+    def run_once(self) -> Any: ...
+
+
+@dataclass
+class Reaper:
+    """Expired leases back to retry (or failed); silent workers marked unhealthy."""
+
+    engine: Engine
+    name: str = "reaper"
+    period: float = 5.0
+
+    def run_once(self) -> dict[str, int]:
+        return self.engine.reap()
+
+
+@dataclass
+class Promoter:
+    """retry_wait → queued once a job's backoff is over."""
+
+    engine: Engine
+    name: str = "promoter"
+    period: float = 1.0
+
+    def run_once(self) -> int:
+        total = 0
+        while (n := self.engine.promote()) > 0:
+            total += n
+        return total
+
+
+@dataclass
+class MetricsRetention:
+    """Raw worker_metrics older than N days become hourly aggregates (seed 000)."""
+
+    engine: Engine
+    name: str = "metrics-retention"
+    period: float = 3600.0
+
+    def run_once(self) -> int:
+        """Aggregate whole hours, oldest first, each in its own transaction."""
+        cutoff = self.engine.clock() - timedelta(days=self.engine.settings.metrics_raw_days)
+        hours = 0
+        while True:
+            with self.engine.db.tx() as tx:
+                oldest = tx.oldest_metric_before(cutoff)
+                if oldest is None:
+                    return hours
+                start = oldest.replace(minute=0, second=0, microsecond=0)
+                end = min(start + timedelta(hours=1), cutoff)
+                rows = tx.metrics_between(start, end)
+                tx.insert_hourly(_aggregate(rows, start))
+                tx.delete_metrics_between(start, end)
+            hours += 1
+
+
+def _aggregate(rows: list[dict[str, Any]], hour: datetime) -> list[dict[str, Any]]:
+    by_worker: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_worker[r["worker_id"]].append(r)
+    out = []
+    for worker_id, rs in by_worker.items():
+        n = len(rs)
+
+        def avg(col: str, rs: list[dict[str, Any]] = rs, n: int = n) -> Decimal:
+            return round(Decimal(sum(Decimal(r[col]) for r in rs)) / n, 2)
+
+        def peak(col: str, rs: list[dict[str, Any]] = rs) -> Decimal:
+            return Decimal(max(Decimal(r[col]) for r in rs))
+
+        done = sum(r["jobs_completed_1m"] for r in rs)
+        weighted = sum(r["avg_job_duration_ms"] * r["jobs_completed_1m"] for r in rs)
+        out.append(
+            {
+                "worker_id": worker_id,
+                "hour": hour,
+                "samples": n,
+                "cpu_percent_avg": avg("cpu_percent"),
+                "cpu_percent_max": peak("cpu_percent"),
+                "memory_percent_avg": avg("memory_percent"),
+                "memory_percent_max": peak("memory_percent"),
+                "disk_percent_max": peak("disk_percent"),
+                "jobs_completed": done,
+                "jobs_failed": sum(r["jobs_failed_1m"] for r in rs),
+                "avg_job_duration_ms": int(weighted / done) if done else 0,
+            }
+        )
+    return out
+
+
+def default_services(engine: Engine) -> list[Service]:
+    s = engine.settings
+    return [
+        Reaper(engine, period=s.reaper_interval_seconds),
+        Promoter(engine, period=s.promoter_interval_seconds),
+        MetricsRetention(engine, period=s.retention_interval_seconds),
+    ]

@@ -1,0 +1,1 @@
+"""Workers: claim loop, heartbeats, isolated child processes, metrics."""

@@ -1,0 +1,118 @@
+"""Writes what slots report (starts, progress, results) in batched transactions.
+
+A slot never waits on the database: it hands its report here and takes the
+next job.  Whatever piles up while one transaction runs goes into the next,
+so batches grow exactly when the database is the bottleneck.  If the database
+is down, reports are kept and retried; a result that arrives after its lease
+was taken over is dropped by the engine's fencing, never applied twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hypermedia.queue.engine import Engine
+from hypermedia.queue.models import AttemptResult
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 500
+
+
+class Flusher(threading.Thread):
+    def __init__(
+        self,
+        engine: Engine,
+        worker_id: str,
+        on_result: Callable[[AttemptResult, bool], None] | None = None,
+    ) -> None:
+        super().__init__(name="flusher", daemon=True)
+        self.engine = engine
+        self.worker_id = worker_id
+        self.on_result = on_result
+        self._cond = threading.Condition()
+        self._starts: list[tuple[int, int]] = []
+        self._results: list[AttemptResult] = []
+        self._progress: dict[tuple[int, int], dict[str, Any]] = {}
+        self._busy = False
+        self._closing = False
+
+    # -- called by slots -------------------------------------------------------
+
+    def started(self, job_id: int, attempt: int) -> None:
+        with self._cond:
+            self._starts.append((job_id, attempt))
+            self._cond.notify()
+
+    def finished(self, result: AttemptResult) -> None:
+        with self._cond:
+            self._results.append(result)
+            self._cond.notify()
+
+    def progress(self, job_id: int, attempt: int, payload: dict[str, Any]) -> None:
+        with self._cond:
+            self._progress[(job_id, attempt)] = payload
+            self._cond.notify()
+
+    def idle(self) -> bool:
+        with self._cond:
+            return not (self._busy or self._starts or self._results or self._progress)
+
+    # -- the thread ----------------------------------------------------------------
+
+    def run(self) -> None:
+        delay = 0.05
+        while True:
+            with self._cond:
+                while not (self._starts or self._results or self._progress or self._closing):
+                    self._cond.wait()
+                if self._closing and not (self._starts or self._results or self._progress):
+                    return
+                starts, self._starts = self._starts[:MAX_BATCH], self._starts[MAX_BATCH:]
+                results, self._results = self._results[:MAX_BATCH], self._results[MAX_BATCH:]
+                progress, self._progress = self._progress, {}
+                self._busy = True
+            try:
+                self._write(starts, results, progress)
+                delay = 0.05
+            except Exception as exc:  # database away: keep everything, try again
+                log.warning("could not record results (%s); retrying", type(exc).__name__)
+                with self._cond:
+                    self._starts[:0] = starts
+                    self._results[:0] = results
+                    for k, v in progress.items():
+                        self._progress.setdefault(k, v)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            finally:
+                with self._cond:
+                    self._busy = False
+
+    def _write(
+        self,
+        starts: list[tuple[int, int]],
+        results: list[AttemptResult],
+        progress: dict[tuple[int, int], dict[str, Any]],
+    ) -> None:
+        if progress:
+            self.engine.report_progress(self.worker_id, progress)
+        if starts or results:
+            accepted = self.engine.flush(self.worker_id, starts, results)
+            for r in results:
+                ok = r.job_id in accepted
+                if not ok:
+                    log.info("dropped a stale result for job %s attempt %s", r.job_id, r.attempt)
+                if self.on_result:
+                    self.on_result(r, ok)
+
+    def close(self, timeout: float) -> bool:
+        """Stop after writing what is pending; False if that took too long."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self.join(timeout)
+        return not self.is_alive()

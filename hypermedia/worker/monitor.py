@@ -1,0 +1,157 @@
+"""The worker's clockwork: lease renewal, cancel checks, heartbeats, metrics.
+
+Each duty has its own period (seed 000: heartbeat every 30 s, metrics every
+60 s; leases renewed every lease/3; cancel checked about every second).  A
+database outage only delays them: errors are logged and the next tick retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from hypermedia import __version__
+from hypermedia.queue.engine import Engine
+from hypermedia.worker.slot import Running
+
+log = logging.getLogger(__name__)
+
+
+class Stats:
+    """Completed/failed counts and durations over the last minute, for worker_metrics."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done: deque[tuple[float, bool, int]] = deque()
+
+    def record(self, ok: bool, duration_ms: int | None) -> None:
+        with self._lock:
+            self._done.append((time.monotonic(), ok, duration_ms or 0))
+
+    def last_minute(self) -> tuple[int, int, int]:
+        cutoff = time.monotonic() - 60
+        with self._lock:
+            while self._done and self._done[0][0] < cutoff:
+                self._done.popleft()
+            ok = sum(1 for _, good, _ in self._done if good)
+            failed = len(self._done) - ok
+            avg = int(sum(d for _, _, d in self._done) / len(self._done)) if self._done else 0
+        return ok, failed, avg
+
+
+class Monitor(threading.Thread):
+    def __init__(
+        self,
+        engine: Engine,
+        worker_id: str,
+        running: Callable[[], list[Running]],
+        stats: Stats,
+        home: Path,
+        stop: threading.Event,
+    ) -> None:
+        super().__init__(name="monitor", daemon=True)
+        self.engine = engine
+        self.worker_id = worker_id
+        self.running = running
+        self.stats = stats
+        self.home = home
+        self.stop = stop
+        s = engine.settings
+        self.duties: list[tuple[float, Callable[[], None]]] = [
+            (s.cancel_poll_seconds, self.check_cancels),
+            (s.lease_seconds / 3, self.renew_leases),
+            (s.worker_heartbeat_seconds, self.heartbeat),
+            (s.worker_metrics_seconds, self.write_metrics),
+        ]
+        self.status = "active"
+
+    def run(self) -> None:
+        due = [time.monotonic() + period for period, _ in self.duties]
+        while not self.stop.wait(0.1):
+            now = time.monotonic()
+            for i, (period, duty) in enumerate(self.duties):
+                if now < due[i]:
+                    continue
+                due[i] = now + period
+                try:
+                    duty()
+                except Exception as exc:
+                    log.warning("%s failed (%s); will retry", duty.__name__, type(exc).__name__)
+
+    def _apply(self, statuses: dict[int, str]) -> None:
+        for rj in self.running():
+            status = statuses.get(rj.job.job_id)
+            if status is None:
+                rj.lost.set()
+            elif status == "cancel_requested":
+                rj.cancel.set()
+
+    def check_cancels(self) -> None:
+        items = [rj.key for rj in self.running()]
+        if items:
+            self._apply(self.engine.poll_statuses(self.worker_id, items))
+
+    def renew_leases(self) -> None:
+        items = [rj.key for rj in self.running()]
+        if items:
+            self._apply(self.engine.renew(self.worker_id, items))
+
+    def heartbeat(self) -> None:
+        busy = len(self.running())
+        with self.engine.db.tx() as tx:
+            tx.update_worker(
+                self.worker_id,
+                {
+                    "last_heartbeat": self.engine.clock(),
+                    "current_jobs": min(busy, 127),
+                    "status": self.status if self.status == "draining" else
+                    ("active" if busy else "idle"),
+                },
+            )
+
+    def write_metrics(self) -> None:
+        ok, failed, avg = self.stats.last_minute()
+        disk = shutil.disk_usage(self.home)
+        with self.engine.db.tx() as tx:
+            tx.insert_metric(
+                {
+                    "worker_id": self.worker_id,
+                    "cpu_percent": min(psutil.cpu_percent(None), 999.99),
+                    "memory_percent": psutil.virtual_memory().percent,
+                    "disk_percent": round(100 * disk.used / disk.total, 2),
+                    "jobs_completed_1m": ok,
+                    "jobs_failed_1m": failed,
+                    "avg_job_duration_ms": avg,
+                    "recorded_at": self.engine.clock(),
+                }
+            )
+
+
+def worker_row(worker_id: str, queues: list[str], concurrency: int, home: Path, now: object) -> dict:
+    disk = shutil.disk_usage(home)
+    return {
+        "worker_id": worker_id,
+        "worker_type": "vps",
+        "status": "active",
+        "queues": queues,
+        "max_concurrency": min(concurrency, 127),
+        "current_jobs": 0,
+        "cpu_cores": min(psutil.cpu_count() or 1, 127),
+        "memory_mb": psutil.virtual_memory().total // 1_048_576,
+        "disk_mb": disk.total // 1_048_576,
+        "cost_per_hour_cents": 0,
+        "hostname": socket.gethostname()[:255],
+        "pid": __import__("os").getpid(),
+        "version": __version__,
+        "last_heartbeat": now,
+        "started_at": now,
+        "created_at": now,
+    }

@@ -1,0 +1,117 @@
+"""The worker's side of a child process: spawn, talk, kill, reap.
+
+A child is started once and reused for many attempts (a tiny job then costs
+one pipe round trip, not a process start).  One that timed out, crashed, was
+cancelled or ran out of memory is killed and never reused.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from hypermedia.worker.protocol import read_frame, write_frame
+
+
+@dataclass
+class Exit:
+    """How a killed or dead child ended, from wait4's rusage."""
+
+    cpu_total_ms: int
+    peak_mb: int
+    signal: int | None
+
+
+def _preexec() -> None:
+    # Own process group (start_new_session) so a kill takes every grandchild
+    # too; no core dumps of hostile input.
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+class Child:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-m", "hypermedia.worker.child"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={},
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+            preexec_fn=_preexec,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._out = self.proc.stdin.fileno()
+        self._in = self.proc.stdout.fileno()
+        self.attempts = 0
+        self.cpu_seen_ms = 0  # cumulative CPU the child reported at its last attempt
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, message: dict[str, Any]) -> bool:
+        try:
+            write_frame(self._out, message)
+            return True
+        except (BrokenPipeError, OSError):
+            return False
+
+    def poll(self, timeout: float) -> tuple[bool, Any]:
+        """(ready, message). A ready None message means the child is gone."""
+        try:
+            ready, _, _ = select.select([self._in], [], [], max(0.0, timeout))
+        except (OSError, ValueError):
+            return True, None
+        if not ready:
+            return False, None
+        try:
+            return True, read_frame(self._in)
+        except (OSError, EOFError, ValueError):
+            return True, None
+
+    def kill(self) -> Exit:
+        """SIGKILL the whole process group and reap the child."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return self.reap()
+
+    def reap(self) -> Exit:
+        try:
+            _, status, ru = os.wait4(self.proc.pid, 0)
+        except ChildProcessError:
+            return Exit(self.cpu_seen_ms, 0, None)
+        finally:
+            self._close()
+        self.proc.returncode = os.waitstatus_to_exitcode(status) if status else 0
+        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        cpu = int((ru.ru_utime + ru.ru_stime) * 1000)
+        return Exit(cpu, ru.ru_maxrss // 1024, sig)
+
+    def stop(self, grace: float = 2.0) -> None:
+        """Ask politely, then kill."""
+        self.send({"op": "exit"})
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._close()
+                return
+            time.sleep(0.01)
+        self.kill()
+
+    def _close(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                if stream:
+                    stream.close()
+            except OSError:
+                pass

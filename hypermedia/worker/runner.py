@@ -1,0 +1,232 @@
+"""The worker process: claims jobs, feeds slots, drains on SIGTERM.
+
+Threads: the claim loop (the caller's thread, which also owns the signal
+handlers), one thread per concurrency slot, the flusher (batched writes), the
+monitor (leases, cancels, heartbeats, metrics) and, on PostgreSQL, a LISTEN
+thread that wakes the claim loop as soon as a job is enqueued.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from hypermedia.queue.engine import Engine
+from hypermedia.queue.models import AttemptResult
+from hypermedia.worker.flusher import Flusher
+from hypermedia.worker.monitor import Monitor, Stats, worker_row
+from hypermedia.worker.slot import Running, Slot, SlotConfig, scratch_root
+
+log = logging.getLogger(__name__)
+
+
+def new_worker_id() -> str:
+    """Fresh per process start: hostname, pid and a random suffix."""
+    return f"{socket.gethostname()[:60]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class Worker:
+    def __init__(
+        self,
+        engine: Engine,
+        queues: Sequence[str],
+        *,
+        concurrency: int = 2,
+        batch: int | None = None,
+        burst: bool = False,
+        worker_id: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.settings = engine.settings
+        self.queues = list(queues)
+        self.concurrency = max(1, concurrency)
+        self.batch = max(1, batch or self.settings.claim_batch)
+        self.burst = burst
+        self.worker_id = worker_id or new_worker_id()
+        self.stats = Stats()
+        self.flusher = Flusher(engine, self.worker_id, self._on_result)
+        self.buffer: queue.Queue[Running] = queue.Queue()
+        self._running: dict[int, Running] = {}
+        self._lock = threading.Lock()
+        self.wake = threading.Event()
+        self.stop_claiming = threading.Event()
+        self.stop_now = threading.Event()
+        self.stopped = threading.Event()
+        self._paused: set[str] = set()
+        self._paused_at = 0.0
+        self._signals = 0
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def run(self, *, install_signals: bool = True) -> None:
+        if install_signals:
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        self._register()
+        root = scratch_root(self.settings.home, self.worker_id)
+        cfg = SlotConfig(root, self.settings.child_memory_mb, self.settings.child_max_attempts)
+        slots = [Slot(i, cfg, self.flusher) for i in range(self.concurrency)]
+        threads = [threading.Thread(target=self._slot_loop, args=(s,), name=f"slot-{s.index}",
+                                    daemon=True) for s in slots]
+        monitor = Monitor(self.engine, self.worker_id, self.running, self.stats,
+                          self.settings.home, self.stopped)
+        listener = threading.Thread(target=self.engine.db.listen,
+                                    args=(self._on_notify, self.stopped), daemon=True,
+                                    name="listener")
+        for t in (self.flusher, monitor, listener, *threads):
+            t.start()
+        log.info("worker %s on queues %s, concurrency %s", self.worker_id,
+                 ",".join(self.queues), self.concurrency)
+        try:
+            self._claim_loop()
+        finally:
+            self._shutdown(threads, slots, monitor)
+
+    def request_stop(self, *, now: bool = False) -> None:
+        """What SIGTERM does: the first drains, a second stops at once."""
+        self.stop_claiming.set()
+        if now:
+            self.stop_now.set()
+            for rj in self.running():
+                rj.stop_now.set()
+        self.wake.set()
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._signals += 1
+        log.info("signal %s: %s", signum, "draining" if self._signals == 1 else "stopping now")
+        self.request_stop(now=self._signals > 1)
+
+    def _register(self) -> None:
+        now = self.engine.clock()
+        self.settings.home.mkdir(parents=True, exist_ok=True)
+        with self.engine.db.tx() as tx:
+            tx.insert_worker(worker_row(self.worker_id, self.queues, self.concurrency,
+                                        self.settings.home, now))
+
+    # -- claiming --------------------------------------------------------------
+
+    def _claim_loop(self) -> None:
+        delay = 0.1
+        while not self.stop_claiming.is_set():
+            room = self.batch - self.buffer.qsize()
+            got = 0
+            if room >= max(1, self.batch // 2):
+                try:
+                    got = self._claim(room)
+                    delay = 0.1
+                except Exception as exc:  # database away: back off, keep the jobs we hold
+                    log.warning("claim failed (%s); retrying in %.1fs", type(exc).__name__, delay)
+                    self.stop_claiming.wait(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+            if got:
+                continue
+            if self.burst and self._idle():
+                return
+            self.wake.wait(self.settings.poll_interval_seconds)
+            self.wake.clear()
+
+    def _claim(self, n: int) -> int:
+        queues = [q for q in self.queues if q not in self._paused_queues()]
+        jobs = self.engine.claim(self.worker_id, queues, n) if queues else []
+        for job in jobs:
+            rj = Running(job)
+            with self._lock:
+                self._running[job.job_id] = rj
+            self.buffer.put(rj)
+        return len(jobs)
+
+    def _paused_queues(self) -> set[str]:
+        if time.monotonic() - self._paused_at > self.settings.poll_interval_seconds:
+            with self.engine.db.read() as tx:
+                self._paused = tx.paused_queues()
+            self._paused_at = time.monotonic()
+        return self._paused
+
+    def _idle(self) -> bool:
+        with self._lock:
+            busy = bool(self._running)
+        return not busy and self.buffer.empty() and self.flusher.idle()
+
+    def _on_notify(self, queue_name: str) -> None:
+        if queue_name == "*" or queue_name in self.queues:
+            self.wake.set()
+
+    # -- running -----------------------------------------------------------------
+
+    def running(self) -> list[Running]:
+        with self._lock:
+            return list(self._running.values())
+
+    def _slot_loop(self, slot: Slot) -> None:
+        while not (self.stop_claiming.is_set() and self.buffer.empty()):
+            try:
+                rj = self.buffer.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if self.buffer.qsize() <= self.batch // 2:
+                self.wake.set()
+            if self.stop_claiming.is_set() and not self.stop_now.is_set():
+                self._hand_back([rj])
+                continue
+            try:
+                result = slot.run(rj)
+            except Exception:
+                log.exception("slot %s failed running job %s", slot.index, rj.job.job_id)
+                result = AttemptResult(rj.job.job_id, rj.job.attempt, "crashed", "CRASHED",
+                                       "the worker could not run the attempt")
+            if result is not None:
+                self.flusher.finished(result)
+            with self._lock:
+                self._running.pop(rj.job.job_id, None)
+        slot.close()
+
+    def _hand_back(self, items: list[Running]) -> None:
+        try:
+            self.engine.hand_back(self.worker_id, [rj.key for rj in items])
+        except Exception as exc:  # the reaper will release them after the lease
+            log.warning("hand back failed (%s)", type(exc).__name__)
+        with self._lock:
+            for rj in items:
+                self._running.pop(rj.job.job_id, None)
+
+    def _on_result(self, result: AttemptResult, accepted: bool) -> None:
+        if accepted:
+            self.stats.record(result.status == "completed", result.duration_ms)
+
+    # -- shutdown ----------------------------------------------------------------
+
+    def _shutdown(self, threads: list[threading.Thread], slots: list[Slot],
+                  monitor: Monitor) -> None:
+        self.stop_claiming.set()
+        monitor.status = "draining"
+        leftovers: list[Running] = []
+        while True:
+            try:
+                leftovers.append(self.buffer.get_nowait())
+            except queue.Empty:
+                break
+        if leftovers:
+            self._hand_back(leftovers)
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)
+        self.flusher.close(timeout=10 if not self.stop_now.is_set() else 3)
+        self.stopped.set()
+        monitor.join(2)
+        try:
+            with self.engine.db.tx() as tx:
+                tx.update_worker(self.worker_id, {"status": "terminated", "current_jobs": 0,
+                                                  "terminated_at": self.engine.clock()})
+        except Exception as exc:
+            log.warning("could not mark worker terminated (%s)", type(exc).__name__)
+        log.info("worker %s stopped", self.worker_id)
+

@@ -1,0 +1,202 @@
+"""One concurrency slot: runs claimed jobs one after another in its own child.
+
+The slot enforces the attempt's deadline and reacts to cancel or a lost lease
+by killing the child's whole process group.  It never touches the database:
+starts, progress and results go to the flusher.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypermedia.queue.models import AttemptResult, Claimed
+from hypermedia.worker.flusher import Flusher
+from hypermedia.worker.pool import Child, Exit
+
+log = logging.getLogger(__name__)
+
+POLL = 0.1  # how often a slot looks at cancel/lost flags while a child works
+
+
+@dataclass
+class Running:
+    job: Claimed
+    cancel: threading.Event = field(default_factory=threading.Event)
+    lost: threading.Event = field(default_factory=threading.Event)
+    stop_now: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.job.job_id, self.job.attempt)
+
+
+@dataclass
+class SlotConfig:
+    scratch_root: Path
+    memory_mb: int
+    max_attempts_per_child: int
+
+
+class Slot:
+    def __init__(self, index: int, cfg: SlotConfig, flusher: Flusher) -> None:
+        self.index = index
+        self.cfg = cfg
+        self.flusher = flusher
+        self.child: Child | None = None
+
+    def run(self, rj: Running) -> AttemptResult | None:
+        """Run one attempt to its end; None when the lease was lost (nothing to report)."""
+        job = rj.job
+        if rj.cancel.is_set():
+            return self._result(rj, "cancelled", None, "cancelled before start", 0, None, None)
+        scratch = self.cfg.scratch_root / f"{job.job_id}-{job.attempt}"
+        scratch.mkdir(parents=True, exist_ok=True)
+        self.flusher.started(job.job_id, job.attempt)
+        try:
+            return self._attempt(rj, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _attempt(self, rj: Running, scratch: Path) -> AttemptResult | None:
+        job = rj.job
+        mem = job.memory_limit_mb or self.cfg.memory_mb
+        message = {
+            "op": "run",
+            "job_id": job.job_id,
+            "job_type": job.job_type,
+            "params": job.params,
+            "scratch": str(scratch),
+            "mem_mb": mem,
+            "cpu_s": job.timeout_seconds + 5,
+        }
+        child = self._child_for(message)
+        t0 = time.monotonic()
+        deadline = t0 + job.timeout_seconds
+        while True:
+            elapsed_ms = int((time.monotonic() - t0) * 1000)
+            if rj.stop_now.is_set():
+                ex = self._kill()
+                return self._result(rj, "orphaned", "ORPHANED", "the worker stopped at once",
+                                    elapsed_ms, ex.peak_mb, self._cpu(child, ex))
+            if rj.cancel.is_set():
+                ex = self._kill()
+                return self._result(rj, "cancelled", None, "cancelled by request",
+                                    elapsed_ms, ex.peak_mb, self._cpu(child, ex))
+            if rj.lost.is_set():
+                self._kill()
+                log.warning("job %s: lease lost, attempt %s abandoned", job.job_id, job.attempt)
+                return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                ex = self._kill()
+                return self._result(rj, "timeout", "TIMEOUT",
+                                    f"the attempt exceeded its {job.timeout_seconds}s timeout",
+                                    elapsed_ms, ex.peak_mb, self._cpu(child, ex))
+            ready, msg = child.poll(min(remaining, POLL))
+            if not ready:
+                continue
+            elapsed_ms = int((time.monotonic() - t0) * 1000)
+            if msg is None:
+                return self._died(rj, child, mem, elapsed_ms)
+            if msg.get("op") == "progress":
+                self.flusher.progress(job.job_id, job.attempt,
+                                      {"percent": msg.get("percent"), "step": msg.get("step")})
+                continue
+            return self._done(rj, child, msg, elapsed_ms)
+
+    def _child_for(self, message: dict[str, object]) -> Child:
+        """Our warm child, or a new one if there is none or it has died since."""
+        if self.child is not None and self.child.send(message):
+            return self.child
+        if self.child is not None:
+            self.child.kill()
+        self.child = Child()
+        if not self.child.send(message):
+            raise RuntimeError("a fresh child process refused its first job")
+        return self.child
+
+    def _done(self, rj: Running, child: Child, msg: dict, elapsed_ms: int) -> AttemptResult:
+        child.attempts += 1
+        child.cpu_seen_ms = msg.get("cpu_total_ms", child.cpu_seen_ms)
+        code = msg.get("code")
+        if code == "OOM":
+            self._kill()  # a child that hit its memory limit is never reused
+        elif child.attempts >= self.cfg.max_attempts_per_child:
+            child.stop()
+            self.child = None
+        status = msg["status"]
+        res = self._result(rj, status, code, msg.get("message", ""), elapsed_ms,
+                           msg.get("peak_mb"), msg.get("cpu_ms"))
+        res.result = msg.get("result")
+        return res
+
+    def _died(self, rj: Running, child: Child, mem: int, elapsed_ms: int) -> AttemptResult:
+        ex = child.reap()
+        self.child = None
+        if ex.signal == signal.SIGXCPU:
+            code, status, why = "TIMEOUT", "timeout", "the attempt used up its CPU time"
+        elif ex.signal == signal.SIGKILL and ex.peak_mb >= mem * 0.9:
+            code, status, why = "OOM", "failed", "the attempt was killed for using too much memory"
+        else:
+            code, status = "CRASHED", "crashed"
+            why = f"the processing child died ({_signame(ex.signal)})"
+        return self._result(rj, status, code, why, elapsed_ms, ex.peak_mb, self._cpu(child, ex))
+
+    def _kill(self) -> Exit:
+        child, self.child = self.child, None
+        if child is None:
+            return Exit(0, 0, None)
+        return child.kill()
+
+    @staticmethod
+    def _cpu(child: Child, ex: Exit) -> int:
+        return max(0, ex.cpu_total_ms - child.cpu_seen_ms)
+
+    @staticmethod
+    def _result(
+        rj: Running,
+        status: str,
+        code: str | None,
+        message: str,
+        duration_ms: int,
+        peak_mb: int | None,
+        cpu_ms: int | None,
+    ) -> AttemptResult:
+        return AttemptResult(
+            job_id=rj.job.job_id,
+            attempt=rj.job.attempt,
+            status=status,
+            code=code,
+            message=message,
+            duration_ms=duration_ms,
+            peak_memory_mb=peak_mb,
+            cpu_time_ms=cpu_ms,
+        )
+
+    def close(self) -> None:
+        if self.child is not None:
+            self.child.stop()
+            self.child = None
+
+
+def _signame(sig: int | None) -> str:
+    if sig is None:
+        return "exited"
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def scratch_root(home: Path, worker_id: str) -> Path:
+    root = home.resolve() / "scratch" / worker_id
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o700)
+    return root
