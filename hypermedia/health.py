@@ -15,7 +15,7 @@ from hypermedia.db.driver import Driver
 
 def start(host: str, port: int, db: Driver) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        def do_GET(self) -> None:
             if self.path == "/healthz":
                 self._send(200, {"status": "ok"})
             elif self.path == "/readyz":

@@ -17,7 +17,9 @@ _PATTERNS = [
     # Bearer tokens, API keys, secrets given as key=value.
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [redacted]"),
     (
-        re.compile(r"(?i)\b(password|passwd|secret|token|api[_-]?key|access[_-]?key)\b\s*[=:]\s*\S+"),
+        re.compile(
+            r"(?i)\b(password|passwd|secret|token|api[_-]?key|access[_-]?key)\b\s*[=:]\s*\S+"
+        ),
         r"\1=[redacted]",
     ),
     (re.compile(r"\bhm_[A-Za-z0-9]{8,}\b"), "[token]"),

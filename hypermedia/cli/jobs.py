@@ -16,8 +16,16 @@ from hypermedia.queue.states import TERMINAL
 
 app = typer.Typer(help="Submit, list, inspect, cancel and retry jobs.", no_args_is_help=True)
 
-LIST_COLUMNS = ("job_id", "job_type", "queue_name", "priority", "status", "attempt_count",
-                "error_code", "created_at")
+LIST_COLUMNS = (
+    "job_id",
+    "job_type",
+    "queue_name",
+    "priority",
+    "status",
+    "attempt_count",
+    "error_code",
+    "created_at",
+)
 
 
 @app.command()
@@ -46,9 +54,18 @@ def submit(
         if idempotency_key and count > 1:
             raise InvalidRequest("--idempotency-key needs --count 1")
         eng = engine()
-        job = NewJob(job_type, parsed, profile=profile, queue=queue, priority=priority,
-                     max_attempts=max_attempts, timeout_seconds=timeout, project_id=project,
-                     idempotency_key=idempotency_key, created_by="cli")
+        job = NewJob(
+            job_type,
+            parsed,
+            profile=profile,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            timeout_seconds=timeout,
+            project_id=project,
+            idempotency_key=idempotency_key,
+            created_by="cli",
+        )
         if idempotency_key:
             ids = [eng.enqueue(job)]
         else:
@@ -58,8 +75,9 @@ def submit(
         if wait:
             _wait(eng, ids)
         if as_json:
-            print_json({"job_ids": ids} if not wait else
-                       {"jobs": [_brief(eng.get(i)) for i in ids]})
+            print_json(
+                {"job_ids": ids} if not wait else {"jobs": [_brief(eng.get(i)) for i in ids]}
+            )
         elif count == 1:
             console.print(f"job {ids[0]} {'done' if wait else 'queued'}")
         else:
@@ -77,8 +95,19 @@ def _wait(eng: Any, ids: list[int]) -> None:
 
 
 def _brief(job: dict[str, Any]) -> dict[str, Any]:
-    return {k: job.get(k) for k in ("job_id", "job_uuid", "job_type", "status", "outcome",
-                                    "error_code", "safe_reason", "result")}
+    return {
+        k: job.get(k)
+        for k in (
+            "job_id",
+            "job_uuid",
+            "job_type",
+            "status",
+            "outcome",
+            "error_code",
+            "safe_reason",
+            "result",
+        )
+    }
 
 
 @app.command("ls")
@@ -109,25 +138,53 @@ def show(job_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
         if as_json:
             print_json(job)
             return
-        console.print(f"[bold]job {job['job_id']}[/] {job['job_type']}  status [bold]"
-                      f"{job['status']}[/] ({job['legacy_status']})  queue {job['queue_name']}"
-                      f"  priority {job['priority']}  attempts {job['attempt_count']}/"
-                      f"{job['max_attempts']}")
+        console.print(
+            f"[bold]job {job['job_id']}[/] {job['job_type']}  status [bold]"
+            f"{job['status']}[/] ({job['legacy_status']})  queue {job['queue_name']}"
+            f"  priority {job['priority']}  attempts {job['attempt_count']}/"
+            f"{job['max_attempts']}"
+        )
         if job["safe_reason"]:
             console.print(f"reason: {job['error_code']}: {job['safe_reason']}")
         if job["result"] is not None:
             console.print(f"result: {json.dumps(job['result'])}")
-        attempts = Table("attempt", "worker", "status", "code", "started", "ms", "cpu ms", "peak MB",
-                         title="attempts")
+        attempts = Table(
+            "attempt",
+            "worker",
+            "status",
+            "code",
+            "started",
+            "ms",
+            "cpu ms",
+            "peak MB",
+            title="attempts",
+        )
         for a in job["attempts"]:
-            attempts.add_row(*(str(a[k]) if a[k] is not None else "" for k in (
-                "attempt_number", "worker_id", "status", "error_code", "started_at",
-                "duration_ms", "cpu_time_ms", "peak_memory_mb")))
+            attempts.add_row(
+                *(
+                    str(a[k]) if a[k] is not None else ""
+                    for k in (
+                        "attempt_number",
+                        "worker_id",
+                        "status",
+                        "error_code",
+                        "started_at",
+                        "duration_ms",
+                        "cpu_time_ms",
+                        "peak_memory_mb",
+                    )
+                )
+            )
         console.print(attempts)
         events = Table("at", "from", "to", "kind", "message", title="events")
         for e in job["events"]:
-            events.add_row(str(e["created_at"]), e["from_status"] or "", e["to_status"] or "",
-                           e["kind"], e["message"])
+            events.add_row(
+                str(e["created_at"]),
+                e["from_status"] or "",
+                e["to_status"] or "",
+                e["kind"],
+                e["message"],
+            )
         console.print(events)
 
 

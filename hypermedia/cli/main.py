@@ -44,11 +44,15 @@ def _queues(value: str) -> list[str]:
 def worker(
     queues: str = typer.Option(ALL_QUEUES, "--queues", "-q", help="comma-separated queue names"),
     concurrency: int = typer.Option(2, "--concurrency", "-c", min=1, max=127),
-    batch: int | None = typer.Option(None, "--batch", min=1, max=1000,
-                                     help="jobs claimed per round trip"),
+    batch: int | None = typer.Option(
+        None, "--batch", min=1, max=1000, help="jobs claimed per round trip"
+    ),
     burst: bool = typer.Option(False, "--burst", help="exit when no job is left"),
-    maintenance: bool = typer.Option(True, "--maintenance/--no-maintenance",
-                                     help="stand for leader and run maintenance if elected"),
+    maintenance: bool = typer.Option(
+        True,
+        "--maintenance/--no-maintenance",
+        help="stand for leader and run maintenance if elected",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run a worker: claim jobs from QUEUES and run each attempt in a child process."""
@@ -103,9 +107,11 @@ def serve(
         w = Worker(eng, _queues(queues), concurrency=concurrency)
         server = health.start(host, port, eng.db)
     leader = _start_leader(eng, w.worker_id, w.stopped)
-    console.print(f"hypermedia serving: data in {s.home.resolve()}, health at "
-                  f"http://{host}:{port}/healthz, queues {queues}, job types "
-                  f"{', '.join(registry.known())}")
+    console.print(
+        f"hypermedia serving: data in {s.home.resolve()}, health at "
+        f"http://{host}:{port}/healthz, queues {queues}, job types "
+        f"{', '.join(registry.known())}"
+    )
     console.print("try: hypermedia jobs submit debug.sleep --params '{\"ms\": 500}' --wait")
     try:
         w.run()
@@ -114,7 +120,7 @@ def serve(
         leader.join(5)
 
 
-def _start_leader(eng, node_id: str, stop: threading.Event):  # type: ignore[no-untyped-def]
+def _start_leader(eng, node_id: str, stop: threading.Event):
     from hypermedia.scheduler.leader import Leader
 
     leader = Leader(eng, node_id, stop)

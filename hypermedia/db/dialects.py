@@ -16,6 +16,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from hypermedia.db.schema import job_attempts as A
+from hypermedia.db.schema import job_events as E
 from hypermedia.db.schema import processing_jobs as J
 
 log = logging.getLogger(__name__)
@@ -43,10 +45,6 @@ CLAIM_COLUMNS = (
 )
 
 
-def _ready(queues: Sequence[str], now: datetime) -> list[sa.ColumnElement[bool]]:
-    return [J.c.status == "queued", J.c.queue_name.in_(queues), J.c.available_at <= now]
-
-
 def _claim_values(worker_id: str, now: datetime, lease_until: datetime) -> dict[str, Any]:
     return {
         "status": "claimed",
@@ -68,70 +66,148 @@ def claim(
     now: datetime,
     lease_until: datetime,
 ) -> list[dict[str, Any]]:
-    """Mark up to ``n`` ready jobs claimed by ``worker_id`` and return them."""
-    fn = {"postgresql": _claim_pg, "mysql": _claim_mysql, "sqlite": _claim_sqlite}[dialect]
-    rows = fn(conn, worker_id, queues, n, now, lease_until)
+    """Claim up to ``n`` ready jobs for ``worker_id``: status, lease, attempt row, event."""
+    if dialect == "postgresql":
+        rows = _claim_pg(conn, worker_id, queues, n, now, lease_until)
+    else:
+        fn = _claim_mysql if dialect == "mysql" else _claim_sqlite
+        rows = fn(conn, worker_id, queues, n, now, lease_until)
+        _record_claims(conn, rows, worker_id, now)
     rows.sort(key=lambda r: (r["priority"], r["job_id"]))
     return rows
 
 
-def _claim_pg(conn, worker_id, queues, n, now, lease_until):  # type: ignore[no-untyped-def]
-    # One round trip: SKIP LOCKED lets concurrent workers pass over each
-    # other's rows instead of queueing on the row locks.
-    picked = (
-        sa.select(J.c.job_id)
-        .where(*_ready(queues, now))
-        .order_by(J.c.priority, J.c.job_id)
-        .limit(n)
-        .with_for_update(skip_locked=True)
-        .cte("picked")
-    )
-    stmt = (
-        sa.update(J)
-        .where(J.c.job_id == picked.c.job_id)
-        .values(_claim_values(worker_id, now, lease_until))
-        .returning(*CLAIM_COLUMNS)
-    )
-    return [dict(r._mapping) for r in conn.execute(stmt)]
-
-
-def _claim_mysql(conn, worker_id, queues, n, now, lease_until):  # type: ignore[no-untyped-def]
-    # MariaDB has no UPDATE … RETURNING: lock with SKIP LOCKED, then update
-    # the locked ids in the same transaction.
-    picked = (
-        sa.select(*CLAIM_COLUMNS)
-        .where(*_ready(queues, now))
-        .order_by(J.c.priority, J.c.job_id)
-        .limit(n)
-        .with_for_update(skip_locked=True)
-    )
-    rows = [dict(r._mapping) for r in conn.execute(picked)]
+def _record_claims(
+    conn: sa.Connection, rows: list[dict[str, Any]], worker_id: str, now: datetime
+) -> None:
     if not rows:
+        return
+    conn.execute(
+        sa.insert(A),
+        [
+            {
+                "job_id": r["job_id"],
+                "worker_id": worker_id,
+                "attempt_number": r["attempt_count"],
+                "status": "started",
+                "started_at": now,
+            }
+            for r in rows
+        ],
+    )
+    conn.execute(
+        sa.insert(E),
+        [
+            {
+                "job_id": r["job_id"],
+                "kind": "event",
+                "from_status": "queued",
+                "to_status": "claimed",
+                "attempt_number": r["attempt_count"],
+                "message": "",
+                "actor": worker_id,
+                "created_at": now,
+            }
+            for r in rows
+        ],
+    )
+
+
+_PG_CLAIM = sa.text(f"""
+WITH picked AS (
+    -- One index scan per queue, each stopping after n rows; a plain
+    -- "queue_name = ANY(...)" would sort every queued row instead.
+    SELECT c.job_id FROM unnest(CAST(:queues AS text[])) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT job_id, priority FROM processing_jobs
+        WHERE status = 'queued' AND queue_name = q.name AND available_at <= :now
+        ORDER BY priority, job_id
+        LIMIT :n
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.priority, c.job_id
+    LIMIT :n
+), claimed AS (
+    UPDATE processing_jobs AS j
+    SET status = 'claimed', claimed_by = :worker, claimed_at = :now,
+        visibility_timeout = :until, attempt_count = j.attempt_count + 1,
+        started_at = NULL, updated_at = :now
+    FROM picked WHERE j.job_id = picked.job_id
+    RETURNING {", ".join("j." + c.name for c in CLAIM_COLUMNS)}
+), attempts AS (
+    INSERT INTO job_attempts (job_id, worker_id, attempt_number, status, started_at)
+    SELECT job_id, :worker, attempt_count, 'started', :now FROM claimed
+), events AS (
+    INSERT INTO job_events (job_id, kind, from_status, to_status, attempt_number,
+                            message, actor, created_at)
+    SELECT job_id, 'event', 'queued', 'claimed', attempt_count, '', :worker, :now
+    FROM claimed
+)
+SELECT * FROM claimed
+""").columns(*CLAIM_COLUMNS)
+
+
+def _claim_pg(conn, worker_id, queues, n, now, lease_until):
+    # One round trip for the whole claim: SKIP LOCKED lets concurrent workers
+    # pass over each other's rows, and data-modifying CTEs write the attempt
+    # rows and events in the same statement.
+    params = {"queues": list(queues), "now": now, "n": n, "worker": worker_id, "until": lease_until}
+    return [dict(r._mapping) for r in conn.execute(_PG_CLAIM, params)]
+
+
+def _ready_ids(
+    conn: sa.Connection, queues: Sequence[str], n: int, now: datetime, lock: bool
+) -> list[int]:
+    """The first ``n`` ready job ids over all queues, one index range scan per queue.
+
+    A single ``queue_name IN (...)`` query would have to sort every queued row
+    (the index is ordered by priority within one queue only).
+    """
+    found: list[tuple[int, int]] = []
+    for q in queues:
+        sel = (
+            sa.select(J.c.priority, J.c.job_id)
+            .where(J.c.status == "queued", J.c.queue_name == q, J.c.available_at <= now)
+            .order_by(J.c.priority, J.c.job_id)
+            .limit(n)
+        )
+        if lock:
+            sel = sel.with_for_update(skip_locked=True)
+        found += [(r.priority, r.job_id) for r in conn.execute(sel)]
+    return [job_id for _, job_id in sorted(found)[:n]]
+
+
+def _claim_mysql(conn, worker_id, queues, n, now, lease_until):
+    # MariaDB has no UPDATE … RETURNING: lock with SKIP LOCKED, update the
+    # locked ids, then read them back, all in one transaction.  Rows locked
+    # but not chosen are released at commit.
+    ids = _ready_ids(conn, queues, n, now, lock=True)
+    if not ids:
         return []
-    ids = [r["job_id"] for r in rows]
     conn.execute(
         sa.update(J)
         .where(J.c.job_id.in_(ids), J.c.status == "queued")
         .values(_claim_values(worker_id, now, lease_until))
     )
-    for r in rows:
-        r["attempt_count"] += 1
-    return rows
+    return [
+        dict(r._mapping)
+        for r in conn.execute(
+            sa.select(*CLAIM_COLUMNS).where(
+                J.c.job_id.in_(ids), J.c.claimed_by == worker_id, J.c.status == "claimed"
+            )
+        )
+    ]
 
 
-def _claim_sqlite(conn, worker_id, queues, n, now, lease_until):  # type: ignore[no-untyped-def]
+def _claim_sqlite(conn, worker_id, queues, n, now, lease_until):
     # SQLite ignores FOR UPDATE; the transaction already holds the database
-    # write lock (BEGIN IMMEDIATE), so a plain subselect is race-free.
-    picked = (
-        sa.select(J.c.job_id)
-        .where(*_ready(queues, now))
-        .order_by(J.c.priority, J.c.job_id)
-        .limit(n)
-        .scalar_subquery()
-    )
+    # write lock (BEGIN IMMEDIATE), so reading then updating is race-free.
+    ids = _ready_ids(conn, queues, n, now, lock=False)
+    if not ids:
+        return []
     stmt = (
         sa.update(J)
-        .where(J.c.job_id.in_(picked), J.c.status == "queued")
+        .where(J.c.job_id.in_(ids), J.c.status == "queued")
         .values(_claim_values(worker_id, now, lease_until))
         .returning(*CLAIM_COLUMNS)
     )

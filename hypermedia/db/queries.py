@@ -19,6 +19,7 @@ from hypermedia.db.schema import job_outputs as O
 from hypermedia.db.schema import processing_jobs as J
 from hypermedia.db.schema import processing_profiles as P
 from hypermedia.db.workers import WorkerQueries
+from hypermedia.errors import Conflict
 
 Row = dict[str, Any]
 
@@ -68,7 +69,13 @@ class Tx(WorkerQueries):
         """Insert jobs; return job_id by job_uuid (the order of RETURNING is not promised)."""
         if not rows:
             return {}
-        res = self.conn.execute(sa.insert(J).returning(J.c.job_id, J.c.job_uuid), list(rows))
+        try:
+            res = self.conn.execute(sa.insert(J).returning(J.c.job_id, J.c.job_uuid), list(rows))
+        except sa.exc.IntegrityError as exc:
+            # Fix: a concurrent enqueue can commit the same (project, idempotency
+            # key) between our lookup and this insert; say so in our own terms so
+            # the engine (which never imports SQLAlchemy) can resolve the race.
+            raise Conflict("a unique key refused the new job") from exc
         return {r.job_uuid: r.job_id for r in res}
 
     def job(self, job_id: int, *, lock: bool = False) -> Row | None:
@@ -147,15 +154,21 @@ class Tx(WorkerQueries):
         if not rows:
             return
         cols = [k for k in rows[0] if k != "_id"]
+        # Fix: ``status.in_([...])`` is an "expanding" parameter, which SQLAlchemy
+        # refuses under executemany() -- every batch of two or more results
+        # settled together failed.  ORed equalities bind plain parameters.
+        guard = sa.or_(*(J.c.status == s for s in sorted(from_statuses)))
         stmt = (
             sa.update(J)
-            .where(J.c.job_id == sa.bindparam("_id"), J.c.status.in_(sorted(from_statuses)))
+            .where(J.c.job_id == sa.bindparam("_id"), guard)
             .values({c: sa.bindparam(f"v_{c}") for c in cols})
         )
         params = [{"_id": r["_id"], **{f"v_{c}": r[c] for c in cols}} for r in rows]
         self.conn.execute(stmt, params)
 
-    def update_jobs_by_ids(self, ids: Sequence[int], from_statuses: Iterable[str], values: Row) -> int:
+    def update_jobs_by_ids(
+        self, ids: Sequence[int], from_statuses: Iterable[str], values: Row
+    ) -> int:
         if not ids:
             return 0
         q = sa.update(J).where(J.c.job_id.in_(list(ids)), J.c.status.in_(sorted(from_statuses)))
@@ -184,7 +197,9 @@ class Tx(WorkerQueries):
         if self.dialect != "sqlite":  # SQLite already holds the write lock
             q = q.with_for_update()
         want = dict(items)
-        return [r for r in _rows(self.conn.execute(q)) if want.get(r["job_id"]) == r["attempt_count"]]
+        return [
+            r for r in _rows(self.conn.execute(q)) if want.get(r["job_id"]) == r["attempt_count"]
+        ]
 
     def claim(
         self, worker_id: str, queues: Sequence[str], n: int, now: datetime, lease_until: datetime
@@ -228,8 +243,13 @@ class Tx(WorkerQueries):
         if not items:
             return {}
         want = dict(items)
+        # Fix: only jobs still under a lease count as held.  A job the reaper
+        # moved on (retry_wait, failed, cancelled) keeps claimed_by and
+        # attempt_count, and used to be reported here, so its old worker never
+        # learnt that it had lost the attempt and kept running it.
         q = sa.select(J.c.job_id, J.c.status, J.c.attempt_count, J.c.claimed_by).where(
-            J.c.job_id.in_(list(want))
+            J.c.job_id.in_(list(want)),
+            J.c.status.in_(["claimed", "processing", "cancel_requested"]),
         )
         return {
             r.job_id: r.status
@@ -293,11 +313,7 @@ class Tx(WorkerQueries):
             self.conn.execute(sa.insert(E), list(rows))
 
     def events(self, job_id: int, after_id: int = 0) -> list[Row]:
-        q = (
-            sa.select(E)
-            .where(E.c.job_id == job_id, E.c.event_id > after_id)
-            .order_by(E.c.event_id)
-        )
+        q = sa.select(E).where(E.c.job_id == job_id, E.c.event_id > after_id).order_by(E.c.event_id)
         return _rows(self.conn.execute(q))
 
     def insert_outputs(self, rows: Sequence[Row]) -> int:
@@ -313,9 +329,15 @@ class Tx(WorkerQueries):
                 )
             )
         }
-        fresh = [
-            r for r in rows if (r["job_id"], r["output_type"], r["profile_version"]) not in existing
-        ]
+        # Fix: also drop repeats inside this batch (a result listing the same
+        # output twice); before, they reached uk_job_type_profile and the whole
+        # settling transaction failed, so the completion could never be recorded.
+        fresh = []
+        for r in rows:
+            key = (r["job_id"], r["output_type"], r["profile_version"])
+            if key not in existing:
+                existing.add(key)
+                fresh.append(r)
         if fresh:
             self.conn.execute(sa.insert(O), fresh)
         return len(fresh)

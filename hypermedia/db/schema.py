@@ -117,9 +117,7 @@ processing_jobs = sa.Table(
         "status <> 'processing' OR (claimed_at IS NOT NULL AND started_at IS NOT NULL)",
         name="processing_claimed",
     ),
-    sa.CheckConstraint(
-        "status <> 'completed' OR completed_at IS NOT NULL", name="completed_at"
-    ),
+    sa.CheckConstraint("status <> 'completed' OR completed_at IS NOT NULL", name="completed_at"),
     sa.UniqueConstraint("project_id", "idempotency_key", name="uk_project_idempotency"),
     # Seed 000 names (status, queue_name, priority); job_id is appended so the
     # claim's ORDER BY priority, job_id reads straight off the index.

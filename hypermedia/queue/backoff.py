@@ -5,9 +5,7 @@ from __future__ import annotations
 import random
 
 
-def retry_delay(
-    attempt: int, base: float, cap: float, rng: random.Random | None = None
-) -> float:
+def retry_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
     """Seconds before attempt ``attempt + 1`` may start.
 
     Equal jitter: half the exponential step is fixed, half random, so retries

@@ -8,6 +8,7 @@ fenced by (job, attempt number, worker): a superseded attempt changes nothing.
 
 from __future__ import annotations
 
+import json
 import random
 import uuid
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from typing import Any
 from hypermedia.config import Settings
 from hypermedia.db.driver import Driver
 from hypermedia.errors import (
+    Conflict,
     IdempotencyConflict,
     InvalidRequest,
     JobError,
@@ -70,16 +72,35 @@ class Engine:
         """Create one job; with an idempotency key, a repeat returns the first job."""
         if job.idempotency_key is None:
             return self.enqueue_many([job])[0]
-        with self.db.tx() as tx:
-            found = tx.job_by_idempotency_key(job.project_id, job.idempotency_key)
+        try:
+            with self.db.tx() as tx:
+                found = tx.job_by_idempotency_key(job.project_id, job.idempotency_key)
+                if found is None:
+                    row, ev_msg = self._new_row(tx, job)
+                    ids = tx.insert_jobs([row])
+                    job_id = ids[row["job_uuid"]]
+                    tx.insert_events(
+                        [
+                            event(
+                                job_id,
+                                row["created_at"],
+                                None,
+                                row["status"],
+                                message=ev_msg,
+                                actor=job.created_by,
+                            )
+                        ]
+                    )
+                    tx.notify({row["queue_name"]})
+                    return job_id
+        except Conflict:
+            # Fix: a concurrent enqueue with the same key committed between our
+            # lookup and our insert (the unique key refused ours).  Its job is
+            # the answer, exactly as if it had been found up front.
+            with self.db.read() as tx:
+                found = tx.job_by_idempotency_key(job.project_id, job.idempotency_key)
             if found is None:
-                row, ev_msg = self._new_row(tx, job)
-                ids = tx.insert_jobs([row])
-                job_id = ids[row["job_uuid"]]
-                tx.insert_events([event(job_id, row["created_at"], None, row["status"],
-                                        message=ev_msg, actor=job.created_by)])
-                tx.notify({row["queue_name"]})
-                return job_id
+                raise
         if not _same_request(found, job):
             raise IdempotencyConflict(
                 "this Idempotency-Key was already used for a different request"
@@ -95,8 +116,14 @@ class Engine:
             ids = tx.insert_jobs([r for r, _ in built])
             tx.insert_events(
                 [
-                    event(ids[r["job_uuid"]], r["created_at"], None, r["status"],
-                          message=msg, actor=r["created_by"])
+                    event(
+                        ids[r["job_uuid"]],
+                        r["created_at"],
+                        None,
+                        r["status"],
+                        message=msg,
+                        actor=r["created_by"],
+                    )
                     for r, msg in built
                 ]
             )
@@ -104,7 +131,12 @@ class Engine:
         return [ids[r["job_uuid"]] for r, _ in built]
 
     def _new_row(self, tx: Any, job: NewJob) -> tuple[Row, str]:
-        pipeline = registry.get(job.job_type)
+        try:
+            pipeline = registry.get(job.job_type)
+        except JobError as exc:
+            # Fix: an unknown job type is a bad request, not a pipeline failure;
+            # callers (API, CLI) map InvalidRequest to a 4xx, JobError to nothing.
+            raise InvalidRequest(exc.reason) from None
         profile = self._profile(tx, job)
         if profile["job_type"] != job.job_type:
             raise InvalidRequest(
@@ -138,7 +170,7 @@ class Engine:
             "input_key": job.input_key,
             "input_size_bytes": job.input_size_bytes,
             "estimated_credits": profile["credit_cost_base"]
-            + int(round(profile["credit_cost_per_mb"] * size_mb)),
+            + round(profile["credit_cost_per_mb"] * size_mb),
             "max_attempts": job.max_attempts,
             "attempt_count": 0,
             "timeout_seconds": job.timeout_seconds or profile["timeout_seconds"],
@@ -157,7 +189,10 @@ class Engine:
         ref = job.profile or job.job_type.replace(".", "-")
         key, _, version = ref.partition(":")
         profile = tx.profile(key, version or None)
-        if profile is None:
+        # Fix: tx.profile returns an explicitly named version even when it was
+        # deactivated; seed 000 deactivates versions "to prevent new jobs from
+        # using them", so a pinned inactive version is refused too.
+        if profile is None or not profile["is_active"]:
             raise InvalidRequest(f"no active profile {ref!r}")
         return dict(profile)
 
@@ -170,28 +205,9 @@ class Engine:
         now = self.clock()
         until = now + timedelta(seconds=self.settings.lease_seconds)
         with self.db.tx() as tx:
+            # The driver writes the attempt rows and claim events too: on
+            # PostgreSQL all of it is a single statement.
             rows = tx.claim(worker_id, list(queues), n, now, until)
-            if not rows:
-                return []
-            tx.insert_attempts(
-                [
-                    {
-                        "job_id": r["job_id"],
-                        "worker_id": worker_id,
-                        "attempt_number": r["attempt_count"],
-                        "status": "started",
-                        "started_at": now,
-                    }
-                    for r in rows
-                ]
-            )
-            tx.insert_events(
-                [
-                    event(r["job_id"], now, "queued", "claimed", actor=worker_id,
-                          attempt_number=r["attempt_count"])
-                    for r in rows
-                ]
-            )
         return [_claimed(r) for r in rows]
 
     def start(self, worker_id: str, items: Sequence[tuple[int, int]]) -> set[int]:
@@ -206,13 +222,20 @@ class Engine:
         now = self.clock()
         ids = [r["job_id"] for r in held]
         tx.update_jobs_by_ids(
-            ids, states.sources("start"),
+            ids,
+            states.sources("start"),
             {"status": "processing", "started_at": now, "updated_at": now},
         )
         tx.insert_events(
             [
-                event(r["job_id"], now, "claimed", "processing", actor=worker_id,
-                      attempt_number=r["attempt_count"])
+                event(
+                    r["job_id"],
+                    now,
+                    "claimed",
+                    "processing",
+                    actor=worker_id,
+                    attempt_number=r["attempt_count"],
+                )
                 for r in held
             ]
         )
@@ -250,8 +273,9 @@ class Engine:
             return set()
         held = {
             r["job_id"]: r
-            for r in tx.fenced(worker_id, [(x.job_id, x.attempt) for x in results],
-                               states.RUNNING_SIDE)
+            for r in tx.fenced(
+                worker_id, [(x.job_id, x.attempt) for x in results], states.RUNNING_SIDE
+            )
         }
         now = self.clock()
         decisions: list[Decision] = []
@@ -267,13 +291,17 @@ class Engine:
         self._apply(tx, worker_id, decisions, now)
         return {d.job_id for d in decisions}
 
-    def _apply(self, tx: Any, worker_id: str | None, decisions: list[Decision], now: datetime) -> None:
-        by_action: dict[tuple[str, tuple[str, ...]], list[Row]] = {}
+    def _apply(
+        self, tx: Any, worker_id: str | None, decisions: list[Decision], now: datetime
+    ) -> None:
+        # Jobs that end the same way (say, a batch of completions with no
+        # result) share one UPDATE … WHERE job_id IN (…) instead of one each.
+        groups: dict[tuple[str, str], tuple[Row, list[int]]] = {}
         for d in decisions:
-            key = (d.action, tuple(sorted(d.job_values)))
-            by_action.setdefault(key, []).append({"_id": d.job_id, **d.job_values})
-        for (action, _), rows in by_action.items():
-            tx.update_jobs_many(states.sources(action), rows)
+            key = (d.action, json.dumps(d.job_values, sort_keys=True, default=str))
+            groups.setdefault(key, (d.job_values, []))[1].append(d.job_id)
+        for (action, _), (values, ids) in groups.items():
+            tx.update_jobs_by_ids(ids, states.sources(action), values)
         tx.finish_attempts([d.attempt_values for d in decisions])
         tx.insert_outputs([o for d in decisions for o in d.outputs])
         tx.insert_events([d.event for d in decisions])
@@ -307,9 +335,18 @@ class Engine:
                 if snap is None:
                     continue
                 rows.append({"_id": r["job_id"], "progress": snap})
-                events.append(event(r["job_id"], now, None, None, kind="progress",
-                                    attempt_number=r["attempt_count"], actor=worker_id,
-                                    message=_progress_text(snap)))
+                events.append(
+                    event(
+                        r["job_id"],
+                        now,
+                        None,
+                        None,
+                        kind="progress",
+                        attempt_number=r["attempt_count"],
+                        actor=worker_id,
+                        message=_progress_text(snap),
+                    )
+                )
             tx.update_jobs_many(states.RUNNING_SIDE, rows)
             tx.insert_events(events)
         return len(rows)
@@ -326,16 +363,32 @@ class Engine:
             held = tx.fenced(worker_id, items, states.sources("hand_back"))
             for r in held:
                 tx.update_job(
-                    r["job_id"], states.sources("hand_back"),
-                    {"status": "queued", "attempt_count": r["attempt_count"] - 1,
-                     "claimed_by": None, "claimed_at": None, "visibility_timeout": None,
-                     "updated_at": now},
-                    attempt=r["attempt_count"], worker_id=worker_id,
+                    r["job_id"],
+                    states.sources("hand_back"),
+                    {
+                        "status": "queued",
+                        "attempt_count": r["attempt_count"] - 1,
+                        "claimed_by": None,
+                        "claimed_at": None,
+                        "visibility_timeout": None,
+                        "updated_at": now,
+                    },
+                    attempt=r["attempt_count"],
+                    worker_id=worker_id,
                 )
                 tx.delete_attempt(r["job_id"], r["attempt_count"])
             tx.insert_events(
-                [event(r["job_id"], now, "claimed", "queued", actor=worker_id,
-                       message="handed back unstarted by a draining worker") for r in held]
+                [
+                    event(
+                        r["job_id"],
+                        now,
+                        "claimed",
+                        "queued",
+                        actor=worker_id,
+                        message="handed back unstarted by a draining worker",
+                    )
+                    for r in held
+                ]
             )
             tx.notify({r["queue_name"] for r in held})
         return {r["job_id"] for r in held}
@@ -357,9 +410,13 @@ class Engine:
             if status == "cancel_requested":
                 return status
             if status in states.sources("cancel"):
-                values = {"outcome": "cancelled", "category": "cancellation",
-                          "retryable": True, "safe_reason": "cancelled by request",
-                          "completed_at": now}
+                values = {
+                    "outcome": "cancelled",
+                    "category": "cancellation",
+                    "retryable": True,
+                    "safe_reason": "cancelled by request",
+                    "completed_at": now,
+                }
                 self._guarded(tx, job, "cancel", values, actor, "cancelled by request")
                 return "cancelled"
             if status in states.sources("request_cancel"):
@@ -376,8 +433,13 @@ class Engine:
                 raise NotFound(f"job {job_id} not found")
             values = {
                 "max_attempts": max(job["max_attempts"], job["attempt_count"] + 1),
-                "outcome": None, "category": None, "retryable": None, "error_code": None,
-                "safe_reason": None, "completed_at": None, "available_at": now,
+                "outcome": None,
+                "category": None,
+                "retryable": None,
+                "error_code": None,
+                "safe_reason": None,
+                "completed_at": None,
+                "available_at": now,
                 "visibility_timeout": None,
             }
             self._guarded(tx, job, "retry", values, actor, "retried by request")
@@ -392,15 +454,27 @@ class Engine:
             if states.target(action) == "queued":
                 tx.notify({job["queue_name"]})
 
-    def _guarded(self, tx: Any, job: Row, action: str, values: Row, actor: str | None,
-                 msg: str) -> None:
+    def _guarded(
+        self, tx: Any, job: Row, action: str, values: Row, actor: str | None, msg: str
+    ) -> None:
         now = self.clock()
         dst = states.target(action)
         full = {"status": dst, "updated_at": now, "updated_by": actor, **values}
         if not tx.update_job(job["job_id"], states.sources(action), full):
             raise StaleTransition(job["job_id"], action, job["status"])
-        tx.insert_events([event(job["job_id"], now, job["status"], dst, actor=actor,
-                                message=msg, attempt_number=job["attempt_count"] or None)])
+        tx.insert_events(
+            [
+                event(
+                    job["job_id"],
+                    now,
+                    job["status"],
+                    dst,
+                    actor=actor,
+                    message=msg,
+                    attempt_number=job["attempt_count"] or None,
+                )
+            ]
+        )
 
     def can_retry(self, job: Row) -> bool:
         return job["status"] in states.sources("retry")
@@ -408,7 +482,7 @@ class Engine:
     @staticmethod
     def duration(job: Row) -> timedelta | None:
         if job.get("started_at") and job.get("completed_at"):
-            return job["completed_at"] - job["started_at"]  # type: ignore[no-any-return]
+            return job["completed_at"] - job["started_at"]
         return None
 
     # -- maintenance -------------------------------------------------------------
@@ -421,11 +495,13 @@ class Engine:
             ids = [r["job_id"] for r in due]
             if not ids:
                 return 0
-            tx.update_jobs_by_ids(ids, states.sources("promote"),
-                                  {"status": "queued", "updated_at": now})
+            tx.update_jobs_by_ids(
+                ids, states.sources("promote"), {"status": "queued", "updated_at": now}
+            )
             moved = {r["job_id"]: r for r in tx.jobs_where(ids) if r["status"] == "queued"}
-            tx.insert_events([event(i, now, "retry_wait", "queued", message="backoff over")
-                              for i in moved])
+            tx.insert_events(
+                [event(i, now, "retry_wait", "queued", message="backoff over") for i in moved]
+            )
             tx.notify({r["queue_name"] for r in moved.values()})
         return len(moved)
 
@@ -439,8 +515,9 @@ class Engine:
             released = self._settle(tx, None, _orphaned(orphans, "its worker stopped heartbeating"))
         with self.db.tx() as tx:
             expired = tx.expired_leases(now, limit)
-            released |= self._settle(tx, None, _orphaned(expired, "its worker's lease expired"),
-                                     lease_expired_before=now)
+            released |= self._settle(
+                tx, None, _orphaned(expired, "its worker's lease expired"), lease_expired_before=now
+            )
         return {"unhealthy_workers": len(stale), "released_jobs": len(released)}
 
     # -- reading -----------------------------------------------------------------
@@ -464,20 +541,35 @@ class Engine:
 
 def _claimed(r: Row) -> Claimed:
     return Claimed(
-        job_id=r["job_id"], job_uuid=r["job_uuid"], job_type=r["job_type"],
-        queue_name=r["queue_name"], priority=r["priority"], params=r["params"] or {},
-        attempt=r["attempt_count"], max_attempts=r["max_attempts"],
-        timeout_seconds=r["timeout_seconds"], memory_limit_mb=r["memory_limit_mb"],
-        profile_id=r["profile_id"], project_id=r["project_id"], object_id=r["object_id"],
-        pool_id=r["pool_id"], input_key=r["input_key"], input_size_bytes=r["input_size_bytes"],
+        job_id=r["job_id"],
+        job_uuid=r["job_uuid"],
+        job_type=r["job_type"],
+        queue_name=r["queue_name"],
+        priority=r["priority"],
+        params=r["params"] or {},
+        attempt=r["attempt_count"],
+        max_attempts=r["max_attempts"],
+        timeout_seconds=r["timeout_seconds"],
+        memory_limit_mb=r["memory_limit_mb"],
+        profile_id=r["profile_id"],
+        project_id=r["project_id"],
+        object_id=r["object_id"],
+        pool_id=r["pool_id"],
+        input_key=r["input_key"],
+        input_size_bytes=r["input_size_bytes"],
     )
 
 
 def _orphaned(rows: Sequence[Row], why: str) -> list[AttemptResult]:
     return [
-        AttemptResult(job_id=r["job_id"], attempt=r["attempt_count"], status="orphaned",
-                      code="ORPHANED", message=f"attempt abandoned: {why}",
-                      worker_id=r["claimed_by"])
+        AttemptResult(
+            job_id=r["job_id"],
+            attempt=r["attempt_count"],
+            status="orphaned",
+            code="ORPHANED",
+            message=f"attempt abandoned: {why}",
+            worker_id=r["claimed_by"],
+        )
         for r in rows
     ]
 

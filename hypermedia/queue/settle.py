@@ -54,29 +54,39 @@ def decide(
         "cpu_time_ms": res.cpu_time_ms,
     }
     base = {"updated_at": now, "visibility_timeout": None, "error_code": code}
+    if job["status"] == "claimed" and res.duration_ms is not None:
+        # The worker folded this attempt's start into its result (it finished
+        # before the start was written): record when it really began.
+        base["started_at"] = now - timedelta(milliseconds=res.duration_ms)
     if res.status == "completed":
-        action, values = "complete", {
-            **base,
-            "status": "completed",
-            "outcome": "completed",
-            "category": None,
-            "retryable": False,
-            "safe_reason": None,
-            "completed_at": now,
-            "result": res.result,
-            "actual_credits": res.actual_credits,
-        }
+        action, values = (
+            "complete",
+            {
+                **base,
+                "status": "completed",
+                "outcome": "completed",
+                "category": None,
+                "retryable": False,
+                "safe_reason": None,
+                "completed_at": now,
+                "result": res.result,
+                "actual_credits": res.actual_credits,
+            },
+        )
         message = "attempt completed"
     elif job["status"] == "cancel_requested":
-        action, values = "confirm_cancel", {
-            **base,
-            "status": "cancelled",
-            "outcome": "cancelled",
-            "category": "cancellation",
-            "retryable": True,
-            "safe_reason": "cancelled by request",
-            "completed_at": now,
-        }
+        action, values = (
+            "confirm_cancel",
+            {
+                **base,
+                "status": "cancelled",
+                "outcome": "cancelled",
+                "category": "cancellation",
+                "retryable": True,
+                "safe_reason": "cancelled by request",
+                "completed_at": now,
+            },
+        )
         message = "attempt stopped: cancelled by request"
     else:
         action, values, message = _failure(job, res, code or "INTERNAL", reason, now, settings, rng)
@@ -144,4 +154,3 @@ def _failure(
     }
     why = "no attempts left" if pol.retryable else "permanent error"
     return "fail", values, f"{code}: {safe} ({why})"
-

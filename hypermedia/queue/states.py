@@ -47,9 +47,7 @@ TRANSITIONS: Final[dict[str, tuple[frozenset[str], str]]] = {
     "retry": (frozenset({"failed", "cancelled"}), "queued"),
 }
 
-ALLOWED: Final = frozenset(
-    (src, dst) for sources, dst in TRANSITIONS.values() for src in sources
-)
+ALLOWED: Final = frozenset((src, dst) for sources, dst in TRANSITIONS.values() for src in sources)
 
 ATTEMPT_STATUSES: Final = (
     "started",

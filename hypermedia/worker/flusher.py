@@ -100,6 +100,10 @@ class Flusher(threading.Thread):
     ) -> None:
         if progress:
             self.engine.report_progress(self.worker_id, progress)
+        if results:
+            # A start whose result is in the same batch needs no write of its own.
+            done = {(r.job_id, r.attempt) for r in results}
+            starts = [s for s in starts if s not in done]
         if starts or results:
             accepted = self.engine.flush(self.worker_id, starts, results)
             for r in results:

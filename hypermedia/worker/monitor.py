@@ -86,8 +86,10 @@ class Monitor(threading.Thread):
                 except Exception as exc:
                     log.warning("%s failed (%s); will retry", duty.__name__, type(exc).__name__)
 
-    def _apply(self, statuses: dict[int, str]) -> None:
-        for rj in self.running():
+    def _apply(self, asked: list[Running], statuses: dict[int, str]) -> None:
+        # Only judge the jobs we asked about: one claimed since then is simply
+        # not in the answer yet, and must not be taken for a lost lease.
+        for rj in asked:
             status = statuses.get(rj.job.job_id)
             if status is None:
                 rj.lost.set()
@@ -95,14 +97,14 @@ class Monitor(threading.Thread):
                 rj.cancel.set()
 
     def check_cancels(self) -> None:
-        items = [rj.key for rj in self.running()]
-        if items:
-            self._apply(self.engine.poll_statuses(self.worker_id, items))
+        asked = self.running()
+        if asked:
+            self._apply(asked, self.engine.poll_statuses(self.worker_id, [r.key for r in asked]))
 
     def renew_leases(self) -> None:
-        items = [rj.key for rj in self.running()]
-        if items:
-            self._apply(self.engine.renew(self.worker_id, items))
+        asked = self.running()
+        if asked:
+            self._apply(asked, self.engine.renew(self.worker_id, [r.key for r in asked]))
 
     def heartbeat(self) -> None:
         busy = len(self.running())
@@ -112,8 +114,9 @@ class Monitor(threading.Thread):
                 {
                     "last_heartbeat": self.engine.clock(),
                     "current_jobs": min(busy, 127),
-                    "status": self.status if self.status == "draining" else
-                    ("active" if busy else "idle"),
+                    "status": self.status
+                    if self.status == "draining"
+                    else ("active" if busy else "idle"),
                 },
             )
 
@@ -135,7 +138,9 @@ class Monitor(threading.Thread):
             )
 
 
-def worker_row(worker_id: str, queues: list[str], concurrency: int, home: Path, now: object) -> dict:
+def worker_row(
+    worker_id: str, queues: list[str], concurrency: int, home: Path, now: object
+) -> dict:
     disk = shutil.disk_usage(home)
     return {
         "worker_id": worker_id,

@@ -7,6 +7,7 @@ cancelled or ran out of memory is killed and never reused.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import select
@@ -79,10 +80,8 @@ class Child:
 
     def kill(self) -> Exit:
         """SIGKILL the whole process group and reap the child."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         return self.reap()
 
     def reap(self) -> Exit:

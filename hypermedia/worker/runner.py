@@ -74,17 +74,27 @@ class Worker:
         root = scratch_root(self.settings.home, self.worker_id)
         cfg = SlotConfig(root, self.settings.child_memory_mb, self.settings.child_max_attempts)
         slots = [Slot(i, cfg, self.flusher) for i in range(self.concurrency)]
-        threads = [threading.Thread(target=self._slot_loop, args=(s,), name=f"slot-{s.index}",
-                                    daemon=True) for s in slots]
-        monitor = Monitor(self.engine, self.worker_id, self.running, self.stats,
-                          self.settings.home, self.stopped)
-        listener = threading.Thread(target=self.engine.db.listen,
-                                    args=(self._on_notify, self.stopped), daemon=True,
-                                    name="listener")
+        threads = [
+            threading.Thread(target=self._slot_loop, args=(s,), name=f"slot-{s.index}", daemon=True)
+            for s in slots
+        ]
+        monitor = Monitor(
+            self.engine, self.worker_id, self.running, self.stats, self.settings.home, self.stopped
+        )
+        listener = threading.Thread(
+            target=self.engine.db.listen,
+            args=(self._on_notify, self.stopped),
+            daemon=True,
+            name="listener",
+        )
         for t in (self.flusher, monitor, listener, *threads):
             t.start()
-        log.info("worker %s on queues %s, concurrency %s", self.worker_id,
-                 ",".join(self.queues), self.concurrency)
+        log.info(
+            "worker %s on queues %s, concurrency %s",
+            self.worker_id,
+            ",".join(self.queues),
+            self.concurrency,
+        )
         try:
             self._claim_loop()
         finally:
@@ -108,8 +118,9 @@ class Worker:
         now = self.engine.clock()
         self.settings.home.mkdir(parents=True, exist_ok=True)
         with self.engine.db.tx() as tx:
-            tx.insert_worker(worker_row(self.worker_id, self.queues, self.concurrency,
-                                        self.settings.home, now))
+            tx.insert_worker(
+                worker_row(self.worker_id, self.queues, self.concurrency, self.settings.home, now)
+            )
 
     # -- claiming --------------------------------------------------------------
 
@@ -181,8 +192,13 @@ class Worker:
                 result = slot.run(rj)
             except Exception:
                 log.exception("slot %s failed running job %s", slot.index, rj.job.job_id)
-                result = AttemptResult(rj.job.job_id, rj.job.attempt, "crashed", "CRASHED",
-                                       "the worker could not run the attempt")
+                result = AttemptResult(
+                    rj.job.job_id,
+                    rj.job.attempt,
+                    "crashed",
+                    "CRASHED",
+                    "the worker could not run the attempt",
+                )
             if result is not None:
                 self.flusher.finished(result)
             with self._lock:
@@ -204,8 +220,9 @@ class Worker:
 
     # -- shutdown ----------------------------------------------------------------
 
-    def _shutdown(self, threads: list[threading.Thread], slots: list[Slot],
-                  monitor: Monitor) -> None:
+    def _shutdown(
+        self, threads: list[threading.Thread], slots: list[Slot], monitor: Monitor
+    ) -> None:
         self.stop_claiming.set()
         monitor.status = "draining"
         leftovers: list[Running] = []
@@ -224,9 +241,14 @@ class Worker:
         monitor.join(2)
         try:
             with self.engine.db.tx() as tx:
-                tx.update_worker(self.worker_id, {"status": "terminated", "current_jobs": 0,
-                                                  "terminated_at": self.engine.clock()})
+                tx.update_worker(
+                    self.worker_id,
+                    {
+                        "status": "terminated",
+                        "current_jobs": 0,
+                        "terminated_at": self.engine.clock(),
+                    },
+                )
         except Exception as exc:
             log.warning("could not mark worker terminated (%s)", type(exc).__name__)
         log.info("worker %s stopped", self.worker_id)
-

@@ -7,6 +7,7 @@ starts, progress and results go to the flusher.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -56,13 +57,15 @@ class Slot:
         job = rj.job
         if rj.cancel.is_set():
             return self._result(rj, "cancelled", None, "cancelled before start", 0, None, None)
-        scratch = self.cfg.scratch_root / f"{job.job_id}-{job.attempt}"
+        # One scratch directory per slot, emptied after each attempt: cheaper
+        # than a fresh directory per attempt, and never shared between children.
+        scratch = self.cfg.scratch_root / f"slot-{self.index}"
         scratch.mkdir(parents=True, exist_ok=True)
         self.flusher.started(job.job_id, job.attempt)
         try:
             return self._attempt(rj, scratch)
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            _empty(scratch)
 
     def _attempt(self, rj: Running, scratch: Path) -> AttemptResult | None:
         job = rj.job
@@ -83,12 +86,26 @@ class Slot:
             elapsed_ms = int((time.monotonic() - t0) * 1000)
             if rj.stop_now.is_set():
                 ex = self._kill()
-                return self._result(rj, "orphaned", "ORPHANED", "the worker stopped at once",
-                                    elapsed_ms, ex.peak_mb, self._cpu(child, ex))
+                return self._result(
+                    rj,
+                    "orphaned",
+                    "ORPHANED",
+                    "the worker stopped at once",
+                    elapsed_ms,
+                    ex.peak_mb,
+                    self._cpu(child, ex),
+                )
             if rj.cancel.is_set():
                 ex = self._kill()
-                return self._result(rj, "cancelled", None, "cancelled by request",
-                                    elapsed_ms, ex.peak_mb, self._cpu(child, ex))
+                return self._result(
+                    rj,
+                    "cancelled",
+                    None,
+                    "cancelled by request",
+                    elapsed_ms,
+                    ex.peak_mb,
+                    self._cpu(child, ex),
+                )
             if rj.lost.is_set():
                 self._kill()
                 log.warning("job %s: lease lost, attempt %s abandoned", job.job_id, job.attempt)
@@ -96,9 +113,15 @@ class Slot:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 ex = self._kill()
-                return self._result(rj, "timeout", "TIMEOUT",
-                                    f"the attempt exceeded its {job.timeout_seconds}s timeout",
-                                    elapsed_ms, ex.peak_mb, self._cpu(child, ex))
+                return self._result(
+                    rj,
+                    "timeout",
+                    "TIMEOUT",
+                    f"the attempt exceeded its {job.timeout_seconds}s timeout",
+                    elapsed_ms,
+                    ex.peak_mb,
+                    self._cpu(child, ex),
+                )
             ready, msg = child.poll(min(remaining, POLL))
             if not ready:
                 continue
@@ -106,8 +129,11 @@ class Slot:
             if msg is None:
                 return self._died(rj, child, mem, elapsed_ms)
             if msg.get("op") == "progress":
-                self.flusher.progress(job.job_id, job.attempt,
-                                      {"percent": msg.get("percent"), "step": msg.get("step")})
+                self.flusher.progress(
+                    job.job_id,
+                    job.attempt,
+                    {"percent": msg.get("percent"), "step": msg.get("step")},
+                )
                 continue
             return self._done(rj, child, msg, elapsed_ms)
 
@@ -132,8 +158,15 @@ class Slot:
             child.stop()
             self.child = None
         status = msg["status"]
-        res = self._result(rj, status, code, msg.get("message", ""), elapsed_ms,
-                           msg.get("peak_mb"), msg.get("cpu_ms"))
+        res = self._result(
+            rj,
+            status,
+            code,
+            msg.get("message", ""),
+            elapsed_ms,
+            msg.get("peak_mb"),
+            msg.get("cpu_ms"),
+        )
         res.result = msg.get("result")
         return res
 
@@ -184,6 +217,16 @@ class Slot:
         if self.child is not None:
             self.child.stop()
             self.child = None
+
+
+def _empty(directory: Path) -> None:
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
 
 
 def _signame(sig: int | None) -> str:
