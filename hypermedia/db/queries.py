@@ -191,6 +191,7 @@ class Tx(WorkerQueries):
             J.c.started_at,
             J.c.queue_name,
             J.c.visibility_timeout,
+            J.c.profile_id,
         ).where(J.c.job_id.in_(ids), J.c.status.in_(sorted(statuses)))
         if worker_id is not None:
             q = q.where(J.c.claimed_by == worker_id)

@@ -3,13 +3,15 @@
 debug.sleep takes ``{"ms": N}`` and, to exercise the failure paths,
 ``{"fail": "CODE"}`` (raise that error code) and ``{"crash": true}`` (the child
 process dies with SIGKILL, like a segfaulting decoder would), and
-``{"alloc_mb": N}`` (allocate memory, to hit the attempt's memory limit).
+``{"alloc_mb": N}`` (allocate memory, to hit the attempt's memory limit), and
+``{"output": true}`` (declare a data-only output, to check outputs are recorded once).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -28,7 +30,7 @@ def _validate_noop(params: dict[str, Any], settings: dict[str, Any]) -> dict[str
 
 
 def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-    allowed = {"ms", "fail", "crash", "alloc_mb", "steps"}
+    allowed = {"ms", "fail", "crash", "alloc_mb", "steps", "output"}
     unknown = set(params) - allowed
     if unknown:
         raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
@@ -61,7 +63,16 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
         os.kill(os.getpid(), signal.SIGKILL)
     if params.get("fail"):
         raise JobError(params["fail"], f"debug.sleep was asked to fail with {params['fail']}")
-    return {"slept_ms": ms, "pid": os.getpid()}
+    if params.get("output"):
+        ctx.output("debug_result", "application/json", {"slept_ms": ms, "pid": os.getpid()})
+    # What the attempt saw of its sandbox, so tests can check the isolation.
+    return {
+        "slept_ms": ms,
+        "pid": os.getpid(),
+        "environ": sorted(os.environ),
+        "cwd": os.getcwd(),
+        "db_loaded": any(m.startswith(("sqlalchemy", "hypermedia.db")) for m in sys.modules),
+    }
 
 
 register(Pipeline("debug.noop", "bulk", _validate_noop, _noop))

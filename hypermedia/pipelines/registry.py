@@ -18,9 +18,16 @@ class Context:
     def __init__(self, scratch: str, report: Callable[[dict[str, Any]], None]) -> None:
         self.scratch = scratch
         self._report = report
+        self.outputs: list[dict[str, Any]] = []
 
     def progress(self, percent: float | None = None, step: str | None = None) -> None:
         self._report({"percent": percent, "step": step})
+
+    def output(self, output_type: str, mime_type: str, metadata: dict[str, Any]) -> None:
+        """Declare a derived result; the worker records it when the attempt completes."""
+        self.outputs.append(
+            {"output_type": output_type, "mime_type": mime_type, "metadata": metadata}
+        )
 
 
 @dataclass(frozen=True)

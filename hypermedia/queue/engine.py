@@ -287,6 +287,10 @@ class Engine:
                 continue
             if lease_expired_before is not None and not _expired(row, lease_expired_before):
                 continue
+            if res.outputs:
+                version = self._version_of(tx, row["profile_id"])
+                for o in res.outputs:
+                    o.profile_version = o.profile_version or version
             decisions.append(decide(row, res, now, self.settings, self.rng))
         self._apply(tx, worker_id, decisions, now)
         return {d.job_id for d in decisions}
@@ -305,6 +309,10 @@ class Engine:
         tx.finish_attempts([d.attempt_values for d in decisions])
         tx.insert_outputs([o for d in decisions for o in d.outputs])
         tx.insert_events([d.event for d in decisions])
+
+    def _version_of(self, tx: Any, profile_id: int) -> str:
+        profile = tx.profile_by_id(profile_id)
+        return f"{profile['profile_key']}:{profile['profile_version']}" if profile else "unknown"
 
     def renew(self, worker_id: str, items: Sequence[tuple[int, int]]) -> dict[int, str]:
         """Extend the leases of running attempts; return each job's status.

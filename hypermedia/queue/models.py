@@ -54,8 +54,8 @@ class Claimed:
 class Output:
     output_type: str
     mime_type: str
-    profile_version: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    profile_version: str = ""  # filled in by the engine from the job's profile
     object_id: int | None = None
     output_key: str = ""
     output_size_bytes: int = 0

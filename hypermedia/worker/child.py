@@ -71,7 +71,7 @@ def run_attempt(msg: dict[str, Any], out: int) -> dict[str, Any]:
         pipeline = registry.get(msg["job_type"])
         ctx = registry.Context(msg["scratch"], report)
         result = pipeline.run(msg.get("params") or {}, ctx)
-        done: dict[str, Any] = {"status": "completed", "result": result}
+        done: dict[str, Any] = {"status": "completed", "result": result, "outputs": ctx.outputs}
     except JobError as exc:
         done = {"status": "failed", "code": exc.code, "message": exc.reason}
     except MemoryError:
@@ -91,6 +91,9 @@ def run_attempt(msg: dict[str, Any], out: int) -> dict[str, Any]:
 def main() -> None:
     # The protocol owns the original stdin/stdout; anything a library prints
     # goes to stderr instead of corrupting the frames.
+    # Started with env={}, but the interpreter adds LC_CTYPE when it coerces
+    # the C locale (PEP 538): a pipeline must see nothing of its host.
+    os.environ.clear()
     inp, out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hypermedia.queue.models import AttemptResult, Claimed
+from hypermedia.queue.models import AttemptResult, Claimed, Output
 from hypermedia.worker.flusher import Flusher
 from hypermedia.worker.pool import Child, Exit
 
@@ -168,6 +168,7 @@ class Slot:
             msg.get("cpu_ms"),
         )
         res.result = msg.get("result")
+        res.outputs = [Output(**o) for o in msg.get("outputs") or []]
         return res
 
     def _died(self, rj: Running, child: Child, mem: int, elapsed_ms: int) -> AttemptResult:

@@ -1,0 +1,108 @@
+"""Helpers for tests that run real ``hypermedia`` processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import sqlalchemy as sa
+
+from hypermedia.db.driver import Driver
+
+# Fast clocks for fault tests: short leases and heartbeats, quick reaper.
+FAST = {
+    "HYPERMEDIA_LEASE_SECONDS": "3",
+    "HYPERMEDIA_HEARTBEAT_SECONDS": "0.5",
+    "HYPERMEDIA_METRICS_SECONDS": "1",
+    "HYPERMEDIA_WORKER_STALE_SECONDS": "6",
+    "HYPERMEDIA_REAPER_INTERVAL_SECONDS": "0.5",
+    "HYPERMEDIA_PROMOTER_INTERVAL_SECONDS": "0.2",
+    "HYPERMEDIA_LEADER_LEASE_SECONDS": "3",
+    "HYPERMEDIA_POLL_INTERVAL_SECONDS": "0.2",
+    "HYPERMEDIA_CANCEL_POLL_SECONDS": "0.3",
+    "HYPERMEDIA_BACKOFF_BASE_SECONDS": "0.2",
+    "HYPERMEDIA_BACKOFF_MAX_SECONDS": "1",
+}
+
+
+def cli_env(url: str, home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERMEDIA_")}
+    env.update(FAST)
+    env.update({"HYPERMEDIA_DATABASE_URL": url, "HYPERMEDIA_HOME": str(home)})
+    env.update(extra)
+    return env
+
+
+def hypermedia(*args: str, url: str, home: Path, timeout: float = 60, **extra: str):
+    """Run a CLI command to completion; returns the CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, "-m", "hypermedia", *args],
+        env=cli_env(url, home, **extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def spawn(*args: str, url: str, home: Path, log: Path | None = None, **extra: str):
+    """Start a long-running CLI command (worker, scheduler) in the background."""
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen(
+        [sys.executable, "-m", "hypermedia", *args],
+        env=cli_env(url, home, **extra),
+        stdout=out,
+        stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def children_of(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=False)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+    """Signal a spawned process and wait; SIGKILL its group if it will not go."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    return proc.returncode
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
+    """Poll until ``predicate()`` is truthy; fail the test with a message otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def query(url: str, sql: str, **params: Any) -> list[sa.Row[Any]]:
+    drv = Driver(url)
+    try:
+        with drv.read() as tx:
+            return list(tx.conn.execute(sa.text(sql), params))
+    finally:
+        drv.dispose()
+
+
+def status_counts(url: str) -> dict[str, int]:
+    rows = query(url, "SELECT status, COUNT(*) FROM processing_jobs GROUP BY status")
+    return {r[0]: int(r[1]) for r in rows}
