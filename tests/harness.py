@@ -54,13 +54,17 @@ def hypermedia(*args: str, url: str, home: Path, timeout: float = 60, **extra: s
 def spawn(*args: str, url: str, home: Path, log: Path | None = None, **extra: str):
     """Start a long-running CLI command (worker, scheduler) in the background."""
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
-    return subprocess.Popen(
-        [sys.executable, "-m", "hypermedia", *args],
-        env=cli_env(url, home, **extra),
-        stdout=out,
-        stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "hypermedia", *args],
+            env=cli_env(url, home, **extra),
+            stdout=out,
+            stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    finally:
+        if log:
+            out.close()  # type: ignore[union-attr]  # the child has its own copy
 
 
 def children_of(pid: int) -> list[psutil.Process]:

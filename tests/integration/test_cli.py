@@ -1,0 +1,190 @@
+"""The command line, run as a real subprocess against each database."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from hypermedia.db.driver import Driver
+from tests.harness import hypermedia, spawn, stop, wait_for
+
+
+def _run(*args: str, url: str, home: Path):
+    return hypermedia(*args, url=url, home=home)
+
+
+def _json(proc) -> object:
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_submit_ls_show_cancel_retry(driver: Driver, tmp_path: Path) -> None:
+    url = driver.url
+    ids = _json(
+        _run(
+            "jobs",
+            "submit",
+            "debug.sleep",
+            "--params",
+            '{"ms": 5}',
+            "--count",
+            "3",
+            "--priority",
+            "2",
+            "--json",
+            url=url,
+            home=tmp_path,
+        )
+    )["job_ids"]
+    assert len(ids) == 3
+
+    listed = _json(_run("jobs", "ls", "--status", "queued", "--json", url=url, home=tmp_path))
+    assert sorted(r["job_id"] for r in listed) == sorted(ids)
+    assert {r["priority"] for r in listed} == {2}
+
+    cancelled = _json(_run("jobs", "cancel", str(ids[0]), "--json", url=url, home=tmp_path))
+    assert cancelled == {"job_id": ids[0], "status": "cancelled"}
+
+    shown = _json(_run("jobs", "show", str(ids[0]), "--json", url=url, home=tmp_path))
+    assert shown["status"] == "cancelled" and shown["legacy_status"] == "cancelled"
+    assert [(e["from_status"], e["to_status"]) for e in shown["events"]] == [
+        (None, "queued"),
+        ("queued", "cancelled"),
+    ]
+
+    retried = _json(_run("jobs", "retry", str(ids[0]), "--json", url=url, home=tmp_path))
+    assert retried["status"] == "queued"
+
+    # Cancelling twice is refused with a clear message and a non-zero exit.
+    _run("jobs", "cancel", str(ids[1]), url=url, home=tmp_path)
+    again = _run("jobs", "cancel", str(ids[1]), url=url, home=tmp_path)
+    assert again.returncode == 1 and "cannot cancel" in again.stderr
+    assert "Traceback" not in again.stderr
+
+
+def test_worker_burst_drains_and_wait_reports(driver: Driver, tmp_path: Path) -> None:
+    url = driver.url
+    _json(_run("jobs", "submit", "debug.noop", "--count", "20", "--json", url=url, home=tmp_path))
+    done = hypermedia(
+        "worker",
+        "--burst",
+        "--concurrency",
+        "2",
+        "--queues",
+        "bulk",
+        url=url,
+        home=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    listed = _json(_run("jobs", "ls", "--json", "--limit", "100", url=url, home=tmp_path))
+    assert len(listed) == 20 and {r["status"] for r in listed} == {"completed"}
+
+
+def test_submit_wait_with_a_running_worker(driver: Driver, tmp_path: Path) -> None:
+    url = driver.url
+    w = spawn(
+        "worker",
+        "--queues",
+        "bulk",
+        "--concurrency",
+        "1",
+        url=url,
+        home=tmp_path,
+        log=tmp_path / "worker.log",
+    )
+    try:
+        out = _json(
+            _run(
+                "jobs",
+                "submit",
+                "debug.sleep",
+                "--params",
+                '{"fail": "CORRUPT_INPUT"}',
+                "--wait",
+                "--json",
+                url=url,
+                home=tmp_path,
+            )
+        )
+        (job,) = out["jobs"]
+        assert job["status"] == "failed" and job["error_code"] == "CORRUPT_INPUT"
+        assert job["safe_reason"] and "/" not in job["safe_reason"]
+    finally:
+        assert stop(w, signal.SIGTERM) == 0
+
+
+@pytest.fixture(scope="module")
+def embedded_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated embedded (SQLite) home: input validation does not vary by backend."""
+    home = tmp_path_factory.mktemp("embedded")
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    return home
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["jobs", "submit", "nope.nothing"], "unknown job type"),
+        (["jobs", "submit", "debug.sleep", "--params", "{bad"], "not valid JSON"),
+        (["jobs", "submit", "debug.sleep", "--params", '{"ms": -1}'], "ms must be"),
+        (["jobs", "submit", "debug.noop", "--profile", "missing-profile"], "no active profile"),
+        (["jobs", "show", "999999"], "not found"),
+    ],
+)
+def test_bad_requests_exit_nonzero_with_a_clear_message(
+    embedded_home: Path, args: list[str], message: str
+) -> None:
+    proc = _run(*args, url="", home=embedded_home)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_db_upgrade_on_a_fresh_sqlite_home(tmp_path: Path) -> None:
+    env_home = tmp_path / "fresh"
+    proc = hypermedia("db", "upgrade", url="", home=env_home)
+    assert proc.returncode == 0, proc.stderr
+    assert (env_home / "hypermedia.db").exists()
+    assert "0002" in proc.stdout
+
+
+def test_serve_runs_jobs_and_answers_health(tmp_path: Path) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    home = tmp_path / "embedded"
+    server = spawn("serve", "--port", str(port), url="", home=home, log=tmp_path / "serve.log")
+    try:
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        wait_for(healthy, 30)
+        out = _json(
+            hypermedia(
+                "jobs",
+                "submit",
+                "debug.sleep",
+                "--params",
+                '{"ms": 50}',
+                "--wait",
+                "--json",
+                url="",
+                home=home,
+                timeout=60,
+            )
+        )
+        assert out["jobs"][0]["status"] == "completed"
+    finally:
+        assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
