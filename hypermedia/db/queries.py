@@ -197,10 +197,12 @@ class Tx(WorkerQueries):
             q = q.where(J.c.claimed_by == worker_id)
         if self.dialect != "sqlite":  # SQLite already holds the write lock
             q = q.with_for_update()
-        want = dict(items)
-        return [
-            r for r in _rows(self.conn.execute(q)) if want.get(r["job_id"]) == r["attempt_count"]
-        ]
+        # Fix: match (job, attempt) pairs, not a dict keyed by job: with two
+        # reports for one job in a batch (an old attempt's late result next to
+        # the current one's), the dict kept only the last and could drop the
+        # current attempt's report as stale.
+        want = set(items)
+        return [r for r in _rows(self.conn.execute(q)) if (r["job_id"], r["attempt_count"]) in want]
 
     def claim(
         self, worker_id: str, queues: Sequence[str], n: int, now: datetime, lease_until: datetime
@@ -243,19 +245,19 @@ class Tx(WorkerQueries):
         """Current status of the jobs a worker runs, or absent if no longer its attempt."""
         if not items:
             return {}
-        want = dict(items)
+        want = set(items)  # (job, attempt) pairs; see ``fenced`` for why not a dict
         # Fix: only jobs still under a lease count as held.  A job the reaper
         # moved on (retry_wait, failed, cancelled) keeps claimed_by and
         # attempt_count, and used to be reported here, so its old worker never
         # learnt that it had lost the attempt and kept running it.
         q = sa.select(J.c.job_id, J.c.status, J.c.attempt_count, J.c.claimed_by).where(
-            J.c.job_id.in_(list(want)),
+            J.c.job_id.in_(sorted({i for i, _ in want})),
             J.c.status.in_(["claimed", "processing", "cancel_requested"]),
         )
         return {
             r.job_id: r.status
             for r in self.conn.execute(q)
-            if r.claimed_by == worker_id and r.attempt_count == want[r.job_id]
+            if r.claimed_by == worker_id and (r.job_id, r.attempt_count) in want
         }
 
     def renew_leases(

@@ -281,7 +281,10 @@ class Engine:
         decisions: list[Decision] = []
         for res in results:
             row = held.get(res.job_id)
-            if row is None:
+            # Fix: ``fenced`` returns the job once even when the batch also holds
+            # a superseded attempt's result for it; only the current attempt's
+            # result may decide.
+            if row is None or row["attempt_count"] != res.attempt:
                 continue
             if res.worker_id is not None and row["claimed_by"] != res.worker_id:
                 continue

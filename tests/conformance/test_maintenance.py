@@ -1,0 +1,344 @@
+"""Reaper, lease renewal, hand-back, promoter limits and the leader lease."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+from hypermedia.db.driver import Driver
+
+from ._helpers import (
+    W1,
+    attempts,
+    claim_one,
+    done,
+    job_row,
+    new_job,
+    snapshot,
+    status_of,
+    transitions,
+)
+
+
+def _running(engine, worker=W1, start=True, **kw):
+    job_id = new_job(engine, **kw)
+    job_id_, a = claim_one(engine, worker)
+    assert job_id_ == job_id
+    if start:
+        assert engine.start(worker, [(job_id, a)]) == {job_id}
+    return job_id, a
+
+
+def _worker(driver: Driver, worker_id: str, heartbeat, status: str = "active") -> None:
+    with driver.tx() as tx:
+        tx.insert_worker(
+            {
+                "worker_id": worker_id,
+                "status": status,
+                "queues": ["bulk"],
+                "max_concurrency": 2,
+                "cpu_cores": 1,
+                "memory_mb": 1024,
+                "disk_mb": 1000,
+                "last_heartbeat": heartbeat,
+                "started_at": heartbeat,
+                "created_at": heartbeat,
+            }
+        )
+
+
+def _worker_status(driver: Driver, worker_id: str) -> str:
+    with driver.read() as tx:
+        return tx.worker(worker_id)["status"]
+
+
+# -- reaper: expired leases -----------------------------------------------------------
+
+
+def test_expired_lease_orphans_the_attempt_and_waits_to_retry(engine, driver, settings, clock):
+    job_id, _ = _running(engine)
+    clock.advance(settings.lease_seconds + 0.5)
+    assert engine.reap() == {"unhealthy_workers": 0, "released_jobs": 1}
+    row = job_row(driver, job_id)
+    assert row["status"] == "retry_wait"
+    assert (row["error_code"], row["category"]) == ("ORPHANED", "provider_failure")
+    assert row["available_at"] > clock.now
+    [att] = attempts(driver, job_id)
+    assert (att["status"], att["error_code"], att["finished_at"]) == (
+        "orphaned",
+        "ORPHANED",
+        clock.now,
+    )
+    assert transitions(driver, job_id)[-1] == ("processing", "retry_wait")
+    # A second pass finds nothing more to do.
+    assert engine.reap()["released_jobs"] == 0
+
+
+def test_many_expired_leases_are_reaped_in_one_pass(engine, driver, settings, clock):
+    held = [_running(engine, max_attempts=1 + i % 2)[0] for i in range(6)]
+    fresh = [_running(engine)[0] for _ in range(2)]
+    clock.advance(1)
+    for job_id in fresh:  # these renew in time
+        engine.renew(W1, [(job_id, 1)])
+    clock.advance(settings.lease_seconds)
+    assert engine.reap()["released_jobs"] == 6
+    assert [status_of(driver, j) for j in held] == ["failed", "retry_wait"] * 3
+    assert [status_of(driver, j) for j in fresh] == ["processing"] * 2
+
+
+def test_claimed_but_never_started_job_is_reaped_too(engine, driver, settings, clock):
+    job_id, _ = _running(engine, start=False)
+    clock.advance(settings.lease_seconds + 1)
+    assert engine.reap()["released_jobs"] == 1
+    assert transitions(driver, job_id)[-1] == ("claimed", "retry_wait")
+
+
+def test_live_lease_is_left_alone(engine, driver, settings, clock):
+    job_id, _ = _running(engine)
+    clock.advance(settings.lease_seconds - 1)
+    before = snapshot(driver, job_id)
+    assert engine.reap()["released_jobs"] == 0
+    assert snapshot(driver, job_id) == before
+
+
+def test_expired_lease_on_last_attempt_fails_orphaned(engine, driver, settings, clock):
+    job_id, _ = _running(engine, max_attempts=1)
+    clock.advance(settings.lease_seconds + 1)
+    engine.reap()
+    row = job_row(driver, job_id)
+    assert (row["status"], row["outcome"], row["category"]) == (
+        "failed",
+        "orphaned",
+        "provider_failure",
+    )
+    assert row["completed_at"] == clock.now
+
+
+def test_expired_cancel_requested_job_is_cancelled(engine, driver, settings, clock):
+    job_id, _ = _running(engine)
+    engine.cancel(job_id)
+    clock.advance(settings.lease_seconds + 1)
+    assert engine.reap()["released_jobs"] == 1
+    row = job_row(driver, job_id)
+    assert (row["status"], row["outcome"]) == ("cancelled", "cancelled")
+    assert transitions(driver, job_id)[-1] == ("cancel_requested", "cancelled")
+    assert attempts(driver, job_id)[0]["status"] == "orphaned"
+
+
+def test_reaped_job_runs_again_and_completes(engine, driver, settings, clock):
+    job_id, _ = _running(engine)
+    clock.advance(settings.lease_seconds + 1)
+    engine.reap()
+    clock.advance(1)
+    engine.promote()
+    _, a2 = claim_one(engine, "w2")
+    assert engine.settle("w2", [done(job_id, a2)]) == {job_id}
+    assert status_of(driver, job_id) == "completed"
+
+
+# -- reaper: stale workers -----------------------------------------------------------------
+
+
+def test_stale_worker_becomes_unhealthy_and_its_jobs_are_released(engine, driver, settings, clock):
+    stale_at = clock.now - timedelta(seconds=settings.worker_stale_seconds + 1)
+    fresh_at = clock.now - timedelta(seconds=settings.worker_stale_seconds - 5)
+    _worker(driver, "ghost", stale_at)
+    _worker(driver, "alive", fresh_at)
+    _worker(driver, "gone", stale_at, status="terminated")
+    lost_a, _ = _running(engine, "ghost")
+    lost_b, _ = _running(engine, "ghost", start=False)
+    kept, _ = _running(engine, "alive")
+    kept_before = snapshot(driver, kept)
+
+    # Their leases are all still valid: only the heartbeat marks ghost dead.
+    assert engine.reap() == {"unhealthy_workers": 1, "released_jobs": 2}
+    assert _worker_status(driver, "ghost") == "unhealthy"
+    assert _worker_status(driver, "alive") == "active"
+    assert _worker_status(driver, "gone") == "terminated"
+    for job_id in (lost_a, lost_b):
+        assert status_of(driver, job_id) == "retry_wait"
+        assert attempts(driver, job_id)[0]["status"] == "orphaned"
+    assert snapshot(driver, kept) == kept_before
+    # Already unhealthy: not counted again.
+    assert engine.reap()["unhealthy_workers"] == 0
+
+
+def test_worker_heartbeat_exactly_at_the_limit_is_not_stale(engine, driver, settings, clock):
+    _worker(driver, "edge", clock.now - timedelta(seconds=settings.worker_stale_seconds))
+    assert engine.reap()["unhealthy_workers"] == 0
+    assert _worker_status(driver, "edge") == "active"
+
+
+# -- renew -----------------------------------------------------------------------------------
+
+
+def test_renew_extends_the_lease(engine, driver, settings, clock):
+    job_id, a = _running(engine)
+    clock.advance(settings.lease_seconds * 0.75)
+    assert engine.renew(W1, [(job_id, a)]) == {job_id: "processing"}
+    assert job_row(driver, job_id)["visibility_timeout"] == clock.now + timedelta(
+        seconds=settings.lease_seconds
+    )
+    # Past the original lease but inside the renewed one: nothing to reap.
+    clock.advance(settings.lease_seconds * 0.5)
+    assert engine.reap()["released_jobs"] == 0
+    assert status_of(driver, job_id) == "processing"
+
+
+def test_poll_statuses_does_not_extend_the_lease(engine, driver, settings, clock):
+    job_id, a = _running(engine)
+    before = job_row(driver, job_id)["visibility_timeout"]
+    clock.advance(10)
+    assert engine.poll_statuses(W1, [(job_id, a)]) == {job_id: "processing"}
+    assert job_row(driver, job_id)["visibility_timeout"] == before
+
+
+def test_renew_by_another_worker_or_attempt_changes_nothing(engine, driver, clock):
+    job_id, a = _running(engine)
+    before = snapshot(driver, job_id)
+    clock.advance(5)
+    assert engine.renew("w2", [(job_id, a)]) == {}
+    assert engine.renew(W1, [(job_id, a + 1)]) == {}
+    assert engine.renew(W1, []) == {}
+    assert snapshot(driver, job_id) == before
+
+
+def test_renew_omits_jobs_no_longer_held(engine, driver, settings, clock):
+    kept, ka = _running(engine)
+    lost, la = _running(engine)
+    # ``lost``'s lease runs out while ``kept`` is renewed in time.
+    clock.advance(settings.lease_seconds * 0.75)
+    engine.renew(W1, [(kept, ka)])
+    clock.advance(settings.lease_seconds * 0.5)
+    assert engine.reap()["released_jobs"] == 1
+    # Reaped into retry_wait: W1 no longer holds it and must stop its child.
+    assert engine.renew(W1, [(kept, ka), (lost, la)]) == {kept: "processing"}
+    assert engine.poll_statuses(W1, [(lost, la)]) == {}
+    clock.advance(settings.backoff_max_seconds + 1)
+    engine.promote()
+    claim_one(engine, "w2")
+    assert engine.renew(W1, [(kept, ka), (lost, la)]) == {kept: "processing"}
+    assert job_row(driver, lost)["claimed_by"] == "w2"
+
+
+def test_renew_omits_finished_jobs(engine, driver):
+    job_id, a = _running(engine)
+    engine.settle(W1, [done(job_id, a)])
+    assert engine.renew(W1, [(job_id, a)]) == {}
+
+
+# -- hand back ---------------------------------------------------------------------------------
+
+
+def test_hand_back_returns_an_unstarted_job_as_if_never_claimed(engine, driver, clock):
+    job_id, a = _running(engine, start=False)
+    clock.advance(1)
+    assert engine.hand_back(W1, [(job_id, a)]) == {job_id}
+    row = job_row(driver, job_id)
+    assert row["status"] == "queued" and row["attempt_count"] == 0
+    assert row["claimed_by"] is None and row["claimed_at"] is None
+    assert row["visibility_timeout"] is None
+    assert attempts(driver, job_id) == []
+    assert transitions(driver, job_id)[-1] == ("claimed", "queued")
+    # The next claim is attempt 1 again, without a duplicate attempt row.
+    _, a2 = claim_one(engine, "w2")
+    assert a2 == 1
+    assert [(x["attempt_number"], x["worker_id"]) for x in attempts(driver, job_id)] == [(1, "w2")]
+
+
+def test_hand_back_of_a_retried_job_keeps_earlier_attempts(engine, driver, clock):
+    from ._helpers import failed
+
+    job_id, a = _running(engine)
+    engine.settle(W1, [failed(job_id, a, "CRASHED")])
+    clock.advance(60)
+    engine.promote()
+    _, a2 = claim_one(engine)
+    assert engine.hand_back(W1, [(job_id, a2)]) == {job_id}
+    assert job_row(driver, job_id)["attempt_count"] == 1
+    assert [x["attempt_number"] for x in attempts(driver, job_id)] == [1]
+
+
+def test_hand_back_is_fenced_and_only_for_unstarted_jobs(engine, driver):
+    claimed, ca = _running(engine, start=False)
+    started, sa_ = _running(engine)
+    before = snapshot(driver, claimed), snapshot(driver, started)
+    assert engine.hand_back("w2", [(claimed, ca)]) == set()
+    assert engine.hand_back(W1, [(claimed, ca + 1)]) == set()
+    assert engine.hand_back(W1, [(started, sa_)]) == set()
+    assert (snapshot(driver, claimed), snapshot(driver, started)) == before
+
+
+# -- leader lease --------------------------------------------------------------------------------
+
+
+def _take(driver: Driver, holder: str, now, seconds: float = 15, name: str = "maint") -> bool:
+    with driver.tx() as tx:
+        return tx.take_lease(name, holder, now, now + timedelta(seconds=seconds))
+
+
+def _holder(driver: Driver, now, name: str = "maint") -> str | None:
+    with driver.read() as tx:
+        return tx.lease_holder(name, now)
+
+
+def test_leader_lease_one_holder_renewal_and_takeover(driver, clock):
+    t0 = clock.now
+    assert _holder(driver, t0) is None
+    assert _take(driver, "a", t0)
+    assert not _take(driver, "b", t0)
+    assert _holder(driver, t0) == "a"
+    # The holder renews before expiry; b still cannot take it.
+    assert _take(driver, "a", t0 + timedelta(seconds=10))
+    assert not _take(driver, "b", t0 + timedelta(seconds=20))
+    assert _holder(driver, t0 + timedelta(seconds=24)) == "a"
+    # a goes quiet; after expiry b takes over and a cannot come back.
+    later = t0 + timedelta(seconds=26)
+    assert _holder(driver, later) is None
+    assert _take(driver, "b", later)
+    assert _holder(driver, later) == "b"
+    assert not _take(driver, "a", later + timedelta(seconds=1))
+
+
+def test_leases_are_per_name(driver, clock):
+    assert _take(driver, "a", clock.now, name="maint")
+    assert _take(driver, "b", clock.now, name="other")
+    assert _holder(driver, clock.now, "maint") == "a"
+    assert _holder(driver, clock.now, "other") == "b"
+
+
+def test_release_lease_only_by_holder(driver, clock):
+    assert _take(driver, "a", clock.now)
+    with driver.tx() as tx:
+        tx.release_lease("maint", "b")
+    assert _holder(driver, clock.now) == "a"
+    with driver.tx() as tx:
+        tx.release_lease("maint", "a")
+    assert _holder(driver, clock.now) is None
+    assert _take(driver, "b", clock.now)
+    assert _holder(driver, clock.now) == "b"
+
+
+def test_racing_candidates_elect_exactly_one_leader(driver, database_url, clock):
+    n = 6
+    drivers = [Driver(database_url) for _ in range(n)]
+    barrier = threading.Barrier(n)
+    won: list[object] = [None] * n
+
+    def candidate(i: int) -> None:
+        barrier.wait()
+        try:
+            won[i] = _take(drivers[i], f"c{i}", clock.now)
+        except Exception as exc:  # surfaced below
+            won[i] = exc
+
+    threads = [threading.Thread(target=candidate, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for d in drivers:
+        d.dispose()
+    assert all(isinstance(w, bool) for w in won), won
+    assert won.count(True) == 1
+    assert _holder(driver, clock.now) == f"c{won.index(True)}"

@@ -1,0 +1,60 @@
+"""redact(): what may leave the system."""
+
+from __future__ import annotations
+
+import pytest
+
+from hypermedia.redact import MAX_REASON, redact
+
+
+@pytest.mark.parametrize(
+    ("text", "secret", "marker"),
+    [
+        ("open failed: /var/lib/hypermedia/objects/12/in.pdf", "/var/lib", "[path]"),
+        ("cannot read C:\\Users\\ann\\secret.png now", "Users", "[path]"),
+        ("s3 error at https://AKIA123:s3cr3tKey@s3.example.com/bucket", "s3cr3tKey", "[redacted]@"),
+        ("postgresql://hm:hunter2@db:5432/hm refused", "hunter2", "[redacted]@"),
+        ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.abc.def", "eyJhbGci", "Bearer [redacted]"),
+        ("password=hunter2 rejected", "hunter2", "password=[redacted]"),
+        ("API_KEY: abcd1234efgh", "abcd1234efgh", "=[redacted]"),
+        ("secret=xyz token=qqq", "xyz", "secret=[redacted]"),
+        ("used hm_AbCdEf1234567890 for auth", "AbCdEf1234567890", "[token]"),
+    ],
+)
+def test_secrets_and_paths_are_replaced(text, secret, marker):
+    out = redact(text)
+    assert secret not in out
+    assert marker in out
+
+
+def test_tracebacks_are_cut():
+    text = (
+        'decoder failed\nTraceback (most recent call last):\n  File "/app/x.py", line 3,'
+        " in f\n    raise ValueError('password=abc')\nValueError: boom"
+    )
+    out = redact(text)
+    assert out == "decoder failed [traceback removed]"
+
+
+def test_plain_text_is_kept_and_whitespace_collapsed():
+    text = "unsupported   format image/webp\n at 3/4 scale (see https://example.com/docs)"
+    assert redact(text) == (
+        "unsupported format image/webp at 3/4 scale (see https://example.com/docs)"
+    )
+
+
+def test_output_is_bounded():
+    out = redact("x" * 5000)
+    assert len(out) == MAX_REASON and out.endswith("…")
+    assert len(redact("y" * 5000, 50)) == 50
+    assert redact("short", 50) == "short"
+    assert redact("z" * 50, 50) == "z" * 50
+
+
+def test_any_object_is_accepted():
+    assert redact(ValueError("bad /etc/hypermedia/conf")) == "bad [path]"
+    assert redact(42) == "42"
+
+
+def test_relative_and_single_segment_paths_are_kept():
+    assert redact("wrote out.webp into tmp/x") == "wrote out.webp into tmp/x"
