@@ -175,9 +175,18 @@ class Tx(WorkerQueries):
         return int(self.conn.execute(q.values(values)).rowcount)
 
     def fenced(
-        self, worker_id: str | None, items: Sequence[tuple[int, int]], statuses: Iterable[str]
+        self,
+        worker_id: str | None,
+        items: Sequence[tuple[int, int]],
+        statuses: Iterable[str],
+        *,
+        skip_locked: bool = False,
     ) -> list[Row]:
-        """Lock and return the jobs still held by this (worker, attempt); others are stale."""
+        """Lock and return the jobs still held by this (worker, attempt); others are stale.
+
+        With ``skip_locked``, rows locked by another transaction are left out
+        instead of waited for.
+        """
         if not items:
             return []
         ids = [i for i, _ in items]
@@ -196,7 +205,7 @@ class Tx(WorkerQueries):
         if worker_id is not None:
             q = q.where(J.c.claimed_by == worker_id)
         if self.dialect != "sqlite":  # SQLite already holds the write lock
-            q = q.with_for_update()
+            q = q.with_for_update(skip_locked=skip_locked)
         # Fix: match (job, attempt) pairs, not a dict keyed by job: with two
         # reports for one job in a batch (an old attempt's late result next to
         # the current one's), the dict kept only the last and could drop the

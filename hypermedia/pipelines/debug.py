@@ -4,7 +4,8 @@ debug.sleep takes ``{"ms": N}`` and, to exercise the failure paths,
 ``{"fail": "CODE"}`` (raise that error code) and ``{"crash": true}`` (the child
 process dies with SIGKILL, like a segfaulting decoder would), and
 ``{"alloc_mb": N}`` (allocate memory, to hit the attempt's memory limit), and
-``{"output": true}`` (declare a data-only output, to check outputs are recorded once).
+``{"output": true}`` (declare a data-only output, to check outputs are recorded once),
+and ``{"steps": N}`` (report progress N times while sleeping).
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[st
     alloc = params.get("alloc_mb", 0)
     if not isinstance(alloc, int) or not 0 <= alloc <= 65536:
         raise JobError("INVALID_PARAMS", "alloc_mb must be an integer from 0 to 65536")
+    # Fix: steps and output were accepted unchecked, so {"steps": "x"} was
+    # queued and then failed in the child as a retried INTERNAL error, and a
+    # huge steps flooded the worker with progress frames.
+    steps = params.get("steps", 1)
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps <= 1000:
+        raise JobError("INVALID_PARAMS", "steps must be an integer from 0 to 1000")
+    if not isinstance(params.get("output", False), bool):
+        raise JobError("INVALID_PARAMS", "output must be true or false")
     return dict(params)
 
 

@@ -271,13 +271,20 @@ class Engine:
     ) -> set[int]:
         if not results:
             return set()
+        # The reaper (no worker) skips rows another transaction holds: one
+        # frozen lock holder must not stall every other release, nor the
+        # leader's other services behind it.  It retries them next round.
         held = {
             r["job_id"]: r
             for r in tx.fenced(
-                worker_id, [(x.job_id, x.attempt) for x in results], states.RUNNING_SIDE
+                worker_id,
+                [(x.job_id, x.attempt) for x in results],
+                states.RUNNING_SIDE,
+                skip_locked=worker_id is None,
             )
         }
         now = self.clock()
+        versions: dict[int, str] = {}
         decisions: list[Decision] = []
         for res in results:
             row = held.get(res.job_id)
@@ -291,7 +298,9 @@ class Engine:
             if lease_expired_before is not None and not _expired(row, lease_expired_before):
                 continue
             if res.outputs:
-                version = self._version_of(tx, row["profile_id"])
+                if row["profile_id"] not in versions:
+                    versions[row["profile_id"]] = self._version_of(tx, row["profile_id"])
+                version = versions[row["profile_id"]]
                 for o in res.outputs:
                     o.profile_version = o.profile_version or version
             decisions.append(decide(row, res, now, self.settings, self.rng))
@@ -302,13 +311,22 @@ class Engine:
         self, tx: Any, worker_id: str | None, decisions: list[Decision], now: datetime
     ) -> None:
         # Jobs that end the same way (say, a batch of completions with no
-        # result) share one UPDATE … WHERE job_id IN (…) instead of one each.
+        # result) share one UPDATE … WHERE job_id IN (…); the rest go as one
+        # executemany per action and column set (pipelined by the driver).
         groups: dict[tuple[str, str], tuple[Row, list[int]]] = {}
         for d in decisions:
             key = (d.action, json.dumps(d.job_values, sort_keys=True, default=str))
             groups.setdefault(key, (d.job_values, []))[1].append(d.job_id)
+        singles: dict[tuple[str, tuple[str, ...]], list[Row]] = {}
         for (action, _), (values, ids) in groups.items():
-            tx.update_jobs_by_ids(ids, states.sources(action), values)
+            if len(ids) > 1:
+                tx.update_jobs_by_ids(ids, states.sources(action), values)
+            else:
+                singles.setdefault((action, tuple(sorted(values))), []).append(
+                    {"_id": ids[0], **values}
+                )
+        for (action, _), rows in singles.items():
+            tx.update_jobs_many(states.sources(action), rows)
         tx.finish_attempts([d.attempt_values for d in decisions])
         tx.insert_outputs([o for d in decisions for o in d.outputs])
         tx.insert_events([d.event for d in decisions])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import sys
 import traceback
 from typing import Any
@@ -52,7 +53,12 @@ def _limit(mem_mb: int | None, cpu_s: int | None) -> None:
             soft = min(soft, hard)
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     if cpu_s:
-        used = int(resource.getrusage(resource.RUSAGE_SELF).ru_utime) + 1
+        # Fix: RLIMIT_CPU counts user *and* system time.  Counting only
+        # ru_utime put the limit below what a warm child had already used once
+        # its system time (page faults, I/O) added up, and the next attempt
+        # died of SIGXCPU at once, reported as a timeout.
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        used = int(ru.ru_utime + ru.ru_stime) + 1
         _, hard = resource.getrlimit(resource.RLIMIT_CPU)
         resource.setrlimit(resource.RLIMIT_CPU, (used + cpu_s, hard))
 
@@ -88,12 +94,37 @@ def run_attempt(msg: dict[str, Any], out: int) -> dict[str, Any]:
     return done
 
 
+def _die_with_worker(worker_pid: int | None) -> None:
+    """Fix: be killed when the worker dies, instead of running on as an orphan.
+
+    A worker killed with SIGKILL cannot kill its children, and they live in
+    their own session, so a child used to run its attempt to the end (an
+    hour-long transcode, say) while the reaper handed the job to another
+    worker, and nobody would ever read its result.  PR_SET_PDEATHSIG fires
+    when the worker thread that started us exits: a slot thread, which lives
+    as long as the worker and stops its child before it ends.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if worker_pid is not None and os.getppid() != worker_pid:
+        os._exit(1)  # the worker died before we asked: nobody is listening
+
+
 def main() -> None:
+    _die_with_worker(int(sys.argv[1]) if len(sys.argv) > 1 else None)
     # The protocol owns the original stdin/stdout; anything a library prints
     # goes to stderr instead of corrupting the frames.
     # Started with env={}, but the interpreter adds LC_CTYPE when it coerces
     # the C locale (PEP 538): a pipeline must see nothing of its host.
     os.environ.clear()
+    # No core dumps of hostile input (set here, not in a preexec_fn: see pool.Child).
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     inp, out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import select
 import signal
 import subprocess
@@ -30,23 +29,24 @@ class Exit:
     signal: int | None
 
 
-def _preexec() -> None:
-    # Own process group (start_new_session) so a kill takes every grandchild
-    # too; no core dumps of hostile input.
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
 class Child:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-m", "hypermedia.worker.child"],
+            # Our pid, so the child can tell if we died before it armed its
+            # parent-death signal (see child._die_with_worker).
+            [sys.executable, "-I", "-m", "hypermedia.worker.child", str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={},
             cwd="/",
+            # Own session and process group, so a kill takes every grandchild
+            # too.  Fix: no preexec_fn (it set RLIMIT_CORE, now done by the
+            # child itself): Python documents preexec_fn as unsafe in a
+            # threaded program, and the worker starts children from slot
+            # threads while others run; a child deadlocked between fork and
+            # exec would hang its slot's Popen() for good.
             start_new_session=True,
             close_fds=True,
-            preexec_fn=_preexec,
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._out = self.proc.stdin.fileno()

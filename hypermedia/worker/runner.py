@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import shutil
 import signal
 import socket
 import threading
@@ -63,6 +64,9 @@ class Worker:
         self._paused: set[str] = set()
         self._paused_at = 0.0
         self._signals = 0
+        # Jobs one worker may hold at once: running, buffered, or finished
+        # with the result not yet written.
+        self._max_held = self.concurrency + 2 * self.batch
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -127,7 +131,12 @@ class Worker:
     def _claim_loop(self) -> None:
         delay = 0.1
         while not self.stop_claiming.is_set():
-            room = self.batch - self.buffer.qsize()
+            # Held jobs include finished ones whose results are not written
+            # yet: when the database is slow, claiming slows down with it
+            # instead of hoarding jobs other workers could run.
+            with self._lock:
+                held = len(self._running)
+            room = min(self.batch - self.buffer.qsize(), self._max_held - held)
             got = 0
             if room >= max(1, self.batch // 2):
                 try:
@@ -200,9 +209,12 @@ class Worker:
                     "the worker could not run the attempt",
                 )
             if result is not None:
+                # Still ours until the result is written (see _on_result): the
+                # monitor keeps renewing its lease meanwhile.
                 self.flusher.finished(result)
-            with self._lock:
-                self._running.pop(rj.job.job_id, None)
+            else:
+                with self._lock:
+                    self._running.pop(rj.job.job_id, None)
         slot.close()
 
     def _hand_back(self, items: list[Running]) -> None:
@@ -215,6 +227,10 @@ class Worker:
                 self._running.pop(rj.job.job_id, None)
 
     def _on_result(self, result: AttemptResult, accepted: bool) -> None:
+        with self._lock:
+            rj = self._running.get(result.job_id)
+            if rj is not None and rj.job.attempt == result.attempt:
+                del self._running[result.job_id]
         if accepted:
             self.stats.record(result.status == "completed", result.duration_ms)
 
@@ -236,6 +252,10 @@ class Worker:
         for t in threads:
             while t.is_alive():
                 t.join(0.2)
+        # Fix: the worker's scratch root (HOME/scratch/<worker_id>) was left
+        # behind by every worker that ever ran; each start makes a new one.
+        # Every slot has closed its child by now, so nothing writes there.
+        shutil.rmtree(slots[0].cfg.scratch_root, ignore_errors=True)
         self.flusher.close(timeout=10 if not self.stop_now.is_set() else 3)
         self.stopped.set()
         monitor.join(2)
