@@ -153,7 +153,9 @@ def test_concurrent_claimers_never_share_a_job(engine, driver, database_url, set
         eng = Engine(drivers[i], settings, clock=clock)
         try:
             barrier.wait()
-            while batch := eng.claim(f"t{i}", ["bulk"], 10):
+            # A cap per claimer: draining all 500 then needs every claimer,
+            # however the threads happen to be scheduled on a busy machine.
+            while len(got[i]) < 130 and (batch := eng.claim(f"t{i}", ["bulk"], 10)):
                 assert len(batch) <= 10
                 got[i].extend(c.job_id for c in batch)
                 time.sleep(0.001)  # a real worker works between claims; let others in
@@ -171,7 +173,7 @@ def test_concurrent_claimers_never_share_a_job(engine, driver, database_url, set
     flat = [j for g in got for j in g]
     assert len(flat) == len(set(flat)), "a job was claimed twice"
     assert set(flat) == set(ids)
-    assert sum(1 for g in got if g) >= 2, "the claimers did not overlap at all"
+    assert all(got), "every claimer must have taken a share"
     # The database agrees with what each claimer was told.
     owner = {j: f"t{i}" for i, g in enumerate(got) for j in g}
     rows = engine.list(limit=10_000)

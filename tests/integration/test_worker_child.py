@@ -1,0 +1,209 @@
+"""The attempt child of a real worker: isolation, warm reuse and recycling,
+rusage, the CPU limit of a warm child, progress reports.
+
+Most of these check what the worker does with its child processes, which does
+not depend on the database, so they run on SQLite only (see ``sqlite_only``);
+progress goes through a JSON column and runs on every database.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hypermedia.db.driver import Driver
+from hypermedia.errors import InvalidRequest
+from hypermedia.queue.engine import Engine
+from hypermedia.worker.pool import Child
+from tests.integration._procs import (
+    Procs,
+    attempts,
+    events,
+    eventually,
+    gone,
+    job,
+    run_one,
+    sqlite_only,
+    submit,
+    wait_job,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@sqlite_only
+def test_attempt_runs_isolated_in_its_own_process_group(
+    driver: Driver, live: Engine, procs: Procs, tmp_path: Path
+) -> None:
+    w = procs.worker("--concurrency", "1", "--no-maintenance")
+    result = run_one(driver, live, {"ms": 0})
+
+    # What the pipeline saw: nothing of the host's environment (the worker
+    # itself has HYPERMEDIA_DATABASE_URL, PATH, …), a private scratch directory
+    # under HYPERMEDIA_HOME as cwd, and no database code loaded.
+    assert result["environ"] == []
+    scratch = tmp_path.resolve() / "scratch" / w.worker_id
+    assert Path(result["cwd"]).is_relative_to(scratch), result["cwd"]
+    assert stat.S_IMODE(scratch.stat().st_mode) == 0o700
+    assert result["db_loaded"] is False
+
+    # The child is a separate process, still alive (warm) after the attempt,
+    # leading its own session and process group, so a kill of that group
+    # cannot hit the worker and takes every grandchild with it.
+    pid = result["pid"]
+    assert pid != w.pid
+    child = psutil.Process(pid)
+    procs.note_children(w)
+    assert child.ppid() == w.pid
+    assert os.getpgid(pid) == pid != os.getpgid(w.pid)
+    assert os.getsid(pid) == pid
+    assert child.environ() == {}
+    assert child.rlimit(psutil.RLIMIT_CORE) == (0, 0)  # no core dumps of hostile input
+
+
+@sqlite_only
+def test_warm_child_is_reused_then_recycled_after_max_attempts(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    w = procs.worker("--concurrency", "1", "--no-maintenance", HYPERMEDIA_CHILD_MAX_ATTEMPTS="2")
+    pids = [run_one(driver, live, {"ms": 0})["pid"] for _ in range(5)]
+    procs.note_children(w)
+    # Two attempts per child, then a fresh one.
+    assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4], pids
+    assert pids[0] != pids[4]
+    # A recycled child is stopped, not left behind.
+    eventually(lambda: gone(pids[0]) and gone(pids[2]), 5, "recycled children exit")
+    assert [c.pid for c in w.children()] == [pids[4]]
+
+
+@sqlite_only
+def test_child_is_replaced_after_a_crash_and_after_a_timeout(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    w = procs.worker("--concurrency", "1", "--no-maintenance")
+    first = run_one(driver, live, {"ms": 0})["pid"]
+    assert run_one(driver, live, {"ms": 0})["pid"] == first  # warm: same child
+
+    crashed = submit(live, {"crash": True}, max_attempts=1)
+    assert wait_job(driver, crashed)["error_code"] == "CRASHED"
+    after_crash = run_one(driver, live, {"ms": 0})["pid"]
+    assert after_crash != first
+    assert gone(first)
+
+    timed_out = submit(live, {"ms": 5000}, timeout_seconds=1, max_attempts=1)
+    assert wait_job(driver, timed_out)["error_code"] == "TIMEOUT"
+    after_timeout = run_one(driver, live, {"ms": 0})["pid"]
+    procs.note_children(w)
+    assert after_timeout not in (first, after_crash)
+    assert gone(after_crash)
+    assert w.alive()
+
+
+@sqlite_only
+def test_attempts_record_duration_cpu_and_their_own_peak_memory(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    w = procs.worker("--concurrency", "1", "--no-maintenance")
+    # One after another in the same warm child: the small attempt after the
+    # big one must report its own peak, not the child's lifetime peak.
+    slept = submit(live, {"ms": 300})
+    wait_job(driver, slept)
+    big = submit(live, {"alloc_mb": 150})
+    wait_job(driver, big)
+    small = submit(live, {"ms": 0})
+    wait_job(driver, small)
+    procs.note_children(w)
+
+    rows = {}
+    for name, job_id in (("slept", slept), ("big", big), ("small", small)):
+        assert job(driver, job_id)["status"] == "completed"
+        (a,) = attempts(driver, job_id)
+        assert a["status"] == "completed"
+        assert a["finished_at"] is not None
+        for col in ("duration_ms", "cpu_time_ms", "peak_memory_mb"):
+            assert a[col] is not None, (name, col)
+        # CPU time of one single-threaded attempt cannot exceed its wall time.
+        assert 0 <= a["cpu_time_ms"] <= a["duration_ms"] + 50, (name, a)
+        rows[name] = a
+
+    assert 300 <= rows["slept"]["duration_ms"] < 10_000
+    assert rows["slept"]["cpu_time_ms"] < 300  # it slept, it did not spin
+    assert 5 <= rows["slept"]["peak_memory_mb"] < 200
+    assert 150 <= rows["big"]["peak_memory_mb"] < 400
+    assert rows["big"]["cpu_time_ms"] > 0  # touching 150 MB of pages costs some CPU
+    assert rows["small"]["peak_memory_mb"] < rows["big"]["peak_memory_mb"] - 100
+
+
+def test_progress_reports_reach_the_job_and_its_events(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    procs.worker("--concurrency", "1", "--no-maintenance")
+    job_id = submit(live, {"ms": 800, "steps": 4})
+    row = wait_job(driver, job_id)
+    assert row["status"] == "completed"
+
+    progress = row["progress"]
+    assert progress["percent"] == 100
+    assert progress["mode"] == "determinate"
+    assert progress["step"] == "step 4/4"
+
+    reported = [e for e in events(driver, job_id) if e["kind"] == "progress"]
+    assert reported, "no progress events"
+    assert all(e["attempt_number"] == 1 for e in reported)
+    # Snapshots may be coalesced when the database is slow, but those written
+    # are in order and the last one is the end.
+    percents = [float(e["message"].split("%")[0]) for e in reported]
+    assert percents == sorted(percents) and set(percents) <= {25, 50, 75, 100}, percents
+    assert percents[-1] == 100
+
+
+@sqlite_only
+def test_bad_progress_parameters_are_refused_at_enqueue(driver: Driver, live: Engine) -> None:
+    # Refused at the door, not queued to fail in a child as a retried INTERNAL.
+    for params in ({"steps": "four"}, {"steps": 10**9}, {"output": "yes"}):
+        with pytest.raises(InvalidRequest, match=next(iter(params))):
+            submit(live, params)
+
+
+def test_warm_child_cpu_limit_counts_the_system_time_it_already_used(tmp_path: Path) -> None:
+    """A child that has served attempts heavy in system time (page faults here)
+    must still give the next attempt its whole CPU budget."""
+    child = Child()
+
+    def run(params: dict, cpu_s: int) -> dict | None:
+        message = {
+            "op": "run",
+            "job_id": 1,
+            "job_type": "debug.sleep",
+            "params": params,
+            "scratch": str(tmp_path),
+            "mem_mb": 2048,
+            "cpu_s": cpu_s,
+        }
+        assert child.send(message)
+        while True:
+            ready, msg = child.poll(30)
+            assert ready, "the child went silent"
+            if msg is None or msg.get("op") == "done":
+                return msg
+
+    try:
+        # Until the CPU used exceeds int(user) + 2 s, where a 1 s budget that
+        # forgot system time would already be spent.
+        proc = psutil.Process(child.pid)
+        while True:
+            t = proc.cpu_times()
+            if t.user + t.system > int(t.user) + 2.3:
+                break
+            done = run({"alloc_mb": 256}, 600)
+            assert done is not None and done["status"] == "completed"
+        # This one uses a little CPU (SIGXCPU comes on a tick while it runs).
+        done = run({"alloc_mb": 128}, 1)
+        assert done is not None, "the child was killed (SIGXCPU) at the start of its attempt"
+        assert done["status"] == "completed"
+    finally:
+        child.kill()

@@ -1,0 +1,168 @@
+"""Failing attempts in a real worker, on every database: timeout, crash, OOM,
+permanent and retryable error codes.  The worker must survive each of them."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from hypermedia.db.driver import Driver
+from hypermedia.queue.engine import Engine
+from tests.harness import FAST
+from tests.integration._procs import (
+    Procs,
+    attempts,
+    events,
+    eventually,
+    gone,
+    run_one,
+    submit,
+    wait_job,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_timeout_kills_the_attempt_and_the_worker_carries_on(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    w = procs.worker("--concurrency", "1", "--no-maintenance")
+    t0 = time.monotonic()
+    out = procs.cli(
+        "jobs",
+        "submit",
+        "debug.sleep",
+        "--params",
+        '{"ms": 10000}',
+        "--timeout",
+        "1",
+        "--max-attempts",
+        "1",
+        "--json",
+    )
+    (job_id,) = json.loads(out)["job_ids"]
+    row = wait_job(driver, job_id, timeout=15)
+    waited = time.monotonic() - t0
+
+    assert row["status"] == "failed"
+    assert row["outcome"] == "timeout"
+    assert row["error_code"] == "TIMEOUT"
+    assert row["category"] == "timeout"
+    (a,) = attempts(driver, job_id)
+    assert a["status"] == "timeout"
+    assert a["error_code"] == "TIMEOUT"
+    # Killed at its 1 s deadline, not after the 10 s it asked to sleep.
+    assert 1000 <= a["duration_ms"] < 4000, a["duration_ms"]
+    assert (row["completed_at"] - row["started_at"]).total_seconds() < 4
+    assert waited < 10
+
+    assert w.alive()
+    assert run_one(driver, live, {"ms": 0})["slept_ms"] == 0
+
+
+def test_crash_is_retried_then_fails_with_crashed(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    w = procs.worker("--concurrency", "1")  # maintenance on: its promoter ends retry_wait
+    job_id = submit(live, {"crash": True}, max_attempts=2)
+    row = wait_job(driver, job_id, timeout=30)
+
+    assert row["status"] == "failed"
+    assert row["error_code"] == "CRASHED"
+    assert row["outcome"] == "failed"
+    assert row["attempt_count"] == 2
+    tries = attempts(driver, job_id)
+    assert [a["status"] for a in tries] == ["crashed", "crashed"]
+    assert {a["error_code"] for a in tries} == {"CRASHED"}
+    assert all("SIGKILL" in a["error_message"] for a in tries), tries
+    # A start folded into its result shows as claimed → retry_wait: both count.
+    moves = [(e["from_status"], e["to_status"]) for e in events(driver, job_id)]
+    assert [m for m in moves if m[1] == "retry_wait"] in (
+        [("processing", "retry_wait")],
+        [("claimed", "retry_wait")],
+    )
+    assert ("retry_wait", "queued") in moves
+
+    assert w.alive()
+    assert run_one(driver, live, {"ms": 0})["slept_ms"] == 0
+
+
+def test_oom_is_retried_with_twice_the_memory_in_a_new_child(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    w = procs.worker("--concurrency", "1", HYPERMEDIA_CHILD_MEMORY_MB="256")
+    warm = run_one(driver, live, {"ms": 0})["pid"]
+
+    # 400 MB does not fit under a 256 MB address-space limit, but does under
+    # 512 MB: the second attempt only succeeds if the limit really doubled.
+    job_id = submit(live, {"alloc_mb": 400}, max_attempts=3)
+    row = wait_job(driver, job_id, timeout=30)
+
+    first, second = attempts(driver, job_id)
+    assert first["status"] == "failed"
+    assert first["error_code"] == "OOM"
+    assert second["status"] == "completed"
+    assert row["status"] == "completed"
+    assert row["memory_limit_mb"] == 512
+    assert 400 <= second["peak_memory_mb"] < 512
+    # The child that hit its limit was killed, never reused.
+    assert row["result"]["pid"] != warm
+    eventually(lambda: gone(warm), 5, "the out-of-memory child is gone")
+    procs.note_children(w)
+    assert w.alive()
+
+
+def test_permanent_code_fails_at_once_retryable_code_backs_off(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    w = procs.worker("--concurrency", "2")  # maintenance on: its promoter ends retry_wait
+    permanent = submit(live, {"fail": "CORRUPT_INPUT"}, max_attempts=3)
+    transient = submit(live, {"fail": "STORAGE_UNAVAILABLE"}, max_attempts=3)
+
+    row = wait_job(driver, permanent, timeout=30)
+    assert row["status"] == "failed"
+    assert row["attempt_count"] == 1
+    assert row["error_code"] == "CORRUPT_INPUT"
+    assert row["category"] == "invalid_input"
+    assert not row["retryable"]
+    assert [a["status"] for a in attempts(driver, permanent)] == ["failed"]
+
+    row = wait_job(driver, transient, timeout=30)
+    assert row["status"] == "failed"
+    assert row["attempt_count"] == 3
+    assert row["error_code"] == "STORAGE_UNAVAILABLE"
+    assert row["category"] == "storage"
+    tries = attempts(driver, transient)
+    assert [(a["status"], a["error_code"]) for a in tries] == [
+        ("failed", "STORAGE_UNAVAILABLE")
+    ] * 3
+    moves = [(e["from_status"], e["to_status"]) for e in events(driver, transient)]
+    # claimed → retry_wait when the worker folded the start into the result.
+    into_wait = [src for src, dst in moves if dst == "retry_wait"]
+    assert len(into_wait) == 2 and set(into_wait) <= {"claimed", "processing"}, moves
+    assert moves.count(("retry_wait", "queued")) == 2
+    assert moves[-1][1] == "failed"
+
+    # Backoff: attempt n waits between half and all of base * 2**(n-1)
+    # (capped), and the next attempt was not claimed before that.
+    base = float(FAST["HYPERMEDIA_BACKOFF_BASE_SECONDS"])
+    cap = float(FAST["HYPERMEDIA_BACKOFF_MAX_SECONDS"])
+    said = [
+        float(m.group(1))
+        for e in events(driver, transient)
+        if (m := re.search(r"retry in ([0-9.]+)s", e["message"]))
+    ]
+    assert len(said) == 2, said
+    for n in (1, 2):
+        step = min(cap, base * 2 ** (n - 1))
+        assert step / 2 - 0.05 <= said[n - 1] <= step + 0.05, (n, said)
+        gap = (tries[n]["started_at"] - tries[n - 1]["finished_at"]).total_seconds()
+        assert step / 2 <= gap < step + 5, (n, gap)
+    # The last retry's available_at is still on the row (failing keeps it).
+    wait = (row["available_at"] - tries[1]["finished_at"]).total_seconds()
+    assert base - 0.001 <= wait <= 2 * base + 0.001, wait  # step 2 = 2 * base
+    assert tries[2]["started_at"] >= row["available_at"]
+    assert w.alive()
