@@ -86,16 +86,28 @@ def stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float 
     return proc.returncode
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
-    """Poll until ``predicate()`` is truthy; fail the test with a message otherwise."""
+def wait_for(
+    predicate: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition"
+) -> Any:
+    """Poll until ``predicate()`` is truthy; fail saying ``what`` was awaited otherwise."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
+            raise AssertionError(f"not within {timeout}s: {what}")
         time.sleep(interval)
+
+
+def attempts(driver: Driver, job_id: int) -> list[dict[str, Any]]:
+    with driver.read() as tx:
+        return tx.attempts(job_id)
+
+
+def events(driver: Driver, job_id: int) -> list[dict[str, Any]]:
+    with driver.read() as tx:
+        return tx.events(job_id)
 
 
 def query(url: str, sql: str, **params: Any) -> list[sa.Row[Any]]:

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,9 @@ from hypermedia.db.driver import Driver
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 from hypermedia.queue.states import TERMINAL
-from tests.harness import cli_env, hypermedia
+from tests.harness import attempts as attempts  # re-exported for the tests
+from tests.harness import cli_env, hypermedia, wait_for
+from tests.harness import events as events
 
 Row = dict[str, Any]
 CHILD_MODULE = "hypermedia.worker.child"
@@ -39,15 +40,7 @@ sqlite_only = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
 
 def eventually(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1):
-    """Poll until ``predicate()`` is truthy; fail saying ``what`` was awaited."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(interval)
+    return wait_for(predicate, timeout, interval, what)
 
 
 @dataclass
@@ -200,16 +193,6 @@ def job(driver: Driver, job_id: int) -> Row:
         row = tx.job(job_id)
     assert row is not None, f"job {job_id} vanished"
     return row
-
-
-def attempts(driver: Driver, job_id: int) -> list[Row]:
-    with driver.read() as tx:
-        return tx.attempts(job_id)
-
-
-def events(driver: Driver, job_id: int) -> list[Row]:
-    with driver.read() as tx:
-        return tx.events(job_id)
 
 
 def wait_job(
