@@ -7,6 +7,7 @@ replaced, and the text is bounded.
 
 from __future__ import annotations
 
+import functools
 import re
 
 _PATTERNS = [
@@ -32,7 +33,14 @@ MAX_REASON = 300
 
 
 def redact(text: object, limit: int = MAX_REASON) -> str:
-    out = str(text)
+    return _redact(str(text), limit)
+
+
+# Most messages repeat ("attempt completed", "debug.noop queued with …"):
+# remembering recent answers keeps bulk enqueues and settles cheap.
+@functools.lru_cache(maxsize=4096)
+def _redact(text: str, limit: int) -> str:
+    out = text
     for pattern, repl in _PATTERNS:
         out = pattern.sub(repl, out)
     out = " ".join(out.split())

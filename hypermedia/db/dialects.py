@@ -248,3 +248,70 @@ def pg_listen(url: str, on_wake: Callable[[str], None], stop: threading.Event) -
         except Exception:  # pragma: no cover - keep the worker alive whatever happens
             log.exception("job listener failed")
             time.sleep(1)
+
+
+# -- PostgreSQL bulk writes ---------------------------------------------------
+# SQLAlchemy sends a many-row INSERT as one statement with a placeholder per
+# value, which psycopg must parse in Python (about 10 µs a placeholder), or as
+# a pipeline of one statement per row.  Passing one array per column to
+# unnest() keeps the SQL text small and constant, and psycopg adapts the arrays
+# in C: enqueueing thousands of jobs or settling a batch stays one round trip.
+
+
+def _pg_type(table: sa.Table, column: str) -> str:
+    from sqlalchemy.dialects import postgresql
+
+    return table.c[column].type.compile(dialect=postgresql.dialect())
+
+
+def _pg_arrays(table: sa.Table, rows: Sequence[dict[str, Any]], cols: list[str]):
+    """The unnest(...) argument list and its parameters, one array per column."""
+    import json
+
+    args, params = [], {}
+    for i, col in enumerate(cols):
+        typ = _pg_type(table, col)
+        values = [r[col] for r in rows]
+        if typ in ("JSONB", "JSON"):
+            # A dict is not an array element psycopg can guess: send text, cast.
+            values = [None if v is None else json.dumps(v) for v in values]
+            args.append(f"CAST(:a{i} AS TEXT[])::{typ}[]")
+        else:
+            args.append(f"CAST(:a{i} AS {typ}[])")
+        params[f"a{i}"] = values
+    return ", ".join(args), params
+
+
+def pg_bulk_insert(
+    conn: sa.Connection,
+    table: sa.Table,
+    rows: Sequence[dict[str, Any]],
+    returning: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    cols = list(rows[0])
+    args, params = _pg_arrays(table, rows, cols)
+    sql = f"INSERT INTO {table.name} ({', '.join(cols)}) SELECT * FROM unnest({args})"
+    if returning:
+        sql += f" RETURNING {', '.join(returning)}"
+        return [dict(r._mapping) for r in conn.execute(sa.text(sql), params)]
+    conn.execute(sa.text(sql), params)
+    return []
+
+
+def pg_bulk_update(
+    conn: sa.Connection,
+    table: sa.Table,
+    keys: Sequence[str],
+    rows: Sequence[dict[str, Any]],
+    guard: str = "",
+) -> None:
+    """UPDATE table SET col = v.col … FROM unnest(arrays) v WHERE keys match [AND guard]."""
+    cols = list(rows[0])
+    args, params = _pg_arrays(table, rows, cols)
+    sets = ", ".join(f"{c} = v.{c}" for c in cols if c not in keys)
+    match = " AND ".join(f"t.{k} = v.{k}" for k in keys)
+    sql = (
+        f"UPDATE {table.name} AS t SET {sets} FROM unnest({args}) AS v({', '.join(cols)}) "
+        f"WHERE {match}{' AND ' + guard if guard else ''}"
+    )
+    conn.execute(sa.text(sql), params)

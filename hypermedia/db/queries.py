@@ -24,6 +24,12 @@ from hypermedia.errors import Conflict
 Row = dict[str, Any]
 
 
+def _uniform(rows: Sequence[Row]) -> list[Row]:
+    """Rows with the same keys in the same order (absent keys become NULL)."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return [{k: r.get(k) for k in keys} for r in rows]
+
+
 def _rows(result: sa.CursorResult[Any]) -> list[Row]:
     return [dict(r._mapping) for r in result]
 
@@ -70,6 +76,9 @@ class Tx(WorkerQueries):
         if not rows:
             return {}
         try:
+            if self.dialect == "postgresql":
+                got = dialects.pg_bulk_insert(self.conn, J, rows, ("job_id", "job_uuid"))
+                return {r["job_uuid"]: r["job_id"] for r in got}
             res = self.conn.execute(sa.insert(J).returning(J.c.job_id, J.c.job_uuid), list(rows))
         except sa.exc.IntegrityError as exc:
             # Fix: a concurrent enqueue can commit the same (project, idempotency
@@ -295,6 +304,11 @@ class Tx(WorkerQueries):
         """Executemany: each row has job_id, attempt_number and the columns to set."""
         if not rows:
             return
+        if self.dialect == "postgresql":
+            dialects.pg_bulk_update(
+                self.conn, A, ("job_id", "attempt_number"), _uniform(rows), "t.status = 'started'"
+            )
+            return
         cols = [k for k in rows[0] if k not in ("job_id", "attempt_number")]
         stmt = (
             sa.update(A)
@@ -321,7 +335,11 @@ class Tx(WorkerQueries):
         return _rows(self.conn.execute(q))
 
     def insert_events(self, rows: Sequence[Row]) -> None:
-        if rows:
+        if not rows:
+            return
+        if self.dialect == "postgresql" and len(rows) > 1:
+            dialects.pg_bulk_insert(self.conn, E, _uniform(rows))
+        else:
             self.conn.execute(sa.insert(E), list(rows))
 
     def events(self, job_id: int, after_id: int = 0) -> list[Row]:

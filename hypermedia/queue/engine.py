@@ -112,7 +112,8 @@ class Engine:
         if not jobs:
             return []
         with self.db.tx() as tx:
-            built = [self._new_row(tx, j) for j in jobs]
+            profiles: dict[str, Row] = {}
+            built = [self._new_row(tx, j, profiles) for j in jobs]
             ids = tx.insert_jobs([r for r, _ in built])
             tx.insert_events(
                 [
@@ -130,14 +131,16 @@ class Engine:
             tx.notify({r["queue_name"] for r, _ in built if r["status"] == "queued"})
         return [ids[r["job_uuid"]] for r, _ in built]
 
-    def _new_row(self, tx: Any, job: NewJob) -> tuple[Row, str]:
+    def _new_row(
+        self, tx: Any, job: NewJob, profiles: dict[str, Row] | None = None
+    ) -> tuple[Row, str]:
         try:
             pipeline = registry.get(job.job_type)
         except JobError as exc:
             # Fix: an unknown job type is a bad request, not a pipeline failure;
             # callers (API, CLI) map InvalidRequest to a 4xx, JobError to nothing.
             raise InvalidRequest(exc.reason) from None
-        profile = self._profile(tx, job)
+        profile = self._profile(tx, job, {} if profiles is None else profiles)
         if profile["job_type"] != job.job_type:
             raise InvalidRequest(
                 f"profile {profile['profile_key']} is for {profile['job_type']}, not {job.job_type}"
@@ -185,8 +188,11 @@ class Engine:
             profile["profile_version"]
         )
 
-    def _profile(self, tx: Any, job: NewJob) -> Row:
+    def _profile(self, tx: Any, job: NewJob, seen: dict[str, Row]) -> Row:
+        """The job's profile; ``seen`` caches lookups within one enqueue batch."""
         ref = job.profile or job.job_type.replace(".", "-")
+        if ref in seen:
+            return seen[ref]
         key, _, version = ref.partition(":")
         profile = tx.profile(key, version or None)
         # Fix: tx.profile returns an explicitly named version even when it was
@@ -194,7 +200,8 @@ class Engine:
         # using them", so a pinned inactive version is refused too.
         if profile is None or not profile["is_active"]:
             raise InvalidRequest(f"no active profile {ref!r}")
-        return dict(profile)
+        seen[ref] = dict(profile)
+        return seen[ref]
 
     # -- worker side -----------------------------------------------------------
 

@@ -66,7 +66,7 @@ class Worker:
         self._signals = 0
         # Jobs one worker may hold at once: running, buffered, or finished
         # with the result not yet written.
-        self._max_held = self.concurrency + 2 * self.batch
+        self._max_held = self.concurrency + 4 * self.batch
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -231,6 +231,7 @@ class Worker:
             rj = self._running.get(result.job_id)
             if rj is not None and rj.job.attempt == result.attempt:
                 del self._running[result.job_id]
+        self.wake.set()  # room to claim again
         if accepted:
             self.stats.record(result.status == "completed", result.duration_ms)
 

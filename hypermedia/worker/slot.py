@@ -51,6 +51,7 @@ class Slot:
         self.cfg = cfg
         self.flusher = flusher
         self.child: Child | None = None
+        self._scratch_mtime: int | None = None
 
     def run(self, rj: Running) -> AttemptResult | None:
         """Run one attempt to its end; None when the lease was lost (nothing to report)."""
@@ -60,12 +61,18 @@ class Slot:
         # One scratch directory per slot, emptied after each attempt: cheaper
         # than a fresh directory per attempt, and never shared between children.
         scratch = self.cfg.scratch_root / f"slot-{self.index}"
-        scratch.mkdir(parents=True, exist_ok=True)
+        if self._scratch_mtime is None:
+            scratch.mkdir(parents=True, exist_ok=True)
+            self._scratch_mtime = scratch.stat().st_mtime_ns
         self.flusher.started(job.job_id, job.attempt)
         try:
             return self._attempt(rj, scratch)
         finally:
-            _empty(scratch)
+            # A directory's mtime changes whenever an entry is added or removed:
+            # one stat() tells whether the attempt left anything behind.
+            if scratch.stat().st_mtime_ns != self._scratch_mtime:
+                _empty(scratch)
+                self._scratch_mtime = scratch.stat().st_mtime_ns
 
     def _attempt(self, rj: Running, scratch: Path) -> AttemptResult | None:
         job = rj.job
