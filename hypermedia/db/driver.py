@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,13 @@ class Driver:
         if self.name == "mariadb":
             self.name = "mysql"
         self._engines = self._make_engines(echo)
-        self._local = threading.local()
+        # SQLite allows one writer at a time. Threads of one process queue on
+        # this lock (an instant hand-over) instead of on SQLite's busy handler,
+        # which sleeps for up to 100 ms between retries. Other processes still
+        # wait through busy_timeout.
+        self._sqlite_writer: AbstractContextManager[Any] = (
+            threading.RLock() if self.name == "sqlite" else nullcontext()
+        )
 
     # -- engines -------------------------------------------------------------
 
@@ -77,7 +83,7 @@ class Driver:
     @contextmanager
     def tx(self) -> Iterator[Tx]:
         """A write transaction, committed on success, rolled back on error."""
-        with self._engines["write"].begin() as conn:
+        with self._sqlite_writer, self._engines["write"].begin() as conn:
             yield Tx(conn, self.name)
 
     @contextmanager

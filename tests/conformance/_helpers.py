@@ -7,6 +7,8 @@ allowed sources come from the transition table, exactly as the engine would.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -131,3 +133,29 @@ def drive_to(engine: Engine, driver: Driver, status: str, worker: str = W1, **kw
 
 def past(engine: Engine, seconds: float = 1.0) -> Any:
     return engine.clock() - timedelta(seconds=seconds)
+
+
+def race(database_url: str, n: int, fn: Callable[[Driver, int], Any]) -> list[Any]:
+    """Run ``fn(driver, i)`` in ``n`` threads released together, each with its own pool.
+
+    Returns each call's result, or the exception it raised.
+    """
+    drivers = [Driver(database_url) for _ in range(n)]
+    barrier = threading.Barrier(n)
+    got: list[Any] = [None] * n
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            got[i] = fn(drivers[i], i)
+        except Exception as exc:  # the caller asserts on it
+            got[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for d in drivers:
+        d.dispose()
+    return got

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
 from datetime import timedelta
 
@@ -13,7 +12,7 @@ from hypermedia.errors import IdempotencyConflict, InvalidRequest
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 
-from ._helpers import events, job_row, transitions
+from ._helpers import events, job_row, race, transitions
 
 
 def _count_jobs(engine: Engine) -> int:
@@ -89,26 +88,13 @@ def test_concurrent_enqueues_with_one_key_make_one_job(
     engine, driver, database_url, settings, clock
 ):
     """Racing clients with the same key all get the one job (no unique-key error)."""
-    n = 6
-    barrier = threading.Barrier(n)
-    got: list[object] = [None] * n
-    drivers = [Driver(database_url) for _ in range(n)]
-
-    def client(i: int) -> None:
-        eng = Engine(drivers[i], settings, clock=clock)
-        barrier.wait()
-        try:
-            got[i] = eng.enqueue(NewJob("debug.sleep", {"ms": 1}, idempotency_key="race"))
-        except Exception as exc:  # reported below, with its type
-            got[i] = exc
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    for d in drivers:
-        d.dispose()
+    got = race(
+        database_url,
+        6,
+        lambda drv, i: Engine(drv, settings, clock=clock).enqueue(
+            NewJob("debug.sleep", {"ms": 1}, idempotency_key="race")
+        ),
+    )
     assert all(isinstance(g, int) for g in got), got
     assert len(set(got)) == 1
     assert _count_jobs(engine) == 1

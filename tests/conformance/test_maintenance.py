@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 from hypermedia.db.driver import Driver
@@ -14,6 +13,7 @@ from ._helpers import (
     done,
     job_row,
     new_job,
+    race,
     snapshot,
     status_of,
     transitions,
@@ -320,25 +320,7 @@ def test_release_lease_only_by_holder(driver, clock):
 
 
 def test_racing_candidates_elect_exactly_one_leader(driver, database_url, clock):
-    n = 6
-    drivers = [Driver(database_url) for _ in range(n)]
-    barrier = threading.Barrier(n)
-    won: list[object] = [None] * n
-
-    def candidate(i: int) -> None:
-        barrier.wait()
-        try:
-            won[i] = _take(drivers[i], f"c{i}", clock.now)
-        except Exception as exc:  # surfaced below
-            won[i] = exc
-
-    threads = [threading.Thread(target=candidate, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    for d in drivers:
-        d.dispose()
+    won = race(database_url, 6, lambda drv, i: _take(drv, f"c{i}", clock.now))
     assert all(isinstance(w, bool) for w in won), won
     assert won.count(True) == 1
     assert _holder(driver, clock.now) == f"c{won.index(True)}"
