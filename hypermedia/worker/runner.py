@@ -194,7 +194,7 @@ class Worker:
                 continue
             if self.buffer.qsize() <= self.batch // 2:
                 self.wake.set()
-            if self.stop_claiming.is_set() and not self.stop_now.is_set():
+            if self.stop_claiming.is_set():  # draining or stopping: never start new work
                 self._hand_back([rj])
                 continue
             try:
