@@ -20,7 +20,10 @@ from sqlalchemy.engine import make_url
 from hypermedia.db import dialects
 from hypermedia.db.queries import Tx
 
-DEFAULT_POOL = {"pool_size": 10, "max_overflow": 20, "pool_pre_ping": True}
+# No pre-ping: it would add a round trip to every transaction. A connection
+# that died with its server is detected on use, the pool is invalidated, and
+# every caller (claim loop, flusher, monitor, maintenance) retries.
+DEFAULT_POOL = {"pool_size": 10, "max_overflow": 20, "pool_pre_ping": False}
 
 
 def normalise_url(url: str) -> str:
