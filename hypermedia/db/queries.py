@@ -94,10 +94,6 @@ class Tx(WorkerQueries):
         row = self.conn.execute(q).first()
         return dict(row._mapping) if row else None
 
-    def job_by_uuid(self, job_uuid: str) -> Row | None:
-        row = self.conn.execute(sa.select(J).where(J.c.job_uuid == job_uuid)).first()
-        return dict(row._mapping) if row else None
-
     def job_by_idempotency_key(self, project_id: str, key: str) -> Row | None:
         q = sa.select(J).where(J.c.project_id == project_id, J.c.idempotency_key == key)
         row = self.conn.execute(q).first()
@@ -134,12 +130,6 @@ class Tx(WorkerQueries):
         if lock:
             q = q.with_for_update()
         return _rows(self.conn.execute(q))
-
-    def count_by_status(self) -> dict[tuple[str, str], int]:
-        q = sa.select(J.c.queue_name, J.c.status, sa.func.count()).group_by(
-            J.c.queue_name, J.c.status
-        )
-        return {(r[0], r[1]): int(r[2]) for r in self.conn.execute(q)}
 
     def update_job(
         self,

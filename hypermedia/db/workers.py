@@ -58,15 +58,6 @@ class WorkerQueries:
     def insert_metric(self, values: Row) -> None:
         self.conn.execute(sa.insert(M).values(values))
 
-    def metrics(self, worker_id: str, limit: int = 60) -> list[Row]:
-        q = (
-            sa.select(M)
-            .where(M.c.worker_id == worker_id)
-            .order_by(M.c.recorded_at.desc())
-            .limit(limit)
-        )
-        return [dict(r._mapping) for r in self.conn.execute(q)]
-
     def oldest_metric_before(self, cutoff: datetime) -> datetime | None:
         q = sa.select(sa.func.min(M.c.recorded_at)).where(M.c.recorded_at < cutoff)
         value = self.conn.execute(q).scalar()
@@ -83,10 +74,6 @@ class WorkerQueries:
     def insert_hourly(self, rows: Sequence[Row]) -> None:
         if rows:
             self.conn.execute(sa.insert(H), list(rows))
-
-    def hourly(self, worker_id: str) -> list[Row]:
-        q = sa.select(H).where(H.c.worker_id == worker_id).order_by(H.c.hour)
-        return [dict(r._mapping) for r in self.conn.execute(q)]
 
     # -- leader lease ----------------------------------------------------------
 
@@ -122,8 +109,3 @@ class WorkerQueries:
     def paused_queues(self) -> set[str]:
         q = sa.select(Q.c.queue_name).where(Q.c.paused.is_(True))
         return {r[0] for r in self.conn.execute(q)}
-
-    def set_queue_paused(self, queue: str, paused: bool, now: datetime) -> None:
-        q = sa.update(Q).where(Q.c.queue_name == queue).values(paused=paused, updated_at=now)
-        if self.conn.execute(q).rowcount == 0:
-            self.conn.execute(sa.insert(Q).values(queue_name=queue, paused=paused, updated_at=now))

@@ -439,9 +439,7 @@ class Engine:
         """Cancel: waiting jobs at once; running ones are asked to stop. Returns the new status."""
         now = self.clock()
         with self.db.tx() as tx:
-            job = tx.job(job_id, lock=True)
-            if job is None:
-                raise NotFound(f"job {job_id} not found")
+            job = _locked_job(tx, job_id)
             status = job["status"]
             if status == "cancel_requested":
                 return status
@@ -464,9 +462,7 @@ class Engine:
         """failed/cancelled → queued as a new attempt; earlier attempts stay in history."""
         now = self.clock()
         with self.db.tx() as tx:
-            job = tx.job(job_id, lock=True)
-            if job is None:
-                raise NotFound(f"job {job_id} not found")
+            job = _locked_job(tx, job_id)
             values = {
                 "max_attempts": max(job["max_attempts"], job["attempt_count"] + 1),
                 "outcome": None,
@@ -483,9 +479,7 @@ class Engine:
 
     def _move(self, job_id: int, action: str, values: Row, actor: str | None, msg: str) -> None:
         with self.db.tx() as tx:
-            job = tx.job(job_id, lock=True)
-            if job is None:
-                raise NotFound(f"job {job_id} not found")
+            job = _locked_job(tx, job_id)
             self._guarded(tx, job, action, values, actor, msg)
             if states.target(action) == "queued":
                 tx.notify({job["queue_name"]})
@@ -573,6 +567,13 @@ class Engine:
     def list(self, **filters: Any) -> list[Row]:
         with self.db.read() as tx:
             return list(tx.jobs(**filters))
+
+
+def _locked_job(tx: Any, job_id: int) -> Row:
+    job = tx.job(job_id, lock=True)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    return dict(job)
 
 
 def _claimed(r: Row) -> Claimed:
