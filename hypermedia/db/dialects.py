@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import threading
 import time
@@ -258,27 +260,34 @@ def pg_listen(url: str, on_wake: Callable[[str], None], stop: threading.Event) -
 # in C: enqueueing thousands of jobs or settling a batch stays one round trip.
 
 
+@functools.cache
 def _pg_type(table: sa.Table, column: str) -> str:
     from sqlalchemy.dialects import postgresql
 
     return table.c[column].type.compile(dialect=postgresql.dialect())
 
 
+def _pg_array(table: sa.Table, col: str, name: str) -> str:
+    """``CAST(:name AS <type>[])`` for one column's values."""
+    typ = _pg_type(table, col)
+    if typ in ("JSONB", "JSON"):
+        # A dict is not an array element psycopg can guess: send text, cast.
+        return f"CAST(:{name} AS TEXT[])::{typ}[]"
+    return f"CAST(:{name} AS {typ}[])"
+
+
+def _pg_values(table: sa.Table, col: str, values: list[Any]) -> list[Any]:
+    if _pg_type(table, col) in ("JSONB", "JSON"):
+        return [None if v is None else json.dumps(v) for v in values]
+    return values
+
+
 def _pg_arrays(table: sa.Table, rows: Sequence[dict[str, Any]], cols: list[str]):
     """The unnest(...) argument list and its parameters, one array per column."""
-    import json
-
     args, params = [], {}
     for i, col in enumerate(cols):
-        typ = _pg_type(table, col)
-        values = [r[col] for r in rows]
-        if typ in ("JSONB", "JSON"):
-            # A dict is not an array element psycopg can guess: send text, cast.
-            values = [None if v is None else json.dumps(v) for v in values]
-            args.append(f"CAST(:a{i} AS TEXT[])::{typ}[]")
-        else:
-            args.append(f"CAST(:a{i} AS {typ}[])")
-        params[f"a{i}"] = values
+        args.append(_pg_array(table, col, f"a{i}"))
+        params[f"a{i}"] = _pg_values(table, col, [r[col] for r in rows])
     return ", ".join(args), params
 
 
@@ -315,3 +324,95 @@ def pg_bulk_update(
         f"WHERE {match}{' AND ' + guard if guard else ''}"
     )
     conn.execute(sa.text(sql), params)
+
+
+# -- PostgreSQL transitions in one statement -------------------------------------
+# A worker's batch of transitions (starts, completions, failures) is written
+# outside any explicit transaction: one statement updates the jobs, closes
+# their attempts and writes their events, so it commits atomically on its own
+# and costs one round trip instead of BEGIN + five statements + COMMIT.  Each
+# job is guarded by the exact status the caller decided from (plus attempt
+# number and worker): a job that changed meanwhile is left alone and reported
+# missing, for the caller to redo under a lock.
+#
+# The plan must reach the jobs by primary key whatever the statistics say.
+# So the ids are also given as "job_id = ANY(...)", and the worker guard
+# compares with a column of v: a join condition, which the planner cannot
+# apply to a scan of processing_jobs on its own.  As a scan filter
+# ("claimed_by = :worker"), stale statistics (claimed_by all NULL after the
+# last ANALYZE) made it expect one row and choose a sequential scan nested
+# with v: quadratic, hundreds of ms a batch.  Finished jobs keep claimed_by,
+# so idx_claimed is no way in either: one worker's entries grow without end.
+# For the same reason the
+# attempt rows are not also guarded by status = 'started' (idx_attempt_status
+# holds an entry per finished attempt until VACUUM): the job guard already
+# proves the attempt is the running one.
+
+_EVENT_COLUMNS = (
+    "kind", "from_status", "to_status", "attempt_number", "code", "message", "actor", "created_at",
+)  # fmt: skip
+
+
+@functools.cache
+def _pg_apply_sql(job_cols: tuple[str, ...], attempt_cols: tuple[str, ...]) -> sa.TextClause:
+    keys = [
+        "CAST(:k_id AS BIGINT[])",
+        "CAST(:k_att AS INTEGER[])",
+        "CAST(:k_seen AS TEXT[])",
+        "CAST(:k_worker AS TEXT[])",
+    ]
+    args = keys + [_pg_array(J, c, f"j_{c}") for c in job_cols]
+    args += [_pg_array(A, c, f"a_{c}") for c in attempt_cols]
+    args += [_pg_array(E, c, f"e_{c}") for c in _EVENT_COLUMNS]
+    names = ["k_id", "k_att", "k_seen", "k_worker"] + [f"j_{c}" for c in job_cols]
+    names += [f"a_{c}" for c in attempt_cols] + [f"e_{c}" for c in _EVENT_COLUMNS]
+    sql = f"""
+WITH v AS (
+    SELECT * FROM unnest({", ".join(args)}) AS v({", ".join(names)})
+), j AS (
+    UPDATE processing_jobs AS t SET {", ".join(f"{c} = v.j_{c}" for c in job_cols)}
+    FROM v
+    WHERE t.job_id = ANY(CAST(:k_id AS BIGINT[])) AND t.job_id = v.k_id
+      AND t.attempt_count = v.k_att AND t.status = v.k_seen
+      AND (v.k_worker IS NULL OR t.claimed_by = v.k_worker)
+    RETURNING t.job_id
+)"""
+    if attempt_cols:
+        sql += f""", a AS (
+    UPDATE job_attempts AS t SET {", ".join(f"{c} = v.a_{c}" for c in attempt_cols)}
+    FROM v JOIN j ON j.job_id = v.k_id
+    WHERE t.job_id = v.k_id AND t.attempt_number = v.k_att
+)"""
+    sql += f""", e AS (
+    INSERT INTO job_events (job_id, {", ".join(_EVENT_COLUMNS)})
+    SELECT v.k_id, {", ".join(f"v.e_{c}" for c in _EVENT_COLUMNS)}
+    FROM v JOIN j ON j.job_id = v.k_id
+)
+SELECT job_id FROM j"""
+    return sa.text(sql)
+
+
+def pg_apply(conn: sa.Connection, worker_id: str | None, items: Sequence[Any]) -> set[int]:
+    """Apply transitions (``Decision``-like: job_id, attempt, seen, job_values,
+    attempt_values, event); one statement per shape of values.  Returns the
+    job ids that changed."""
+    shapes: dict[tuple[tuple[str, ...], tuple[str, ...]], list[Any]] = {}
+    for d in items:
+        attempt_cols = tuple(c for c in d.attempt_values if c not in ("job_id", "attempt_number"))
+        shapes.setdefault((tuple(sorted(d.job_values)), attempt_cols), []).append(d)
+    done: set[int] = set()
+    for (job_cols, attempt_cols), group in shapes.items():
+        params: dict[str, Any] = {
+            "k_id": [d.job_id for d in group],
+            "k_att": [d.attempt for d in group],
+            "k_seen": [d.seen for d in group],
+            "k_worker": [worker_id] * len(group),
+        }
+        for c in job_cols:
+            params[f"j_{c}"] = _pg_values(J, c, [d.job_values[c] for d in group])
+        for c in attempt_cols:
+            params[f"a_{c}"] = _pg_values(A, c, [d.attempt_values[c] for d in group])
+        for c in _EVENT_COLUMNS:
+            params[f"e_{c}"] = [d.event.get(c) for d in group]
+        done.update(r[0] for r in conn.execute(_pg_apply_sql(job_cols, attempt_cols), params))
+    return done

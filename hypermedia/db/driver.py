@@ -61,7 +61,11 @@ class Driver:
                 # SKIP LOCKED claims block each other on the index range.
                 opts["isolation_level"] = "READ COMMITTED"
             eng = sa.create_engine(self.url, echo=echo, **opts)
-            return {"write": eng, "read": eng}
+            engines = {"write": eng, "read": eng}
+            if self.name == "postgresql":
+                # Same pool, connections switched to autocommit while used.
+                engines["auto"] = eng.execution_options(isolation_level="AUTOCOMMIT")
+            return engines
         database = make_url(self.url).database
         if database and database != ":memory:":
             Path(database).parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +92,25 @@ class Driver:
         """A write transaction, committed on success, rolled back on error."""
         with self._sqlite_writer, self._engines["write"].begin() as conn:
             yield Tx(conn, self.name)
+
+    @property
+    def autocommit(self) -> bool:
+        """Whether ``auto()`` commits statement by statement (PostgreSQL)."""
+        return "auto" in self._engines
+
+    @contextmanager
+    def auto(self) -> Iterator[Tx]:
+        """Each statement its own transaction on PostgreSQL; one write transaction elsewhere.
+
+        For work that is consistent statement by statement (the claim, a
+        worker's batch of transitions): no BEGIN and COMMIT round trips.
+        """
+        if not self.autocommit:
+            with self.tx() as tx:
+                yield tx
+            return
+        with self._engines["auto"].connect() as conn:
+            yield Tx(conn, self.name, autocommit=True)
 
     @contextmanager
     def read(self) -> Iterator[Tx]:

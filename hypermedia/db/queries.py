@@ -20,6 +20,7 @@ from hypermedia.db.schema import processing_jobs as J
 from hypermedia.db.schema import processing_profiles as P
 from hypermedia.db.workers import WorkerQueries
 from hypermedia.errors import Conflict
+from hypermedia.queue.states import RUNNING_SIDE
 
 Row = dict[str, Any]
 
@@ -30,14 +31,27 @@ def _uniform(rows: Sequence[Row]) -> list[Row]:
     return [{k: r.get(k) for k in keys} for r in rows]
 
 
+def _held_by(worker_id: str) -> sa.ColumnElement[bool]:
+    """claimed_by is this worker, written so the planner cannot use idx_claimed.
+
+    Finished jobs keep claimed_by, so one worker's entries in that index grow
+    without end; with the job ids known, the primary key is always the way in,
+    but PostgreSQL estimates from stale statistics and may pick idx_claimed.
+    IS NOT DISTINCT FROM is the same test for a non-NULL id and not indexable.
+    """
+    return J.c.claimed_by.is_not_distinct_from(worker_id)
+
+
 def _rows(result: sa.CursorResult[Any]) -> list[Row]:
     return [dict(r._mapping) for r in result]
 
 
 class Tx(WorkerQueries):
-    def __init__(self, conn: sa.Connection, dialect: str) -> None:
+    def __init__(self, conn: sa.Connection, dialect: str, *, autocommit: bool = False) -> None:
         self.conn = conn
         self.dialect = dialect
+        # Every statement commits on its own: locks end with the statement.
+        self.autocommit = autocommit
 
     def ping(self) -> None:
         self.conn.execute(sa.text("SELECT 1"))
@@ -200,22 +214,37 @@ class Tx(WorkerQueries):
             J.c.queue_name,
             J.c.visibility_timeout,
             J.c.profile_id,
-        ).where(J.c.job_id.in_(ids), J.c.status.in_(sorted(statuses)))
+        ).where(J.c.job_id.in_(ids))
         if worker_id is not None:
-            q = q.where(J.c.claimed_by == worker_id)
-        if self.dialect != "sqlite":  # SQLite already holds the write lock
+            # Not "=": see _held_by.
+            q = q.where(_held_by(worker_id))
+        # SQLite already holds the write lock; in autocommit a lock would end
+        # with this statement, and the caller guards its writes instead.
+        if self.dialect != "sqlite" and not self.autocommit:
             q = q.with_for_update(skip_locked=skip_locked)
         # Fix: match (job, attempt) pairs, not a dict keyed by job: with two
         # reports for one job in a batch (an old attempt's late result next to
         # the current one's), the dict kept only the last and could drop the
         # current attempt's report as stale.
-        want = set(items)
-        return [r for r in _rows(self.conn.execute(q)) if (r["job_id"], r["attempt_count"]) in want]
+        # The statuses are checked here, not in SQL: the planner would be
+        # tempted by the status indexes, full of dead entries for statuses
+        # every job passes through, when the primary key is the way in.
+        want, ok = set(items), frozenset(statuses)
+        return [
+            r
+            for r in _rows(self.conn.execute(q))
+            if (r["job_id"], r["attempt_count"]) in want and r["status"] in ok
+        ]
 
     def claim(
         self, worker_id: str, queues: Sequence[str], n: int, now: datetime, lease_until: datetime
     ) -> list[Row]:
         return dialects.claim(self.conn, self.dialect, worker_id, queues, n, now, lease_until)
+
+    def apply_transitions(self, worker_id: str | None, items: Sequence[Any]) -> set[int]:
+        """PostgreSQL: write decided transitions, each guarded by the status it
+        was decided from; one statement per shape.  Returns the job ids changed."""
+        return dialects.pg_apply(self.conn, worker_id, items)
 
     def notify(self, queues: set[str]) -> None:
         dialects.notify(self.conn, self.dialect, queues)
@@ -258,14 +287,16 @@ class Tx(WorkerQueries):
         # moved on (retry_wait, failed, cancelled) keeps claimed_by and
         # attempt_count, and used to be reported here, so its old worker never
         # learnt that it had lost the attempt and kept running it.
+        # Statuses checked here, not in SQL: see ``fenced``.
         q = sa.select(J.c.job_id, J.c.status, J.c.attempt_count, J.c.claimed_by).where(
-            J.c.job_id.in_(sorted({i for i, _ in want})),
-            J.c.status.in_(["claimed", "processing", "cancel_requested"]),
+            J.c.job_id.in_(sorted({i for i, _ in want}))
         )
         return {
             r.job_id: r.status
             for r in self.conn.execute(q)
-            if r.claimed_by == worker_id and (r.job_id, r.attempt_count) in want
+            if r.claimed_by == worker_id
+            and (r.job_id, r.attempt_count) in want
+            and r.status in RUNNING_SIDE
         }
 
     def renew_leases(
@@ -277,7 +308,7 @@ class Tx(WorkerQueries):
             sa.update(J)
             .where(
                 J.c.job_id.in_(list(ids)),
-                J.c.claimed_by == worker_id,
+                _held_by(worker_id),
                 J.c.status.in_(["claimed", "processing", "cancel_requested"]),
             )
             .values(visibility_timeout=until)

@@ -211,7 +211,7 @@ class Engine:
             return []
         now = self.clock()
         until = now + timedelta(seconds=self.settings.lease_seconds)
-        with self.db.tx() as tx:
+        with self.db.auto() as tx:
             # The driver writes the attempt rows and claim events too: on
             # PostgreSQL all of it is a single statement.
             rows = tx.claim(worker_id, list(queues), n, now, until)
@@ -254,15 +254,41 @@ class Engine:
         starts: Sequence[tuple[int, int]],
         results: Sequence[AttemptResult],
     ) -> set[int]:
-        """One transaction for a batch of starts and finished attempts.
+        """Write a batch of starts and finished attempts.
 
         Returns the job ids whose result was accepted; any other result came
         from a superseded attempt and was dropped.
         """
+        if self.db.autocommit:
+            return self._flush_optimistic(worker_id, starts, results)
         with self.db.tx() as tx:
             if starts:
                 self._start(tx, worker_id, starts)
             return self._settle(tx, worker_id, results)
+
+    def _flush_optimistic(
+        self,
+        worker_id: str,
+        starts: Sequence[tuple[int, int]],
+        results: Sequence[AttemptResult],
+    ) -> set[int]:
+        # Read without locks, decide, then write each job guarded by the status
+        # it was decided from, every write one self-committing statement.  A
+        # job that changed in between (a cancel request, say) is settled again
+        # the careful way, under a lock.
+        now = self.clock()
+        with self.db.auto() as tx:
+            if starts:
+                tx.apply_transitions(
+                    worker_id, [_start_decision(worker_id, k, now) for k in starts]
+                )
+            decisions = self._decide(tx, worker_id, results, now)
+            quick = [d for d in decisions if not d.outputs and d.seen in states.sources(d.action)]
+            accepted = tx.apply_transitions(worker_id, quick) if quick else set()
+        redo = {d.job_id for d in decisions} - accepted
+        if redo:
+            accepted |= self.settle(worker_id, [r for r in results if r.job_id in redo])
+        return accepted
 
     def settle(self, worker_id: str | None, results: Sequence[AttemptResult]) -> set[int]:
         with self.db.tx() as tx:
@@ -276,8 +302,21 @@ class Engine:
         *,
         lease_expired_before: datetime | None = None,
     ) -> set[int]:
+        now = self.clock()
+        decisions = self._decide(tx, worker_id, results, now, lease_expired_before)
+        self._apply(tx, worker_id, decisions, now)
+        return {d.job_id for d in decisions}
+
+    def _decide(
+        self,
+        tx: Any,
+        worker_id: str | None,
+        results: Sequence[AttemptResult],
+        now: datetime,
+        lease_expired_before: datetime | None = None,
+    ) -> list[Decision]:
         if not results:
-            return set()
+            return []
         # The reaper (no worker) skips rows another transaction holds: one
         # frozen lock holder must not stall every other release, nor the
         # leader's other services behind it.  It retries them next round.
@@ -290,7 +329,6 @@ class Engine:
                 skip_locked=worker_id is None,
             )
         }
-        now = self.clock()
         versions: dict[int, str] = {}
         decisions: list[Decision] = []
         for res in results:
@@ -311,8 +349,7 @@ class Engine:
                 for o in res.outputs:
                     o.profile_version = o.profile_version or version
             decisions.append(decide(row, res, now, self.settings, self.rng))
-        self._apply(tx, worker_id, decisions, now)
-        return {d.job_id for d in decisions}
+        return decisions
 
     def _apply(
         self, tx: Any, worker_id: str | None, decisions: list[Decision], now: datetime
@@ -594,6 +631,20 @@ def _claimed(r: Row) -> Claimed:
         pool_id=r["pool_id"],
         input_key=r["input_key"],
         input_size_bytes=r["input_size_bytes"],
+    )
+
+
+def _start_decision(worker_id: str, key: tuple[int, int], now: datetime) -> Decision:
+    job_id, attempt = key
+    (seen,) = states.sources("start")
+    return Decision(
+        job_id,
+        attempt,
+        seen,
+        "start",
+        {"status": "processing", "started_at": now, "updated_at": now},
+        {},
+        event(job_id, now, seen, "processing", actor=worker_id, attempt_number=attempt),
     )
 
 

@@ -27,7 +27,11 @@ IMPLIED_CODE = {"timeout": "TIMEOUT", "crashed": "CRASHED", "orphaned": "ORPHANE
 
 @dataclass
 class Decision:
+    """One transition of one job, decided from the job as it was seen."""
+
     job_id: int
+    attempt: int
+    seen: str  # the status decided from: the write is guarded by it
     action: str
     job_values: Row
     attempt_values: Row
@@ -116,7 +120,9 @@ def decide(
         }
         for o in (res.outputs if action == "complete" else [])
     ]
-    return Decision(res.job_id, action, values, attempt_values, ev, outputs)
+    return Decision(
+        res.job_id, res.attempt, job["status"], action, values, attempt_values, ev, outputs
+    )
 
 
 def _failure(
