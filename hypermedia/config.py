@@ -32,6 +32,16 @@ class Settings:
     child_memory_mb: int = 2048
     backoff_base_seconds: float = 2.0
     backoff_max_seconds: float = 600.0
+    # Storage (seed 002): S3 credentials for s3:// pools, the key that signs
+    # local download URLs (default: made once, kept in HOME/secret.key), how
+    # long signed URLs live, and when GC may collect what nothing references.
+    s3_access_key_id: str = ""
+    s3_secret_access_key: str = ""
+    secret_key: str = ""
+    signed_url_seconds: int = 900
+    gc_interval_seconds: float = 60.0
+    gc_unreferenced_seconds: float = 86400.0
+    gc_pending_seconds: float = 21600.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -63,6 +73,13 @@ _ENV_NAMES = {
     "child_memory_mb": "CHILD_MEMORY_MB",
     "backoff_base_seconds": "BACKOFF_BASE_SECONDS",
     "backoff_max_seconds": "BACKOFF_MAX_SECONDS",
+    "s3_access_key_id": "S3_ACCESS_KEY_ID",
+    "s3_secret_access_key": "S3_SECRET_ACCESS_KEY",
+    "secret_key": "SECRET_KEY",
+    "signed_url_seconds": "SIGNED_URL_SECONDS",
+    "gc_interval_seconds": "GC_INTERVAL_SECONDS",
+    "gc_unreferenced_seconds": "GC_UNREFERENCED_SECONDS",
+    "gc_pending_seconds": "GC_PENDING_SECONDS",
 }
 
 

@@ -154,3 +154,11 @@ def engine(driver: Driver, settings: Settings, clock: FakeClock) -> Engine:
     import random
 
     return Engine(driver, settings, clock=clock, rng=random.Random(7))
+
+
+@pytest.fixture
+def storage(driver: Driver, settings: Settings):  # type: ignore[no-untyped-def]
+    """The objects ledger over the test database, with the local pool in tmp_path."""
+    from hypermedia.storage.ledger import Storage
+
+    return Storage(driver, settings)

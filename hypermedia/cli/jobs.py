@@ -39,6 +39,7 @@ def submit(
     max_attempts: int = typer.Option(3, "--max-attempts", min=1, max=100),
     timeout: int | None = typer.Option(None, "--timeout", help="seconds per attempt"),
     project: str = typer.Option("default", "--project"),
+    object_id: int | None = typer.Option(None, "--object", help="input object id"),
     idempotency_key: str | None = typer.Option(None, "--idempotency-key"),
     wait: bool = typer.Option(False, "--wait", help="wait until every job is terminal"),
     as_json: bool = typer.Option(False, "--json"),
@@ -63,6 +64,7 @@ def submit(
             max_attempts=max_attempts,
             timeout_seconds=timeout,
             project_id=project,
+            object_id=object_id,
             idempotency_key=idempotency_key,
             created_by="cli",
         )

@@ -6,7 +6,7 @@ import threading
 
 import typer
 
-from hypermedia.cli import jobs
+from hypermedia.cli import jobs, objects
 from hypermedia.cli.common import console, engine, settings, setup_logging, user_errors
 from hypermedia.db import migrate
 from hypermedia.pipelines import registry
@@ -15,6 +15,9 @@ app = typer.Typer(help="hypermedia: durable media processing jobs.", no_args_is_
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(jobs.app, name="jobs")
+app.add_typer(objects.objects_app, name="objects")
+app.add_typer(objects.pools_app, name="pools")
+app.add_typer(objects.gc_app, name="gc")
 
 ALL_QUEUES = "images,documents,ocr,media,bulk"
 
@@ -96,6 +99,7 @@ def serve(
 ) -> None:
     """The embedded service: migrations, workers and maintenance in one process."""
     from hypermedia import health
+    from hypermedia.storage.ledger import Storage
     from hypermedia.worker.runner import Worker
 
     setup_logging(verbose)
@@ -105,7 +109,7 @@ def serve(
         migrate.upgrade(s.url)
         eng = engine(s)
         w = Worker(eng, _queues(queues), concurrency=concurrency)
-        server = health.start(host, port, eng.db)
+        server = health.start(host, port, eng.db, Storage(eng.db, s))
     leader = _start_leader(eng, w.worker_id, w.stopped)
     console.print(
         f"hypermedia serving: data in {s.home.resolve()}, health at "

@@ -18,6 +18,7 @@ from hypermedia.db.schema import job_events as E
 from hypermedia.db.schema import job_outputs as O
 from hypermedia.db.schema import processing_jobs as J
 from hypermedia.db.schema import processing_profiles as P
+from hypermedia.db.storage_queries import StorageQueries
 from hypermedia.db.workers import WorkerQueries
 from hypermedia.errors import Conflict
 from hypermedia.queue.states import RUNNING_SIDE
@@ -46,7 +47,7 @@ def _rows(result: sa.CursorResult[Any]) -> list[Row]:
     return [dict(r._mapping) for r in result]
 
 
-class Tx(WorkerQueries):
+class Tx(WorkerQueries, StorageQueries):
     def __init__(self, conn: sa.Connection, dialect: str, *, autocommit: bool = False) -> None:
         self.conn = conn
         self.dialect = dialect

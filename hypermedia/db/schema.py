@@ -274,3 +274,6 @@ queue_states = sa.Table(
     sa.Column("paused", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("updated_at", Timestamp, nullable=False, server_default=NOW),
 )
+
+# Seed 002's tables live in their own module; importing it registers them here.
+from hypermedia.db import schema_storage as _schema_storage  # noqa: E402, F401

@@ -6,6 +6,12 @@ process dies with SIGKILL, like a segfaulting decoder would), and
 ``{"alloc_mb": N}`` (allocate memory, to hit the attempt's memory limit), and
 ``{"output": true}`` (declare a data-only output, to check outputs are recorded once),
 and ``{"steps": N}`` (report progress N times while sleeping).
+
+debug.copy reads its input object and stores a byte-for-byte copy as an output
+object (type ``copy``): the storage path of a job end to end.  To exercise the
+worker's checks on what a pipeline hands back, ``{"name": "..."}`` picks the
+output's file name (``"../x"`` must be refused) and ``{"symlink": "/path"}``
+makes the output a symlink instead of a file (must be refused too).
 """
 
 from __future__ import annotations
@@ -84,5 +90,30 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
     }
 
 
+def _validate_copy(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(params) - {"name", "symlink"}
+    if unknown:
+        raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
+    for key in ("name", "symlink"):
+        if key in params and (not isinstance(params[key], str) or not params[key]):
+            raise JobError("INVALID_PARAMS", f"{key} must be a non-empty string")
+    return dict(params)
+
+
+def _copy(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
+    if ctx.input_path is None:
+        raise JobError("INVALID_PARAMS", "debug.copy needs an input object")
+    name = params.get("name", "copy.bin")
+    if params.get("symlink"):
+        os.symlink(params["symlink"], os.path.join(ctx.scratch, name))
+    else:
+        with open(ctx.input_path, "rb") as src, open(os.path.join(ctx.scratch, name), "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+    ctx.output("copy", "application/octet-stream", {}, path=name)
+    return {"copied": True}
+
+
 register(Pipeline("debug.noop", "bulk", _validate_noop, _noop))
+register(Pipeline("debug.copy", "bulk", _validate_copy, _copy))
 register(Pipeline("debug.sleep", "bulk", _validate_sleep, _sleep))

@@ -13,20 +13,37 @@ Validator = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
 
 
 class Context:
-    """What a running pipeline may use: its scratch directory and a progress callback."""
+    """What a running pipeline may use: its scratch directory, its input file
+    (already downloaded there, or None), a progress callback, and outputs."""
 
-    def __init__(self, scratch: str, report: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self,
+        scratch: str,
+        report: Callable[[dict[str, Any]], None],
+        input_path: str | None = None,
+    ) -> None:
         self.scratch = scratch
+        self.input_path = input_path
         self._report = report
         self.outputs: list[dict[str, Any]] = []
 
     def progress(self, percent: float | None = None, step: str | None = None) -> None:
         self._report({"percent": percent, "step": step})
 
-    def output(self, output_type: str, mime_type: str, metadata: dict[str, Any]) -> None:
-        """Declare a derived result; the worker records it when the attempt completes."""
+    def output(
+        self,
+        output_type: str,
+        mime_type: str,
+        metadata: dict[str, Any],
+        path: str | None = None,
+    ) -> None:
+        """Declare a derived result; the worker records it when the attempt completes.
+
+        ``path`` names a file the pipeline wrote in its scratch directory: the
+        worker stores it as a new object once the attempt ends.
+        """
         self.outputs.append(
-            {"output_type": output_type, "mime_type": mime_type, "metadata": metadata}
+            {"output_type": output_type, "mime_type": mime_type, "metadata": metadata, "path": path}
         )
 
 

@@ -153,15 +153,19 @@ class Engine:
             raise InvalidRequest("priority must be from 1 (highest) to 10 (lowest)")
         if not 1 <= job.max_attempts <= 100:
             raise InvalidRequest("max_attempts must be from 1 to 100")
-        if job.input_size_bytes > profile["max_input_bytes"]:
+        pool_id, input_key, input_size = job.pool_id, job.input_key, job.input_size_bytes
+        if job.object_id is not None:
+            obj = _input_object(tx, job.object_id)
+            pool_id, input_key, input_size = obj["pool_id"], obj["storage_key"], obj["size"]
+        if input_size > profile["max_input_bytes"]:
             raise InvalidRequest("input is larger than this profile accepts")
         now = self.clock()
-        size_mb = job.input_size_bytes / 1_048_576
+        size_mb = input_size / 1_048_576
         status = "created" if job.hold else "queued"
         row = {
             "job_uuid": str(uuid.uuid4()),
             "object_id": job.object_id,
-            "pool_id": job.pool_id,
+            "pool_id": pool_id,
             "owner_id": job.owner_id,
             "project_id": job.project_id,
             "job_type": job.job_type,
@@ -170,8 +174,8 @@ class Engine:
             "status": status,
             "profile_id": profile["profile_id"],
             "params": params,
-            "input_key": job.input_key,
-            "input_size_bytes": job.input_size_bytes,
+            "input_key": input_key,
+            "input_size_bytes": input_size,
             "estimated_credits": profile["credit_cost_base"]
             + round(profile["credit_cost_per_mb"] * size_mb),
             "max_attempts": job.max_attempts,
@@ -372,7 +376,11 @@ class Engine:
         for (action, _), rows in singles.items():
             tx.update_jobs_many(states.sources(action), rows)
         tx.finish_attempts([d.attempt_values for d in decisions])
-        tx.insert_outputs([o for d in decisions for o in d.outputs])
+        outputs = [o for d in decisions for o in d.outputs]
+        tx.insert_outputs(outputs)
+        # Output blobs were uploaded as pending objects; the completion makes
+        # them ready in the same transaction (DESIGN §3).
+        tx.promote_objects([o["object_id"] for o in outputs if o["object_id"]], now)
         tx.insert_events([d.event for d in decisions])
 
     def _version_of(self, tx: Any, profile_id: int) -> str:
@@ -604,6 +612,16 @@ class Engine:
     def list(self, **filters: Any) -> list[Row]:
         with self.db.read() as tx:
             return list(tx.jobs(**filters))
+
+
+def _input_object(tx: Any, object_id: int) -> Row:
+    """The job's input, locked so GC cannot mark it while the job is being created."""
+    obj = tx.object(object_id, lock=True)
+    if obj is None:
+        raise InvalidRequest(f"object {object_id} does not exist")
+    if obj["state"] != "ready":
+        raise InvalidRequest(f"object {object_id} is {obj['state']}, not ready")
+    return dict(obj)
 
 
 def _locked_job(tx: Any, job_id: int) -> Row:

@@ -75,7 +75,7 @@ def run_attempt(msg: dict[str, Any], out: int) -> dict[str, Any]:
     _limit(msg.get("mem_mb"), msg.get("cpu_s"))
     try:
         pipeline = registry.get(msg["job_type"])
-        ctx = registry.Context(msg["scratch"], report)
+        ctx = registry.Context(msg["scratch"], report, msg.get("input"))
         result = pipeline.run(msg.get("params") or {}, ctx)
         done: dict[str, Any] = {"status": "completed", "result": result, "outputs": ctx.outputs}
     except JobError as exc:

@@ -22,6 +22,7 @@ from typing import Any
 
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import AttemptResult
+from hypermedia.storage.ledger import Storage
 from hypermedia.worker.flusher import Flusher
 from hypermedia.worker.monitor import Monitor, Stats, worker_row
 from hypermedia.worker.slot import Running, Slot, SlotConfig, scratch_root
@@ -77,7 +78,8 @@ class Worker:
         self._register()
         root = scratch_root(self.settings.home, self.worker_id)
         cfg = SlotConfig(root, self.settings.child_memory_mb, self.settings.child_max_attempts)
-        slots = [Slot(i, cfg, self.flusher) for i in range(self.concurrency)]
+        storage = Storage(self.engine.db, self.settings)
+        slots = [Slot(i, cfg, self.flusher, storage) for i in range(self.concurrency)]
         threads = [
             threading.Thread(target=self._slot_loop, args=(s,), name=f"slot-{s.index}", daemon=True)
             for s in slots

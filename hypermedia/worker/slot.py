@@ -17,7 +17,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hypermedia.errors import JobError
 from hypermedia.queue.models import AttemptResult, Claimed, Output
+from hypermedia.storage.ledger import Storage
+from hypermedia.worker.files import fetch_input, store_outputs
 from hypermedia.worker.flusher import Flusher
 from hypermedia.worker.pool import Child, Exit
 
@@ -46,10 +49,13 @@ class SlotConfig:
 
 
 class Slot:
-    def __init__(self, index: int, cfg: SlotConfig, flusher: Flusher) -> None:
+    def __init__(
+        self, index: int, cfg: SlotConfig, flusher: Flusher, storage: Storage | None = None
+    ) -> None:
         self.index = index
         self.cfg = cfg
         self.flusher = flusher
+        self.storage = storage
         self.child: Child | None = None
         self._scratch_mtime: int | None = None
 
@@ -77,6 +83,12 @@ class Slot:
     def _attempt(self, rj: Running, scratch: Path) -> AttemptResult | None:
         job = rj.job
         mem = job.memory_limit_mb or self.cfg.memory_mb
+        t0 = time.monotonic()
+        try:
+            input_name = fetch_input(self.storage, job, scratch) if self.storage else None
+        except JobError as exc:
+            ms = int((time.monotonic() - t0) * 1000)
+            return self._result(rj, "failed", exc.code, exc.reason, ms, None, None)
         message = {
             "op": "run",
             "job_id": job.job_id,
@@ -85,9 +97,9 @@ class Slot:
             "scratch": str(scratch),
             "mem_mb": mem,
             "cpu_s": job.timeout_seconds + 5,
+            "input": str(scratch / input_name) if input_name else None,
         }
         child = self._child_for(message)
-        t0 = time.monotonic()
         deadline = t0 + job.timeout_seconds
         while True:
             elapsed_ms = int((time.monotonic() - t0) * 1000)
@@ -142,7 +154,7 @@ class Slot:
                     {"percent": msg.get("percent"), "step": msg.get("step")},
                 )
                 continue
-            return self._done(rj, child, msg, elapsed_ms)
+            return self._done(rj, child, msg, elapsed_ms, scratch)
 
     def _child_for(self, message: dict[str, object]) -> Child:
         """Our warm child, or a new one if there is none or it has died since."""
@@ -155,7 +167,9 @@ class Slot:
             raise RuntimeError("a fresh child process refused its first job")
         return self.child
 
-    def _done(self, rj: Running, child: Child, msg: dict, elapsed_ms: int) -> AttemptResult:
+    def _done(
+        self, rj: Running, child: Child, msg: dict, elapsed_ms: int, scratch: Path
+    ) -> AttemptResult:
         child.attempts += 1
         child.cpu_seen_ms = msg.get("cpu_total_ms", child.cpu_seen_ms)
         code = msg.get("code")
@@ -175,7 +189,18 @@ class Slot:
             msg.get("cpu_ms"),
         )
         res.result = msg.get("result")
-        res.outputs = [Output(**o) for o in msg.get("outputs") or []]
+        declared = msg.get("outputs") or []
+        if status != "completed":
+            return res
+        try:
+            if self.storage is not None:
+                res.outputs = store_outputs(self.storage, rj.job, scratch, declared)
+            else:
+                res.outputs = [
+                    Output(**{k: v for k, v in o.items() if k != "path"}) for o in declared
+                ]
+        except JobError as exc:
+            res.status, res.code, res.message, res.result = "failed", exc.code, exc.reason, None
         return res
 
     def _died(self, rj: Running, child: Child, mem: int, elapsed_ms: int) -> AttemptResult:

@@ -22,7 +22,7 @@ def _diff(url: str) -> list:
 
 
 def test_head_matches_models(database_url: str) -> None:
-    assert current(database_url) == "0002"
+    assert current(database_url) == "0003"
     assert _diff(database_url) == []
 
 
@@ -35,7 +35,7 @@ def test_downgrade_to_empty_and_back(database_url: str, tmp_path) -> None:
         downgrade(url, "base")
         assert current(url) is None
         upgrade(url)
-        assert current(url) == "0002"
+        assert current(url) == "0003"
         drv = Driver(url)
         try:
             with drv.read() as tx:

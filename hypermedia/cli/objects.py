@@ -1,0 +1,146 @@
+"""hypermedia objects put|get|ls|url, hypermedia pools add|ls, hypermedia gc run-once."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from hypermedia.cli.common import console, engine, print_json, settings, user_errors
+from hypermedia.errors import InvalidRequest
+from hypermedia.storage.gc import GarbageCollector
+from hypermedia.storage.ledger import Storage
+
+objects_app = typer.Typer(help="Store and fetch objects (files).", no_args_is_help=True)
+pools_app = typer.Typer(help="Storage pools: local folders and S3 buckets.", no_args_is_help=True)
+gc_app = typer.Typer(help="Garbage collection of unreferenced objects.", no_args_is_help=True)
+
+OBJECT_COLUMNS = ("object_id", "state", "mime_type", "size", "width", "height", "filename")
+
+
+def storage() -> Storage:
+    s = settings()
+    return Storage(engine(s).db, s)
+
+
+def public(row: dict[str, Any]) -> dict[str, Any]:
+    """An object as users see it: no internal key, the checksum as stored."""
+    keep = (*OBJECT_COLUMNS, "pool_id", "checksum", "pages", "duration_ms", "created_at")
+    return {k: row.get(k) for k in keep}
+
+
+@objects_app.command("put")
+def put(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, readable=True),
+    pool: str | None = typer.Option(None, "--pool", help="default: the local pool"),
+    mime: str | None = typer.Option(None, "--mime", help="default: detected from the bytes"),
+    project: str = typer.Option("default", "--project"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Upload FILE (streamed, checksummed) and print the new object."""
+    with user_errors():
+        row = storage().put_file(file, pool=pool, mime=mime, project_id=project)
+        if as_json:
+            print_json(public(row))
+        else:
+            console.print(
+                f"object {row['object_id']} ready: {row['mime_type']}, {row['size']} bytes"
+            )
+
+
+@objects_app.command("get")
+def get(
+    object_id: int = typer.Argument(...),
+    output: Path | None = typer.Option(None, "-o", "--output", help="default: stdout"),
+) -> None:
+    """Download an object, verifying its checksum."""
+    with user_errors():
+        st = storage()
+        if output is None:
+            with st.open(object_id) as src:
+                while chunk := src.read(1024 * 1024):
+                    sys.stdout.buffer.write(chunk)
+            return
+        tmp = output.with_name(f".{output.name}.part")
+        try:
+            with st.open(object_id) as src, open(tmp, "wb") as out:
+                while chunk := src.read(1024 * 1024):
+                    out.write(chunk)
+            tmp.replace(output)  # never leave a half or unverified file under the name
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+@objects_app.command("show")
+def show(object_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
+    with user_errors():
+        row = public(storage().get(object_id))
+        if as_json:
+            print_json(row)
+        else:
+            for k, v in row.items():
+                console.print(f"{k:>12}: {v}")
+
+
+@objects_app.command("url")
+def url(object_id: int, base_url: str = typer.Option("", "--base-url")) -> None:
+    """A signed download URL that expires (HYPERMEDIA_SIGNED_URL_SECONDS)."""
+    with user_errors():
+        console.print(storage().signed_url(object_id, base_url), soft_wrap=True)
+
+
+@objects_app.command("ls")
+def ls(
+    state: str | None = typer.Option(None, "--state"),
+    limit: int = typer.Option(50, "--limit", min=1, max=1000),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    with user_errors():
+        rows = [public(r) for r in storage().list(state=state, limit=limit)]
+        if as_json:
+            print_json(rows)
+            return
+        table = Table(*OBJECT_COLUMNS)
+        for r in rows:
+            table.add_row(*(str(r[c]) for c in OBJECT_COLUMNS))
+        console.print(table)
+
+
+@pools_app.command("add")
+def pools_add(
+    name: str,
+    url: str = typer.Argument(..., help="file:///path or s3://bucket?endpoint=…&region=…"),
+    project: str | None = typer.Option(None, "--project", help="default: shared"),
+) -> None:
+    with user_errors():
+        row = storage().add_pool(name, url, project)
+        console.print(f"pool {row['pool_id']} {row['name']} added")
+
+
+@pools_app.command("ls")
+def pools_ls(as_json: bool = typer.Option(False, "--json")) -> None:
+    with user_errors():
+        rows = storage().pools()
+        if as_json:
+            print_json(rows)
+            return
+        table = Table("pool_id", "name", "backend_url", "project_id")
+        for r in rows:
+            table.add_row(str(r["pool_id"]), r["name"], r["backend_url"], str(r["project_id"]))
+        console.print(table)
+
+
+@gc_app.command("run-once")
+def gc_run_once(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Mark and sweep once, now (the leader also runs this every HYPERMEDIA_GC_INTERVAL_SECONDS)."""
+    with user_errors():
+        report = GarbageCollector(storage()).run_once().as_dict()
+        if as_json:
+            print_json(report)
+        else:
+            console.print(", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in report.items()))
+        if report["failed"]:
+            raise InvalidRequest(f"{report['failed']} blob(s) could not be deleted; will retry")

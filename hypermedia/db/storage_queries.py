@@ -1,0 +1,162 @@
+"""Queries about pools and the objects ledger (seed 002), mixed into ``Tx``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from hypermedia.db.schema import job_outputs as O
+from hypermedia.db.schema import processing_jobs as J
+from hypermedia.db.schema_storage import objects as OB
+from hypermedia.db.schema_storage import photo_objects as PO
+from hypermedia.db.schema_storage import pools as PL
+from hypermedia.errors import Conflict
+
+Row = dict[str, Any]
+# Jobs that may still read their input object.
+LIVE_JOB_STATUSES = (
+    "created",
+    "queued",
+    "claimed",
+    "processing",
+    "cancel_requested",
+    "paused",
+    "retry_wait",
+)
+
+
+class StorageQueries:
+    conn: sa.Connection
+    dialect: str
+
+    # -- pools ---------------------------------------------------------------
+
+    def pool(self, *, name: str | None = None, pool_id: int | None = None) -> Row | None:
+        q = sa.select(PL)
+        q = q.where(PL.c.name == name) if name is not None else q.where(PL.c.pool_id == pool_id)
+        row = self.conn.execute(q).first()
+        return dict(row._mapping) if row else None
+
+    def pools(self) -> list[Row]:
+        return [dict(r._mapping) for r in self.conn.execute(sa.select(PL).order_by(PL.c.pool_id))]
+
+    def insert_pool(self, values: Row) -> int:
+        try:
+            res = self.conn.execute(sa.insert(PL).values(values))
+        except sa.exc.IntegrityError as exc:
+            raise Conflict("a pool with this name exists") from exc
+        return int(res.inserted_primary_key[0])  # type: ignore[index]
+
+    # -- objects -------------------------------------------------------------
+
+    def insert_object(self, values: Row) -> int:
+        res = self.conn.execute(sa.insert(OB).values(values))
+        return int(res.inserted_primary_key[0])  # type: ignore[index]
+
+    def object(self, object_id: int, *, lock: bool = False) -> Row | None:
+        q = sa.select(OB).where(OB.c.object_id == object_id)
+        if lock and self.dialect != "sqlite":  # SQLite: the write lock is held already
+            q = q.with_for_update()
+        row = self.conn.execute(q).first()
+        return dict(row._mapping) if row else None
+
+    def objects_where(self, ids: Sequence[int], *, lock: bool = False) -> list[Row]:
+        if not ids:
+            return []
+        q = sa.select(OB).where(OB.c.object_id.in_(list(ids)))
+        if lock and self.dialect != "sqlite":
+            q = q.with_for_update()
+        return [dict(r._mapping) for r in self.conn.execute(q)]
+
+    def objects(
+        self, *, state: str | None = None, before_id: int | None = None, limit: int = 50
+    ) -> list[Row]:
+        q = sa.select(OB)
+        if state is not None:
+            q = q.where(OB.c.state == state)
+        if before_id is not None:
+            q = q.where(OB.c.object_id < before_id)
+        q = q.order_by(OB.c.object_id.desc()).limit(limit)
+        return [dict(r._mapping) for r in self.conn.execute(q)]
+
+    def update_object(self, object_id: int, from_states: Sequence[str], values: Row) -> bool:
+        """Guarded state change; False when the object was not in one of ``from_states``."""
+        q = (
+            sa.update(OB)
+            .where(OB.c.object_id == object_id, OB.c.state.in_(list(from_states)))
+            .values(values)
+        )
+        return self.conn.execute(q).rowcount == 1
+
+    def promote_objects(self, ids: Sequence[int], now: datetime) -> int:
+        """pending → ready for a completing job's outputs."""
+        if not ids:
+            return 0
+        q = (
+            sa.update(OB)
+            .where(OB.c.object_id.in_(list(ids)), OB.c.state == "pending")
+            .values(state="ready", updated_at=now)
+        )
+        return int(self.conn.execute(q).rowcount)
+
+    # -- garbage collection --------------------------------------------------
+
+    def _unreferenced(self) -> sa.ColumnElement[bool]:
+        photo = sa.select(PO.c.object_id).where(PO.c.object_id == OB.c.object_id)
+        output = sa.select(O.c.object_id).where(
+            O.c.object_id == OB.c.object_id, O.c.deleted_at.is_(None)
+        )
+        job = sa.select(J.c.object_id).where(
+            J.c.object_id == OB.c.object_id, J.c.status.in_(LIVE_JOB_STATUSES)
+        )
+        return ~sa.exists(photo) & ~sa.exists(output) & ~sa.exists(job)
+
+    def collectable(
+        self, state: str, before: datetime, limit: int, *, unreferenced: bool
+    ) -> list[int]:
+        """Lock and return objects in ``state`` untouched since ``before``.
+
+        Rows another transaction holds (a copy binding the object, say) are
+        skipped, not waited for.  The reference test here ran on this
+        statement's snapshot; callers check again with ``referenced`` once the
+        rows are locked, which sees every binding committed before the lock.
+        """
+        q = sa.select(OB.c.object_id).where(OB.c.state == state, OB.c.updated_at < before)
+        if unreferenced:
+            q = q.where(self._unreferenced())
+        q = q.order_by(OB.c.object_id).limit(limit)
+        if self.dialect != "sqlite":
+            q = q.with_for_update(skip_locked=True)
+        return [r[0] for r in self.conn.execute(q)]
+
+    def referenced(self, ids: Sequence[int]) -> set[int]:
+        if not ids:
+            return set()
+        q = sa.select(OB.c.object_id).where(OB.c.object_id.in_(list(ids)), ~self._unreferenced())
+        return {r[0] for r in self.conn.execute(q)}
+
+    def mark_deleting(self, ids: Sequence[int], from_state: str, now: datetime) -> int:
+        if not ids:
+            return 0
+        q = (
+            sa.update(OB)
+            .where(OB.c.object_id.in_(list(ids)), OB.c.state == from_state)
+            .values(state="deleting", updated_at=now)
+        )
+        return int(self.conn.execute(q).rowcount)
+
+    def deleting_objects(self, limit: int) -> list[Row]:
+        q = (
+            sa.select(OB.c.object_id, OB.c.pool_id, OB.c.storage_key)
+            .where(OB.c.state == "deleting")
+            .order_by(OB.c.object_id)
+            .limit(limit)
+        )
+        return [dict(r._mapping) for r in self.conn.execute(q)]
+
+    def delete_object_row(self, object_id: int) -> bool:
+        q = sa.delete(OB).where(OB.c.object_id == object_id, OB.c.state == "deleting")
+        return self.conn.execute(q).rowcount == 1

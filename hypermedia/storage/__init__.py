@@ -1,0 +1,1 @@
+"""Objects and where their bytes live: keys, backends (local, S3), the ledger, GC."""

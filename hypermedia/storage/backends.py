@@ -1,0 +1,54 @@
+"""Pool URLs to backends.
+
+* ``file:`` — the default pool: ``HYPERMEDIA_HOME/storage``;
+* ``file:///absolute/path`` — a folder on this machine (or a mount shared by workers);
+* ``s3://bucket?endpoint=http://host:8333&region=us-east-1`` — any S3-compatible
+  store, path-style addressing; credentials come from the settings, never the URL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from hypermedia.config import Settings
+from hypermedia.errors import InvalidRequest
+from hypermedia.storage.base import Backend
+from hypermedia.storage.local import LocalBackend
+
+
+def parse_pool_url(url: str) -> tuple[str, dict[str, str]]:
+    """("file", {"path": …}) or ("s3", {"bucket", "endpoint", "region"}); InvalidRequest if bad."""
+    parts = urlsplit(url)
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise InvalidRequest("file: pool URLs take no host")
+        if parts.path and not parts.path.startswith("/"):
+            raise InvalidRequest("file: pool URLs need an absolute path")
+        return "file", {"path": parts.path}
+    if parts.scheme == "s3":
+        if not parts.netloc or parts.path not in ("", "/"):
+            raise InvalidRequest("s3 pool URLs look like s3://bucket?endpoint=…&region=…")
+        if parts.username or parts.password:
+            raise InvalidRequest("put S3 credentials in the settings, not in the pool URL")
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        unknown = set(query) - {"endpoint", "region"}
+        if unknown:
+            raise InvalidRequest(f"unknown s3 pool option(s): {', '.join(sorted(unknown))}")
+        return "s3", {"bucket": parts.netloc, **query}
+    raise InvalidRequest("pool URLs start with file: or s3://")
+
+
+def open_backend(url: str, settings: Settings) -> Backend:
+    kind, opts = parse_pool_url(url)
+    if kind == "file":
+        return LocalBackend(Path(opts["path"]) if opts["path"] else settings.home / "storage")
+    from hypermedia.storage.s3 import S3Backend
+
+    return S3Backend(
+        opts["bucket"],
+        endpoint=opts.get("endpoint"),
+        region=opts.get("region"),
+        access_key_id=settings.s3_access_key_id,
+        secret_access_key=settings.s3_secret_access_key,
+    )

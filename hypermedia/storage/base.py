@@ -1,0 +1,120 @@
+"""What every storage backend offers, and the errors they raise.
+
+A backend moves bytes for opaque keys; it knows nothing of the ledger.  Every
+transfer streams in chunks (memory stays flat whatever the file size), and
+every write computes the SHA-256 on the way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import BinaryIO, Protocol
+
+from hypermedia.errors import HypermediaError
+
+CHUNK = 1024 * 1024
+
+
+class StorageError(HypermediaError):
+    """Base class: ``str()`` is safe to show (no credentials, no host paths)."""
+
+
+class StorageUnavailable(StorageError):
+    """The backend could not be reached or failed; trying again may work."""
+
+
+class BlobMissing(StorageError):
+    """No blob under this key."""
+
+
+class ChecksumMismatch(StorageError):
+    """The bytes read back are not the bytes written."""
+
+
+class UnsafeKey(StorageError):
+    """A key that could escape its pool (``..``, absolute, NUL, odd characters)."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    size: int
+    sha256: str  # lowercase hex
+
+
+class Backend(Protocol):
+    def put(self, key: str, src: BinaryIO) -> Stored:
+        """Stream ``src`` to ``key``; return once the blob is durable."""
+
+    def open(self, key: str) -> BinaryIO:
+        """A streaming reader of the blob; raises BlobMissing."""
+
+    def stored_checksum(self, key: str) -> str | None:
+        """The SHA-256 the backend recorded at write time, if it keeps one."""
+
+    def delete(self, key: str) -> None:
+        """Remove the blob; no error if it is already gone."""
+
+    def exists(self, key: str) -> bool: ...
+
+    def presign(self, key: str, expires_seconds: int, filename: str = "") -> str | None:
+        """A URL anyone can GET until it expires, or None if the service must sign."""
+
+
+class HashingReader:
+    """Wraps a readable stream: counts and hashes what passes through."""
+
+    def __init__(self, src: BinaryIO) -> None:
+        self.src = src
+        self.size = 0
+        self._hash = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.src.read(n)
+        self.size += len(data)
+        self._hash.update(data)
+        return data
+
+    def readinto(self, buf: bytearray | memoryview) -> int:
+        data = self.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
+    def readable(self) -> bool:
+        return True
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+
+class VerifyingReader:
+    """Reads a blob and raises ChecksumMismatch at its end if the SHA-256 differs."""
+
+    def __init__(self, src: BinaryIO, expected_sha256: str) -> None:
+        self.src = src
+        self.expected = expected_sha256
+        self._hash = hashlib.sha256()
+        self._checked = False
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.src.read(n)
+        if data:
+            self._hash.update(data)
+        elif not self._checked and n != 0:
+            self._checked = True
+            if self._hash.hexdigest() != self.expected:
+                raise ChecksumMismatch("the stored bytes do not match their checksum")
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.src.close()
+
+    def __enter__(self) -> VerifyingReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

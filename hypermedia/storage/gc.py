@@ -1,0 +1,119 @@
+"""Garbage collection of objects, in two phases.
+
+1. **Mark**: ``ready`` objects nothing references (no photo binding, no job
+   output, no input of a live job) and untouched for ``gc_unreferenced_seconds``,
+   and ``pending`` objects older than ``gc_pending_seconds`` (abandoned uploads,
+   outputs of attempts that never completed) become ``deleting``.
+2. **Sweep**: for each ``deleting`` object, delete the blob, then the row.  A
+   crash between the two only repeats the (idempotent) blob delete next time.
+
+Never a referenced object: candidates are locked (skipping rows a binding
+transaction holds), then their references are checked again by a fresh
+statement, which sees every binding committed before the lock was taken.
+Binding an object (photo copy, job enqueue) locks the object row and refuses
+one that is not ``ready``, so a binding either commits first (and the re-check
+sees it) or finds the object already ``deleting``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from hypermedia.queue.engine import utcnow
+from hypermedia.storage.base import StorageError
+from hypermedia.storage.ledger import Storage
+
+log = logging.getLogger(__name__)
+
+BATCH = 200
+
+
+@dataclass
+class GcReport:
+    marked_unreferenced: int = 0
+    marked_pending: int = 0
+    deleted: int = 0
+    failed: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class GarbageCollector:
+    storage: Storage
+    name: str = "gc"
+    period: float = 60.0
+    report: GcReport = field(default_factory=GcReport)
+
+    def run_once(self) -> GcReport:
+        self.report = GcReport()
+        self.mark()
+        self.sweep()
+        self.sweep_uploads()
+        return self.report
+
+    def mark(self) -> None:
+        s = self.storage.settings
+        now = utcnow()
+        while True:
+            n = self._mark(
+                "ready", now - timedelta(seconds=s.gc_unreferenced_seconds), unreferenced=True
+            )
+            self.report.marked_unreferenced += n
+            if n < BATCH:
+                break
+        while True:
+            n = self._mark(
+                "pending", now - timedelta(seconds=s.gc_pending_seconds), unreferenced=False
+            )
+            self.report.marked_pending += n
+            if n < BATCH:
+                break
+
+    def _mark(self, state: str, before: datetime, *, unreferenced: bool) -> int:
+        with self.storage.db.tx() as tx:
+            ids = tx.collectable(state, before, BATCH, unreferenced=unreferenced)
+            if not ids:
+                return 0
+            keep = tx.referenced(ids) if unreferenced else set()
+            chosen = [i for i in ids if i not in keep]
+            tx.mark_deleting(chosen, state, utcnow())
+            # Locked but kept rows count as seen, so a full batch goes round again.
+            return len(ids) if len(chosen) else 0
+
+    def sweep_uploads(self) -> None:
+        """Temporary files of uploads whose process died, as old as stale pending objects."""
+        for pool in self.storage.pools():
+            try:
+                backend = self.storage.backend(pool["pool_id"])
+                sweep = getattr(backend, "sweep_incomplete", None)
+                if sweep is not None:
+                    sweep(self.storage.settings.gc_pending_seconds)
+            except StorageError as exc:
+                log.warning("gc: could not sweep pool %s (%s)", pool["name"], exc)
+
+    def sweep(self) -> None:
+        skip: set[int] = set()
+        while True:
+            with self.storage.db.read() as tx:
+                found = tx.deleting_objects(BATCH + len(skip))
+            rows = [r for r in found if r["object_id"] not in skip]
+            if not rows:
+                return
+            for row in rows:
+                try:
+                    self.storage.backend(row["pool_id"]).delete(row["storage_key"])
+                except StorageError as exc:
+                    # The store is away: keep the row, try again next round.
+                    log.warning("gc: could not delete a blob (%s)", exc)
+                    self.report.failed += 1
+                    skip.add(row["object_id"])
+                    continue
+                with self.storage.db.tx() as tx:
+                    if tx.delete_object_row(row["object_id"]):
+                        self.report.deleted += 1
+            if len(rows) < BATCH:
+                return

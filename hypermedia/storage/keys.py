@@ -1,0 +1,68 @@
+"""Object keys: opaque, server-made, and checked before they touch a path.
+
+A key is ``objects/{object_id}/{role}.{ext}``.  Nothing in it comes from a user:
+the role is one of ours and the extension follows the detected media type.  A
+user's file name is kept only as display metadata, cleaned.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import re
+import unicodedata
+
+from hypermedia.storage.base import UnsafeKey
+
+_ROLE = re.compile(r"^[a-z][a-z0-9_-]{0,29}$")
+_EXT = re.compile(r"^[a-z0-9]{1,10}$")
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+# Extensions mimetypes gets wrong or leaves to chance on some systems.
+_EXT_BY_MIME = {
+    "image/jpeg": "jpg",
+    "image/png": "png",
+    "image/gif": "gif",
+    "image/webp": "webp",
+    "image/avif": "avif",
+    "image/heic": "heic",
+    "image/tiff": "tif",
+    "application/pdf": "pdf",
+    "text/plain": "txt",
+    "application/json": "json",
+    "video/mp4": "mp4",
+    "application/octet-stream": "bin",
+}
+
+
+def extension_for(mime: str) -> str:
+    ext = _EXT_BY_MIME.get(mime)
+    if ext is None:
+        guess = mimetypes.guess_extension(mime or "", strict=False) or ".bin"
+        ext = guess.lstrip(".").lower()
+    return ext if _EXT.match(ext) else "bin"
+
+
+def object_key(object_id: int, role: str, mime: str) -> str:
+    if not _ROLE.match(role):
+        raise UnsafeKey(f"invalid role {role!r}")
+    return check_key(f"objects/{int(object_id)}/{role}.{extension_for(mime)}")
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a relative path of plain segments; raise UnsafeKey otherwise."""
+    if not key or len(key) > 500 or key.startswith("/") or "\\" in key or "\x00" in key:
+        raise UnsafeKey("unsafe storage key")
+    parts = key.split("/")
+    if any(p in ("", ".", "..") or not _SEGMENT.match(p) for p in parts):
+        raise UnsafeKey("unsafe storage key")
+    return key
+
+
+def display_name(name: str | None) -> str:
+    """A user's file name made safe to store and show: base name, no controls, ≤ 255."""
+    if not name:
+        return ""
+    name = unicodedata.normalize("NFC", name.replace("\\", "/").rsplit("/", 1)[-1])
+    name = "".join(ch for ch in name if unicodedata.category(ch)[0] != "C")
+    name = name.strip().strip(".")
+    return name[:255]

@@ -1,0 +1,299 @@
+"""The objects ledger: every blob has a row, and the row governs the blob.
+
+An upload inserts a ``pending`` row, streams the bytes to the pool under the
+row's opaque key (hashing on the way), and only then turns the row ``ready``.
+A crash in between leaves a ``pending`` row for GC to sweep, never a ``ready``
+row without its blob.  Reads verify the checksum where the bytes pass through
+us; a mismatch is an error, never silent data.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO, cast
+from urllib.parse import quote
+
+from hypermedia.config import Settings
+from hypermedia.db.driver import Driver
+from hypermedia.errors import InvalidRequest, NotFound
+from hypermedia.queue.engine import utcnow
+from hypermedia.storage import local, sniff
+from hypermedia.storage.backends import open_backend, parse_pool_url
+from hypermedia.storage.base import (
+    Backend,
+    StorageError,
+    StorageUnavailable,
+    Stored,
+    VerifyingReader,
+)
+from hypermedia.storage.keys import display_name, object_key
+
+Row = dict[str, Any]
+DEFAULT_POOL = "local"
+
+
+class Storage:
+    def __init__(self, db: Driver, settings: Settings) -> None:
+        self.db = db
+        self.settings = settings
+        self._backends: dict[int, Backend] = {}
+        self._secret: bytes | None = None
+
+    # -- pools ---------------------------------------------------------------
+
+    def add_pool(self, name: str, url: str, project_id: str | None = None) -> Row:
+        parse_pool_url(url)  # refuse a bad URL before storing it
+        if not name or len(name) > 64:
+            raise InvalidRequest("a pool name has 1 to 64 characters")
+        with self.db.tx() as tx:
+            pool_id = tx.insert_pool(
+                {"name": name, "backend_url": url, "project_id": project_id, "created_at": utcnow()}
+            )
+            return dict(tx.pool(pool_id=pool_id) or {})
+
+    def pool(self, name: str | None = None) -> Row:
+        """The named pool, or the default one (created on first use)."""
+        name = name or DEFAULT_POOL
+        with self.db.read() as tx:
+            row = tx.pool(name=name)
+        if row is not None:
+            return row
+        if name != DEFAULT_POOL:
+            raise NotFound(f"no pool named {name!r}")
+        try:
+            return self.add_pool(DEFAULT_POOL, "file:")
+        except StorageError:
+            raise
+        except Exception:  # a concurrent first use created it
+            with self.db.read() as tx:
+                row = tx.pool(name=name)
+            if row is None:
+                raise
+            return row
+
+    def pools(self) -> list[Row]:
+        with self.db.read() as tx:
+            return tx.pools()
+
+    def backend(self, pool_id: int) -> Backend:
+        if pool_id not in self._backends:
+            with self.db.read() as tx:
+                row = tx.pool(pool_id=pool_id)
+            if row is None:
+                raise NotFound(f"no pool {pool_id}")
+            self._backends[pool_id] = open_backend(row["backend_url"], self.settings)
+        return self._backends[pool_id]
+
+    # -- writing -------------------------------------------------------------
+
+    def put(
+        self,
+        src: BinaryIO,
+        *,
+        pool: str | None = None,
+        filename: str = "",
+        mime: str | None = None,
+        project_id: str = "",
+        role: str = "original",
+    ) -> Row:
+        """Store a stream as a new ``ready`` object and return its row."""
+        head = _read_head(src)
+        mime = mime or sniff.media_type(head)
+        width, height = sniff.dimensions(head, mime)
+        pool_row = self.pool(pool)
+        obj = self._pending(pool_row["pool_id"], role, mime, project_id, filename, width, height)
+        stored = self._upload(obj, cast(BinaryIO, _Chain(head, src)))
+        now = utcnow()
+        values = {**_stored_values(stored), "state": "ready", "updated_at": now}
+        with self.db.tx() as tx:
+            if not tx.update_object(obj["object_id"], ["pending"], values):
+                raise StorageUnavailable("the upload took too long and was swept; try again")
+            return dict(tx.object(obj["object_id"]) or {})
+
+    def put_file(self, path: Path, **kw: Any) -> Row:
+        with open(path, "rb") as f:
+            return self.put(f, filename=kw.pop("filename", path.name), **kw)
+
+    def add_output(self, pool_id: int, role: str, path: Path, mime: str, project_id: str) -> Row:
+        """A job's output: uploaded now, left ``pending`` until the job completes."""
+        with open(path, "rb") as f:
+            head = _read_head(f)
+            width, height = sniff.dimensions(head, mime)
+            obj = self._pending(pool_id, role, mime, project_id, "", width, height)
+            stored = self._upload(obj, cast(BinaryIO, _Chain(head, f)))
+        values = {**_stored_values(stored), "updated_at": utcnow()}
+        with self.db.tx() as tx:
+            tx.update_object(obj["object_id"], ["pending"], values)
+        return {**obj, **values}
+
+    def _pending(
+        self,
+        pool_id: int,
+        role: str,
+        mime: str,
+        project_id: str,
+        filename: str,
+        width: int,
+        height: int,
+    ) -> Row:
+        now = utcnow()
+        with self.db.tx() as tx:
+            object_id = tx.insert_object(
+                {
+                    "pool_id": pool_id,
+                    # The real key needs the id; a unique placeholder until then.
+                    "storage_key": f"pending/{uuid.uuid4().hex}",
+                    "project_id": project_id,
+                    "filename": display_name(filename),
+                    "mime_type": mime,
+                    "width": width,
+                    "height": height,
+                    "state": "pending",
+                    "created_at": now,
+                    "updated_at": now,
+                }
+            )
+            key = object_key(object_id, role, mime)
+            tx.update_object(object_id, ["pending"], {"storage_key": key})
+            return dict(tx.object(object_id) or {})
+
+    def _upload(self, obj: Row, src: BinaryIO) -> Stored:
+        try:
+            return self.backend(obj["pool_id"]).put(obj["storage_key"], src)
+        except Exception:
+            # Hand the row to GC at once rather than after the pending timeout.
+            self._abandon(obj["object_id"])
+            raise
+
+    def _abandon(self, object_id: int) -> None:
+        try:
+            with self.db.tx() as tx:
+                tx.update_object(object_id, ["pending"], {"state": "deleting"})
+        except Exception:  # the database is away too: GC sweeps it as stale pending
+            pass
+
+    # -- reading -------------------------------------------------------------
+
+    def get(self, object_id: int) -> Row:
+        with self.db.read() as tx:
+            row = tx.object(object_id)
+        if row is None:
+            raise NotFound(f"object {object_id} not found")
+        return row
+
+    def list(self, **filters: Any) -> list[Row]:
+        with self.db.read() as tx:
+            return tx.objects(**filters)
+
+    @contextmanager
+    def open(self, object_id: int) -> Iterator[BinaryIO]:
+        """Stream a ready object's bytes; raises ChecksumMismatch at the end if they differ."""
+        row = self.get(object_id)
+        if row["state"] != "ready":
+            raise InvalidRequest(f"object {object_id} is {row['state']}, not ready")
+        with self.open_row(row) as f:
+            yield f
+
+    @contextmanager
+    def open_row(self, row: Row) -> Iterator[BinaryIO]:
+        raw = self.backend(row["pool_id"]).open(row["storage_key"])
+        reader = VerifyingReader(raw, row["checksum"].removeprefix("sha256:"))
+        try:
+            yield reader  # type: ignore[misc]
+        finally:
+            reader.close()
+
+    def download(self, row: Row, dst: Path) -> None:
+        """Copy an object to a local file, verified; used by workers for job inputs."""
+        with self.open_row(row) as src, open(dst, "wb") as out:
+            while chunk := src.read(1024 * 1024):
+                out.write(chunk)
+
+    def signed_url(self, object_id: int, base_url: str = "") -> str:
+        """A download URL that expires: presigned on S3, HMAC-signed by the service otherwise."""
+        row = self.get(object_id)
+        if row["state"] != "ready":
+            raise InvalidRequest(f"object {object_id} is {row['state']}, not ready")
+        ttl = self.settings.signed_url_seconds
+        url = self.backend(row["pool_id"]).presign(row["storage_key"], ttl, row["filename"])
+        if url:
+            return url
+        expires = int(time.time()) + ttl
+        sig = local.sign(self.secret(), object_id, expires)
+        return f"{base_url}/v1/objects/{object_id}/content?expires={expires}&sig={quote(sig)}"
+
+    def check_signature(self, object_id: int, expires: int, sig: str) -> bool:
+        return local.verify(self.secret(), object_id, expires, sig)
+
+    def secret(self) -> bytes:
+        """The URL-signing key: HYPERMEDIA_SECRET_KEY, or one made once in HOME/secret.key."""
+        if self._secret is None:
+            if self.settings.secret_key:
+                self._secret = self.settings.secret_key.encode()
+            else:
+                self._secret = _home_secret(self.settings.home)
+        return self._secret
+
+
+def _home_secret(home: Path) -> bytes:
+    # Written aside, then linked into place: two processes starting at once
+    # agree on one key, and nobody ever reads a half-written file.
+    path = home / "secret.key"
+    if not path.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        tmp = home / f".secret.{uuid.uuid4().hex}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(fd, "wb") as f:
+            f.write(secrets.token_hex(32).encode())
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    return path.read_bytes().strip()
+
+
+def _stored_values(stored: Stored) -> Row:
+    return {"size": stored.size, "checksum": f"sha256:{stored.sha256}"}
+
+
+def _read_head(src: BinaryIO) -> bytes:
+    parts, n = [], 0
+    while n < sniff.HEAD_BYTES:
+        chunk = src.read(sniff.HEAD_BYTES - n)
+        if not chunk:
+            break
+        parts.append(chunk)
+        n += len(chunk)
+    return b"".join(parts)
+
+
+class _Chain(io.RawIOBase):
+    """The bytes already read for sniffing, then the rest of the stream."""
+
+    def __init__(self, head: bytes, rest: BinaryIO) -> None:
+        self._head = memoryview(head)
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        if self._head:
+            n = min(len(buf), len(self._head))
+            buf[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        data = self._rest.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)

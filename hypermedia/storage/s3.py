@@ -1,0 +1,437 @@
+"""Blobs in an S3-compatible object store (AWS, SeaweedFS, MinIO, …).
+
+Path-style addressing, so any endpoint works without wildcard DNS.  Credentials
+come from the settings (or, when none are set, boto3's default chain); they
+never appear in an error message, and neither does a signed URL.
+
+Writes stream: a body of at most ``SMALL_BODY`` bytes is read whole, hashed and
+sent in one ``PutObject`` carrying its SHA-256 (and Content-MD5, so the server
+checks the bytes).  A larger body goes out as a multipart upload with a few
+parts in memory at a time, hashed on the way; the SHA-256 is only known at the
+end, so the object is then copied onto itself with ``MetadataDirective=REPLACE``
+to record it (a metadata-only operation on SeaweedFS and AWS).  A store that
+refuses that self-copy keeps the blob without the checksum: ``stored_checksum``
+returns None for it and the ledger's checksum is the only one, as for local
+pools.  ``put`` returns once ``PutObject``/``CompleteMultipartUpload`` succeeded,
+which S3 defines as durable.
+
+Every failure of the store or the network is a ``StorageUnavailable`` whose
+text names only the host and port; a missing key is ``BlobMissing``.  No
+botocore or urllib3 exception leaves this module except as a ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
+from urllib.parse import quote, urlsplit
+
+import boto3
+import botocore.exceptions
+import urllib3.exceptions
+from boto3.exceptions import Boto3Error
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+
+from hypermedia.storage.base import (
+    CHUNK,
+    BlobMissing,
+    HashingReader,
+    StorageError,
+    StorageUnavailable,
+    Stored,
+)
+from hypermedia.storage.keys import check_key
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+MiB = 1024 * 1024
+SMALL_BODY = 8 * MiB  # at most this much goes in one PutObject, read whole
+PART = 8 * MiB  # multipart part size; memory holds about IN_MEMORY_PARTS of them
+IN_MEMORY_PARTS = 2
+MAX_COPY_OBJECT = 5 * 1024 * MiB  # S3's limit for a single CopyObject
+
+_TRANSFER = TransferConfig(
+    multipart_threshold=PART,
+    multipart_chunksize=PART,
+    max_concurrency=IN_MEMORY_PARTS,
+    max_in_memory_upload_chunks=IN_MEMORY_PARTS,
+    use_threads=True,
+)
+# Recording the checksum of a blob over 5 GiB takes a multipart copy.
+_BIG_COPY = TransferConfig(
+    multipart_threshold=MAX_COPY_OBJECT,
+    multipart_chunksize=512 * MiB,
+    max_concurrency=IN_MEMORY_PARTS,
+)
+
+_MISSING = {"404", "NoSuchKey", "NotFound", "NoSuchVersion"}
+_DENIED = {
+    "403",
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "InvalidToken",
+    "ExpiredToken",
+    "AllAccessDisabled",
+}
+# A store that cannot rewrite an object's metadata in place answers one of these.
+_NO_SELF_COPY = {"NotImplemented", "InvalidRequest", "501"}
+
+# Exceptions of the transport and of boto itself: anything here means "the
+# store did not do it", never a bug of the caller.
+_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
+    botocore.exceptions.BotoCoreError,
+    Boto3Error,
+    urllib3.exceptions.HTTPError,
+    OSError,
+)
+
+
+def _client_config(**extra: Any) -> Config:
+    base: dict[str, Any] = {
+        "s3": {"addressing_style": "path"},
+        "signature_version": "s3v4",
+        "retries": {"max_attempts": 2, "mode": "standard"},
+        "connect_timeout": 5,
+        "read_timeout": 60,
+        **extra,
+    }
+    try:
+        # botocore >= 1.36 adds CRC checksums to every upload by default, which
+        # several S3-compatible stores reject; send them only when required.
+        return Config(
+            **base,
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+    except TypeError:  # an older botocore: it never sent them
+        return Config(**base)
+
+
+class S3Backend:
+    def __init__(
+        self,
+        bucket: str,
+        *,
+        endpoint: str | None = None,
+        region: str | None = None,
+        access_key_id: str = "",
+        secret_access_key: str = "",
+    ) -> None:
+        self.bucket = bucket
+        self.endpoint = endpoint or None
+        self.region = region or "us-east-1"
+        if self.endpoint:
+            parts = urlsplit(self.endpoint)
+            self._where = parts.hostname or "?"
+            if parts.port:
+                self._where += f":{parts.port}"
+        else:
+            self._where = f"s3.{self.region}.amazonaws.com"
+        credentials: dict[str, str] = {}
+        if access_key_id or secret_access_key:
+            credentials = {
+                "aws_access_key_id": access_key_id,
+                "aws_secret_access_key": secret_access_key,
+            }
+        # A session of our own: boto3's default session is not thread-safe to
+        # create clients from, a client is safe to share between threads.
+        session = boto3.session.Session()
+        self._client: S3Client = session.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=self.region,
+            config=_client_config(),
+            **credentials,  # type: ignore[arg-type]
+        )
+
+    def __repr__(self) -> str:
+        return f"S3Backend(bucket={self.bucket!r}, at={self._where!r})"
+
+    # -- the Backend protocol -------------------------------------------------
+
+    def put(self, key: str, src: BinaryIO) -> Stored:
+        check_key(key)
+        try:
+            return self._put(key, _FullReader(src))
+        except _SourceError as exc:  # the caller's stream failed, not the store
+            raise exc.original from None
+
+    def open(self, key: str) -> BinaryIO:
+        check_key(key)
+        with self._errors("read from"):
+            response = self._client.get_object(Bucket=self.bucket, Key=key)
+        return io.BufferedReader(_Body(response["Body"], self._where), CHUNK)
+
+    def stored_checksum(self, key: str) -> str | None:
+        check_key(key)
+        with self._errors("read from"):
+            head = self._client.head_object(Bucket=self.bucket, Key=key)
+        return head.get("Metadata", {}).get("sha256") or None
+
+    def delete(self, key: str) -> None:
+        check_key(key)
+        with self._errors("delete from"):
+            try:
+                self._client.delete_object(Bucket=self.bucket, Key=key)
+            except botocore.exceptions.ClientError as exc:
+                if _code(exc) not in _MISSING:  # S3 itself says 204; some stores 404
+                    raise
+
+    def exists(self, key: str) -> bool:
+        check_key(key)
+        try:
+            with self._errors("read from"):
+                self._client.head_object(Bucket=self.bucket, Key=key)
+        except BlobMissing:
+            return False
+        return True
+
+    def presign(self, key: str, expires_seconds: int, filename: str = "") -> str | None:
+        check_key(key)
+        params: dict[str, str] = {"Bucket": self.bucket, "Key": key}
+        if filename:
+            params["ResponseContentDisposition"] = (
+                f"attachment; filename*=UTF-8''{quote(filename, safe='')}"
+            )
+        with self._errors("sign a URL for"):
+            return self._client.generate_presigned_url(
+                "get_object", Params=params, ExpiresIn=int(expires_seconds)
+            )
+
+    # -- more ------------------------------------------------------------------
+
+    def size(self, key: str) -> int:
+        check_key(key)
+        with self._errors("read from"):
+            head = self._client.head_object(Bucket=self.bucket, Key=key)
+        return int(head["ContentLength"])
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket if it does not exist yet."""
+        with self._errors("reach"):
+            try:
+                self._client.head_bucket(Bucket=self.bucket)
+                return
+            except botocore.exceptions.ClientError as exc:
+                if _code(exc) not in _MISSING | {"NoSuchBucket"}:
+                    raise
+            try:
+                if self.region == "us-east-1":
+                    self._client.create_bucket(Bucket=self.bucket)
+                else:
+                    self._client.create_bucket(
+                        Bucket=self.bucket,
+                        CreateBucketConfiguration={
+                            "LocationConstraint": self.region  # type: ignore[typeddict-item]
+                        },
+                    )
+            except botocore.exceptions.ClientError as exc:
+                if _code(exc) not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
+                    raise
+
+    def close(self) -> None:
+        """Close the connection pool (a dropped backend would leave sockets open)."""
+        self._client.close()
+
+    # -- internals -------------------------------------------------------------
+
+    def _put(self, key: str, reader: _FullReader) -> Stored:
+        head = reader.read(SMALL_BODY)
+        more = reader.read(1) if len(head) == SMALL_BODY else b""
+        if not more:
+            return self._put_small(key, head)
+        reader.unread(head, more)
+        del head
+        hashing = HashingReader(reader)  # type: ignore[arg-type]
+        with self._errors("upload to"):
+            self._client.upload_fileobj(
+                hashing,  # type: ignore[arg-type]
+                self.bucket,
+                key,
+                Config=_TRANSFER,
+            )
+        self._record_checksum(key, hashing.size, hashing.sha256)
+        return Stored(hashing.size, hashing.sha256)
+
+    def _put_small(self, key: str, body: bytes) -> Stored:
+        sha256 = hashlib.sha256(body).hexdigest()
+        md5 = base64.b64encode(hashlib.md5(body, usedforsecurity=False).digest()).decode()
+        with self._errors("upload to"):
+            self._client.put_object(
+                Bucket=self.bucket,
+                Key=key,
+                Body=body,
+                ContentMD5=md5,
+                Metadata={"sha256": sha256},
+            )
+        return Stored(len(body), sha256)
+
+    def _record_checksum(self, key: str, size: int, sha256: str) -> None:
+        source = {"Bucket": self.bucket, "Key": key}
+        meta = {"sha256": sha256}
+        with self._errors("upload to"):
+            try:
+                if size <= MAX_COPY_OBJECT:
+                    self._client.copy_object(
+                        Bucket=self.bucket,
+                        Key=key,
+                        CopySource=source,  # type: ignore[arg-type]
+                        Metadata=meta,
+                        MetadataDirective="REPLACE",
+                    )
+                else:
+                    self._client.copy(
+                        source,  # type: ignore[arg-type]
+                        self.bucket,
+                        key,
+                        ExtraArgs={"Metadata": meta, "MetadataDirective": "REPLACE"},
+                        Config=_BIG_COPY,
+                    )
+            except botocore.exceptions.ClientError as exc:
+                # The blob is stored and durable; only the spare checksum is lost.
+                if _code(exc) not in _NO_SELF_COPY:
+                    raise
+
+    @contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        """Turn boto's exceptions into ours, with no URL or credential in the text."""
+        try:
+            yield
+        except StorageError:
+            raise
+        except botocore.exceptions.ClientError as exc:
+            _raise_for_client_error(exc, action, self.bucket, self._where)
+        except botocore.exceptions.NoCredentialsError as exc:
+            raise StorageUnavailable(f"no S3 credentials to {action} {self._where}") from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise StorageUnavailable(
+                f"could not {action} S3 storage at {self._where} ({type(exc).__name__})"
+            ) from exc
+
+
+def _code(exc: botocore.exceptions.ClientError) -> str:
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code") or "")
+    if not code:
+        code = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+    return code
+
+
+def _status(exc: botocore.exceptions.ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def _raise_for_client_error(
+    exc: botocore.exceptions.ClientError, action: str, bucket: str, where: str
+) -> NoReturn:
+    code, status = _code(exc), _status(exc)
+    if code == "NoSuchBucket":
+        # A misconfigured pool, not a lost blob: never let it pass for BlobMissing.
+        raise StorageUnavailable(f"bucket {bucket!r} does not exist at {where}") from exc
+    if code in _MISSING or status == 404:
+        raise BlobMissing("no blob under this key") from exc
+    if code in _DENIED or status == 403:
+        raise StorageUnavailable(f"access denied by S3 storage at {where} ({code})") from exc
+    if status >= 500 or code in {"SlowDown", "ServiceUnavailable", "InternalError"}:
+        raise StorageUnavailable(
+            f"S3 storage at {where} failed ({code or status}); try again later"
+        ) from exc
+    raise StorageUnavailable(f"could not {action} S3 storage at {where} ({code})") from exc
+
+
+class _SourceError(Exception):
+    """The caller's stream failed: carried through s3transfer, re-raised as it was."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(type(original).__name__)
+        self.original = original
+
+
+class _FullReader:
+    """``read(n)`` returns n bytes unless the stream ends (S3 parts must be full).
+
+    Bytes handed back with ``unread`` come first.  A source that already
+    returns full reads costs no copy.
+    """
+
+    def __init__(self, src: BinaryIO) -> None:
+        self._src = src
+        self._pending: list[bytes] = []
+
+    def unread(self, *chunks: bytes) -> None:
+        self._pending = [c for c in chunks if c] + self._pending
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int | None = -1) -> bytes:
+        if n is None or n < 0:
+            parts = self._pending
+            self._pending = []
+            while chunk := self._read_src(CHUNK):
+                parts.append(chunk)
+            return b"".join(parts)
+        parts, got = [], 0
+        while self._pending and got < n:
+            chunk = self._pending.pop(0)
+            if got + len(chunk) > n:
+                cut = n - got
+                self._pending.insert(0, chunk[cut:])
+                chunk = chunk[:cut]
+            parts.append(chunk)
+            got += len(chunk)
+        while got < n:
+            chunk = self._read_src(n - got)
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+        if len(parts) == 1:
+            return parts[0]
+        return b"".join(parts)
+
+    def _read_src(self, n: int) -> bytes:
+        try:
+            return self._src.read(n)
+        except Exception as exc:
+            raise _SourceError(exc) from exc
+
+
+class _Body(io.RawIOBase):
+    """A GetObject body whose transport errors come out as StorageUnavailable."""
+
+    def __init__(self, body: Any, where: str) -> None:
+        self._body = body
+        self._where = where
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            return bytes(self._body.read(None if size is None or size < 0 else size))
+        except _TRANSPORT_ERRORS as exc:
+            raise StorageUnavailable(
+                f"lost the connection to S3 storage at {self._where} ({type(exc).__name__})"
+            ) from exc
+
+    def readinto(self, buf: Any) -> int:
+        view = memoryview(buf).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._body.close()
+            except Exception:  # closing a broken connection: nothing left to do
+                pass
+        super().close()

@@ -1,0 +1,110 @@
+"""Media type and image size from a file's first bytes (never from its name).
+
+Enough to fill the ledger at upload time; the pipelines look deeper later.
+"""
+
+from __future__ import annotations
+
+import struct
+
+HEAD_BYTES = 256 * 1024
+
+
+def media_type(head: bytes) -> str:
+    if head.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image/webp"
+    if head[:4] in (b"II*\x00", b"MM\x00*"):
+        return "image/tiff"
+    if head.startswith(b"%PDF-"):
+        return "application/pdf"
+    if head[4:8] == b"ftyp":
+        brand = head[8:12]
+        if brand in (b"avif", b"avis"):
+            return "image/avif"
+        if brand in (b"heic", b"heix", b"mif1", b"msf1"):
+            return "image/heic"
+        if brand == b"qt  ":
+            return "video/quicktime"
+        return "video/mp4"
+    if head[:4] == b"\x1aE\xdf\xa3":
+        return "video/webm"
+    if head.startswith(b"PK\x03\x04"):
+        return "application/zip"
+    if _is_text(head):
+        return "text/plain"
+    return "application/octet-stream"
+
+
+def _is_text(head: bytes) -> bool:
+    if not head or b"\x00" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # A multi-byte character cut at the end of the sample is still text.
+        return exc.start >= len(head) - 3
+    return True
+
+
+def dimensions(head: bytes, mime: str) -> tuple[int, int]:
+    """(width, height) if the header tells, else (0, 0); never raises."""
+    try:
+        if mime == "image/png" and head[12:16] == b"IHDR":
+            w, h = struct.unpack(">II", head[16:24])
+            return w, h
+        if mime == "image/gif":
+            w, h = struct.unpack("<HH", head[6:10])
+            return w, h
+        if mime == "image/webp":
+            return _webp(head)
+        if mime == "image/jpeg":
+            return _jpeg(head)
+    except (struct.error, IndexError, ValueError):
+        pass
+    return 0, 0
+
+
+def _webp(head: bytes) -> tuple[int, int]:
+    if len(head) < 30:
+        return 0, 0
+    chunk = head[12:16]
+    if chunk == b"VP8X":
+        w = int.from_bytes(head[24:27], "little") + 1
+        h = int.from_bytes(head[27:30], "little") + 1
+        return w, h
+    if chunk == b"VP8L":
+        bits = int.from_bytes(head[21:25], "little")
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    if chunk == b"VP8 ":
+        w, h = struct.unpack("<HH", head[26:30])
+        return w & 0x3FFF, h & 0x3FFF
+    return 0, 0
+
+
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def _jpeg(head: bytes) -> tuple[int, int]:
+    i = 2
+    while i + 9 < len(head):
+        if head[i] != 0xFF:
+            return 0, 0
+        marker = head[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            i += 2
+            continue
+        length = struct.unpack(">H", head[i + 2 : i + 4])[0]
+        if marker in _SOF:
+            h, w = struct.unpack(">HH", head[i + 5 : i + 9])
+            return w, h
+        i += 2 + length
+    return 0, 0

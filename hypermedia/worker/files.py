@@ -1,0 +1,93 @@
+"""Moving a job's input into its scratch directory and its output files out.
+
+This runs in the worker, not the child: the child never sees storage
+credentials, and a hostile file that takes over its child cannot reach the
+store.  What the child names as an output must be a regular file inside its
+scratch directory; anything else (a symlink, ``..``, an absolute path) fails
+the attempt instead of leaking a file of the worker's host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+from hypermedia.errors import JobError
+from hypermedia.queue.models import Claimed, Output
+from hypermedia.storage.base import BlobMissing, ChecksumMismatch, StorageError
+from hypermedia.storage.ledger import Storage
+
+INPUT_NAME = "input"
+_ROLE_CHARS = re.compile(r"[^a-z0-9_-]+")
+
+
+def fetch_input(storage: Storage, job: Claimed, scratch: Path) -> str | None:
+    """Download the job's input object into scratch; return its file name."""
+    if job.object_id is None or not job.input_key:
+        return None
+    ext = job.input_key.rsplit(".", 1)[-1] if "." in job.input_key.rsplit("/", 1)[-1] else "bin"
+    name = f"{INPUT_NAME}.{ext}"
+    try:
+        row = storage.get(job.object_id)
+        if row["state"] != "ready":
+            raise JobError("CORRUPT_INPUT", "the input object is no longer available")
+        storage.download(row, scratch / name)
+    except ChecksumMismatch:
+        raise JobError("CORRUPT_INPUT", "the stored input does not match its checksum") from None
+    except BlobMissing:
+        raise JobError("CORRUPT_INPUT", "the input object's bytes are missing") from None
+    except StorageError as exc:
+        raise JobError("STORAGE_UNAVAILABLE", f"could not read the input: {exc}") from None
+    except OSError as exc:
+        raise JobError("STORAGE_UNAVAILABLE", f"scratch space: {exc.strerror}") from None
+    return name
+
+
+def store_outputs(
+    storage: Storage, job: Claimed, scratch: Path, declared: list[dict[str, Any]]
+) -> list[Output]:
+    """Turn what the child declared into Outputs, uploading declared files as pending objects."""
+    outputs = []
+    pool_id: int | None = job.pool_id
+    for o in declared:
+        path = o.pop("path", None)
+        out = Output(**o)
+        if path:
+            file = _inside(scratch, path)
+            if pool_id is None:
+                pool_id = storage.pool()["pool_id"]
+            try:
+                obj = storage.add_output(
+                    pool_id, _role(out.output_type), file, out.mime_type, job.project_id
+                )
+            except StorageError as exc:
+                raise JobError("STORAGE_UNAVAILABLE", f"could not store an output: {exc}") from None
+            out.object_id = obj["object_id"]
+            out.output_key = obj["storage_key"]
+            out.output_size_bytes = obj["size"]
+        outputs.append(out)
+    return outputs
+
+
+def _inside(scratch: Path, name: str) -> Path:
+    root = scratch.resolve()
+    candidate = (root / name).resolve()
+    if not candidate.is_relative_to(root) or candidate == root:
+        raise JobError("INTERNAL", "the pipeline named an output outside its scratch directory")
+    try:
+        st = os.lstat(root / name)
+    except OSError:
+        raise JobError(
+            "INTERNAL", "the pipeline named an output file that does not exist"
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise JobError("INTERNAL", "a pipeline output must be a regular file")
+    return candidate
+
+
+def _role(output_type: str) -> str:
+    role = _ROLE_CHARS.sub("-", output_type.lower()).strip("-_")[:30]
+    return role if role and role[0].isalpha() else f"out-{role}"[:30]

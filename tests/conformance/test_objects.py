@@ -1,0 +1,128 @@
+"""The objects ledger on every database, over the local pool."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import time
+import urllib.parse
+
+import pytest
+
+from hypermedia.errors import Conflict, InvalidRequest, NotFound
+from hypermedia.queue.models import NewJob
+from hypermedia.storage.base import ChecksumMismatch, StorageUnavailable
+from hypermedia.storage.ledger import Storage
+from tests.media import png
+
+
+def test_put_makes_a_ready_object_with_facts_from_the_bytes(storage: Storage) -> None:
+    data = png(31, 17)
+    row = storage.put(io.BytesIO(data), filename="../../holiday/IMG 1.PNG")
+    assert row["state"] == "ready"
+    assert row["size"] == len(data)
+    assert row["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert (row["mime_type"], row["width"], row["height"]) == ("image/png", 31, 17)
+    assert row["storage_key"] == f"objects/{row['object_id']}/original.png"
+    assert row["filename"] == "IMG 1.PNG"  # display only, never part of the key
+    path = storage.settings.home / "storage" / row["storage_key"]
+    assert path.read_bytes() == data
+
+
+def test_keys_ignore_hostile_names(storage: Storage) -> None:
+    for name in ("../../../etc/passwd", "/abs/x.png", "a\x00b.png", "\u202egnp.exe", "..\\..\\x"):
+        row = storage.put(io.BytesIO(b"hello"), filename=name)
+        assert row["storage_key"] == f"objects/{row['object_id']}/original.txt"
+        assert "/" not in row["filename"] and "\x00" not in row["filename"]
+    assert not (storage.settings.home / "etc").exists()
+    assert not (storage.settings.home.parent / "etc" / "passwd").exists()
+
+
+def test_open_streams_and_verifies(storage: Storage) -> None:
+    data = bytes(range(256)) * 9000  # > 2 MiB: several chunks
+    row = storage.put(io.BytesIO(data))
+    with storage.open(row["object_id"]) as f:
+        assert f.read() == data
+    # Flip one byte behind the ledger's back: reading it is an error, not data.
+    path = storage.settings.home / "storage" / row["storage_key"]
+    tampered = bytearray(data)
+    tampered[123456] ^= 0xFF
+    path.write_bytes(bytes(tampered))
+    with pytest.raises(ChecksumMismatch), storage.open(row["object_id"]) as f:
+        while f.read(65536):
+            pass
+
+
+def test_an_upload_that_fails_never_becomes_ready(storage: Storage) -> None:
+    class Broken(io.RawIOBase):
+        def __init__(self) -> None:
+            self.sent = 0
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buf) -> int:  # type: ignore[no-untyped-def]
+            if self.sent > 3 * 1024 * 1024:
+                raise OSError(5, "Input/output error")
+            n = len(buf)
+            buf[:n] = b"x" * n
+            self.sent += n
+            return n
+
+    with pytest.raises(StorageUnavailable):
+        storage.put(Broken())  # type: ignore[arg-type]
+    rows = storage.list()
+    assert [r["state"] for r in rows] == ["deleting"]
+    assert not (storage.settings.home / "storage" / rows[0]["storage_key"]).exists()
+    assert list((storage.settings.home / "storage" / ".tmp").iterdir()) == []
+
+
+def test_pools(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert storage.pool()["name"] == "local"  # made on first use
+    other = tmp_path / "elsewhere"
+    storage.add_pool("archive", f"file://{other}")
+    row = storage.put(io.BytesIO(b"abc"), pool="archive")
+    assert (other / row["storage_key"]).read_bytes() == b"abc"
+    with pytest.raises(Conflict):
+        storage.add_pool("archive", "file:")
+    with pytest.raises(NotFound):
+        storage.put(io.BytesIO(b"abc"), pool="nope")
+    for bad in (
+        "http://example.com/x",
+        "file://host/x",
+        "file:relative/path",
+        "s3://key:secret@bucket",
+        "s3://bucket/prefix",
+        "s3://bucket?endpoint=http://x&color=blue",
+    ):
+        with pytest.raises(InvalidRequest):
+            storage.add_pool("bad", bad)
+
+
+def test_signed_urls_for_local_objects(storage: Storage) -> None:
+    row = storage.put(io.BytesIO(b"payload"))
+    url = storage.signed_url(row["object_id"], "http://h")
+    q = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    expires, sig = int(q["expires"][0]), q["sig"][0]
+    assert url.startswith(f"http://h/v1/objects/{row['object_id']}/content?")
+    assert storage.check_signature(row["object_id"], expires, sig)
+    assert not storage.check_signature(row["object_id"] + 1, expires, sig)
+    assert not storage.check_signature(row["object_id"], expires + 1, sig)
+    assert not storage.check_signature(row["object_id"], int(time.time()) - 1, sig)
+    # The signing key persists in HOME: a second Storage (another process) agrees.
+    again = Storage(storage.db, storage.settings)
+    assert again.check_signature(row["object_id"], expires, sig)
+
+
+def test_jobs_take_their_input_from_the_ledger(storage: Storage, engine) -> None:  # type: ignore[no-untyped-def]
+    row = storage.put(io.BytesIO(b"input bytes"))
+    job_id = engine.enqueue(NewJob("debug.copy", object_id=row["object_id"]))
+    job = engine.get(job_id)
+    assert (job["object_id"], job["pool_id"]) == (row["object_id"], row["pool_id"])
+    assert (job["input_key"], job["input_size_bytes"]) == (row["storage_key"], 11)
+    with pytest.raises(InvalidRequest, match="does not exist"):
+        engine.enqueue(NewJob("debug.copy", object_id=row["object_id"] + 1000))
+    with storage.db.tx() as tx:
+        tx.update_object(row["object_id"], ["ready"], {"state": "deleting"})
+    with pytest.raises(InvalidRequest, match="deleting"):
+        engine.enqueue(NewJob("debug.copy", object_id=row["object_id"]))
