@@ -24,6 +24,9 @@ ERROR_POLICY: dict[str, CodePolicy] = {
     "INPUT_TOO_LARGE": CodePolicy(False, "invalid_input"),
     "LIMIT_EXCEEDED": CodePolicy(False, "invalid_input"),
     "INVALID_PARAMS": CodePolicy(False, "invalid_input"),
+    # A pipeline handed back something the worker refuses to store (a path
+    # outside its scratch directory, a symlink): the same input does it again.
+    "INVALID_OUTPUT": CodePolicy(False, "provider_failure"),
     "OOM": CodePolicy(True, "provider_failure", memory_factor=2.0),
     "TIMEOUT": CodePolicy(True, "timeout", outcome="timeout"),
     "STORAGE_UNAVAILABLE": CodePolicy(True, "storage"),

@@ -74,18 +74,25 @@ def store_outputs(
 
 def _inside(scratch: Path, name: str) -> Path:
     root = scratch.resolve()
-    candidate = (root / name).resolve()
-    if not candidate.is_relative_to(root) or candidate == root:
-        raise JobError("INTERNAL", "the pipeline named an output outside its scratch directory")
+    lexical = root / os.path.normpath(name)
+    if os.path.isabs(name) or not lexical.is_relative_to(root) or lexical == root:
+        raise JobError(
+            "INVALID_OUTPUT", "the pipeline named an output outside its scratch directory"
+        )
     try:
-        st = os.lstat(root / name)
+        st = os.lstat(lexical)
     except OSError:
         raise JobError(
-            "INTERNAL", "the pipeline named an output file that does not exist"
+            "INVALID_OUTPUT", "the pipeline named an output file that does not exist"
         ) from None
     if not stat.S_ISREG(st.st_mode):
-        raise JobError("INTERNAL", "a pipeline output must be a regular file")
-    return candidate
+        raise JobError("INVALID_OUTPUT", "a pipeline output must be a regular file")
+    # A symlinked directory on the way could still lead out.
+    if not lexical.resolve().is_relative_to(root):
+        raise JobError(
+            "INVALID_OUTPUT", "the pipeline named an output outside its scratch directory"
+        )
+    return lexical
 
 
 def _role(output_type: str) -> str:
