@@ -117,21 +117,62 @@ class Storage:
                 raise StorageUnavailable("the upload took too long and was swept; try again")
             return dict(tx.object(obj["object_id"]) or {})
 
-    def put_file(self, path: Path, **kw: Any) -> Row:
-        with open(path, "rb") as f:
-            return self.put(f, filename=kw.pop("filename", path.name), **kw)
+    def put_file(
+        self,
+        path: Path,
+        *,
+        pool: str | None = None,
+        filename: str | None = None,
+        mime: str | None = None,
+        project_id: str = "",
+        role: str = "original",
+    ) -> Row:
+        """Store a file as a new ``ready`` object (backends may copy it in the kernel)."""
+        pool_row = self.pool(pool)
+        obj = self._pending_for_file(pool_row["pool_id"], path, role, mime, project_id)
+        if filename is None:
+            filename = path.name
+        stored = self._upload_file(obj, path)
+        values = {
+            **_stored_values(stored),
+            "filename": display_name(filename),
+            "state": "ready",
+            "updated_at": utcnow(),
+        }
+        with self.db.tx() as tx:
+            if not tx.update_object(obj["object_id"], ["pending"], values):
+                raise StorageUnavailable("the upload took too long and was swept; try again")
+            return dict(tx.object(obj["object_id"]) or {})
 
     def add_output(self, pool_id: int, role: str, path: Path, mime: str, project_id: str) -> Row:
         """A job's output: uploaded now, left ``pending`` until the job completes."""
-        with open(path, "rb") as f:
-            head = _read_head(f)
-            width, height = sniff.dimensions(head, mime)
-            obj = self._pending(pool_id, role, mime, project_id, "", width, height)
-            stored = self._upload(obj, cast(BinaryIO, _Chain(head, f)))
+        obj = self._pending_for_file(pool_id, path, role, mime, project_id)
+        stored = self._upload_file(obj, path)
         values = {**_stored_values(stored), "updated_at": utcnow()}
         with self.db.tx() as tx:
             tx.update_object(obj["object_id"], ["pending"], values)
         return {**obj, **values}
+
+    def _pending_for_file(
+        self, pool_id: int, path: Path, role: str, mime: str | None, project_id: str
+    ) -> Row:
+        with open(path, "rb") as f:
+            head = _read_head(f)
+        mime = mime or sniff.media_type(head)
+        width, height = sniff.dimensions(head, mime)
+        return self._pending(pool_id, role, mime, project_id, "", width, height)
+
+    def _upload_file(self, obj: Row, path: Path) -> Stored:
+        backend = self.backend(obj["pool_id"])
+        put_file = getattr(backend, "put_file", None)
+        if put_file is None:
+            with open(path, "rb") as f:
+                return self._upload(obj, cast(BinaryIO, f))
+        try:
+            return cast(Stored, put_file(obj["storage_key"], path))
+        except Exception:
+            self._abandon(obj["object_id"])
+            raise
 
     def _pending(
         self,
@@ -211,8 +252,13 @@ class Storage:
             reader.close()
 
     def download(self, row: Row, dst: Path) -> None:
-        """Copy an object to a local file, verified; used by workers for job inputs."""
-        with self.open_row(row) as src, open(dst, "wb") as out:
+        """Copy an object to a new local file, verified; used by workers for job inputs."""
+        backend = self.backend(row["pool_id"])
+        get_file = getattr(backend, "get_file", None)
+        if get_file is not None:
+            get_file(row["storage_key"], dst, row["checksum"].removeprefix("sha256:"))
+            return
+        with self.open_row(row) as src, open(dst, "xb") as out:
             while chunk := src.read(1024 * 1024):
                 out.write(chunk)
 

@@ -53,7 +53,9 @@ def test_referenced_objects_stay(storage: Storage, engine) -> None:  # type: ign
         pid = str(uuid.uuid4())
         tx.conn.execute(photos.insert().values(photo_id=pid))
         tx.conn.execute(
-            photo_objects.insert().values(photo_id=pid, object_id=bound["object_id"], role="original")
+            photo_objects.insert().values(
+                photo_id=pid, object_id=bound["object_id"], role="original"
+            )
         )
     engine.enqueue(NewJob("debug.copy", object_id=live_input["object_id"]))
     done = engine.enqueue(NewJob("debug.copy", object_id=done_input["object_id"]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import time
 import urllib.parse
 
@@ -126,3 +127,21 @@ def test_jobs_take_their_input_from_the_ledger(storage: Storage, engine) -> None
         tx.update_object(row["object_id"], ["ready"], {"state": "deleting"})
     with pytest.raises(InvalidRequest, match="deleting"):
         engine.enqueue(NewJob("debug.copy", object_id=row["object_id"]))
+
+
+def test_put_file_and_download_verify(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data = os.urandom(5 * 1024 * 1024 + 3)
+    src = tmp_path / "big.bin"
+    src.write_bytes(data)
+    row = storage.put_file(src, filename="my file.bin")
+    assert (row["state"], row["size"], row["filename"]) == ("ready", len(data), "my file.bin")
+    assert row["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    dst = tmp_path / "back.bin"
+    storage.download(row, dst)
+    assert dst.read_bytes() == data
+    blob = storage.settings.home / "storage" / row["storage_key"]
+    blob.write_bytes(data[:-1] + b"!")
+    again = tmp_path / "again.bin"
+    with pytest.raises(ChecksumMismatch):
+        storage.download(row, again)
+    assert not again.exists()  # no unverified bytes left behind
