@@ -34,21 +34,27 @@ def public(row: dict[str, Any]) -> dict[str, Any]:
 
 @objects_app.command("put")
 def put(
-    file: Path = typer.Argument(..., exists=True, dir_okay=False, readable=True),
+    files: list[Path] = typer.Argument(..., exists=True, dir_okay=False, readable=True),
     pool: str | None = typer.Option(None, "--pool", help="default: the local pool"),
     mime: str | None = typer.Option(None, "--mime", help="default: detected from the bytes"),
     project: str = typer.Option("default", "--project"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Upload FILE (streamed, checksummed) and print the new object."""
+    """Upload FILES (streamed, checksummed); several files are registered and synced together."""
     with user_errors():
-        row = storage().put_file(file, pool=pool, mime=mime, project_id=project)
-        if as_json:
-            print_json(public(row))
+        st = storage()
+        if len(files) == 1:
+            rows = [st.put_file(files[0], pool=pool, mime=mime, project_id=project)]
         else:
-            console.print(
-                f"object {row['object_id']} ready: {row['mime_type']}, {row['size']} bytes"
-            )
+            if mime:
+                raise InvalidRequest("--mime applies to a single file")
+            rows = st.put_files(files, pool=pool, project_id=project)
+        if as_json:
+            print_json(public(rows[0]) if len(rows) == 1 else [public(r) for r in rows])
+            return
+        for row in rows:
+            oid, mime_type, size = row["object_id"], row["mime_type"], row["size"]
+            console.print(f"object {oid} ready: {mime_type}, {size} bytes")
 
 
 @objects_app.command("get")

@@ -56,6 +56,33 @@ class StorageQueries:
         res = self.conn.execute(sa.insert(OB).values(values))
         return int(res.inserted_primary_key[0])  # type: ignore[index]
 
+    def insert_objects(self, rows: Sequence[Row]) -> dict[str, int]:
+        """Insert many objects (executemany); return object_id by storage_key."""
+        if not rows:
+            return {}
+        self.conn.execute(sa.insert(OB), list(rows))
+        keys = [r["storage_key"] for r in rows]
+        found: dict[str, int] = {}
+        for i in range(0, len(keys), 500):
+            q = sa.select(OB.c.storage_key, OB.c.object_id).where(
+                OB.c.storage_key.in_(keys[i : i + 500])
+            )
+            found.update({k: v for k, v in self.conn.execute(q)})
+        return found
+
+    def update_objects_many(self, from_state: str, rows: Sequence[Row]) -> int:
+        """Executemany of guarded updates; each row has ``_id`` and the same columns."""
+        if not rows:
+            return 0
+        cols = [k for k in rows[0] if k != "_id"]
+        stmt = (
+            sa.update(OB)
+            .where(OB.c.object_id == sa.bindparam("_id"), OB.c.state == from_state)
+            .values({c: sa.bindparam(f"v_{c}") for c in cols})
+        )
+        params = [{"_id": r["_id"], **{f"v_{c}": r[c] for c in cols}} for r in rows]
+        return int(self.conn.execute(stmt, params).rowcount)
+
     def object(self, object_id: int, *, lock: bool = False) -> Row | None:
         q = sa.select(OB).where(OB.c.object_id == object_id)
         if lock and self.dialect != "sqlite":  # SQLite: the write lock is held already

@@ -144,6 +144,81 @@ class Storage:
                 raise StorageUnavailable("the upload took too long and was swept; try again")
             return dict(tx.object(obj["object_id"]) or {})
 
+    def put_files(
+        self, paths: list[Path], *, pool: str | None = None, project_id: str = ""
+    ) -> list[Row]:
+        """Store many files at once: one transaction to register them, one to make
+        them ready, and (on local pools) one file-system sync for all the bytes."""
+        pool_row = self.pool(pool)
+        backend = self.backend(pool_row["pool_id"])
+        heads = []
+        for p in paths:
+            with open(p, "rb") as f:
+                head = _read_head(f)
+            mime = sniff.media_type(head)
+            heads.append((p, mime, *sniff.dimensions(head, mime)))
+        now = utcnow()
+        with self.db.tx() as tx:
+            placeholders = [f"pending/{uuid.uuid4().hex}" for _ in paths]
+            ids = tx.insert_objects(
+                [
+                    {
+                        "pool_id": pool_row["pool_id"],
+                        "storage_key": key,
+                        "project_id": project_id,
+                        "filename": display_name(p.name),
+                        "mime_type": mime,
+                        "width": w,
+                        "height": h,
+                        "state": "pending",
+                        "created_at": now,
+                        "updated_at": now,
+                    }
+                    for key, (p, mime, w, h) in zip(placeholders, heads, strict=True)
+                ]
+            )
+            keys = [
+                object_key(ids[ph], "original", mime)
+                for ph, (_, mime, _, _) in zip(placeholders, heads, strict=True)
+            ]
+            tx.update_objects_many(
+                "pending",
+                [
+                    {"_id": ids[ph], "storage_key": k}
+                    for ph, k in zip(placeholders, keys, strict=True)
+                ],
+            )
+        object_ids = [ids[ph] for ph in placeholders]
+        try:
+            put_files = getattr(backend, "put_files", None)
+            if put_files is not None:
+                stored = put_files(list(zip(keys, paths, strict=True)))
+            else:
+                stored = [self._put_path(backend, k, p) for k, p in zip(keys, paths, strict=True)]
+        except Exception:
+            for object_id in object_ids:
+                self._abandon(object_id)
+            raise
+        done = utcnow()
+        with self.db.tx() as tx:
+            tx.update_objects_many(
+                "pending",
+                [
+                    {"_id": i, **_stored_values(st), "state": "ready", "updated_at": done}
+                    for i, st in zip(object_ids, stored, strict=True)
+                ],
+            )
+            rows = {r["object_id"]: r for r in tx.objects_where(object_ids)}
+        return [rows[i] for i in object_ids]
+
+    @staticmethod
+    def _put_path(backend: Backend, key: str, path: Path) -> Stored:
+        put_file = getattr(backend, "put_file", None)
+        if put_file is not None:
+            return cast(Stored, put_file(key, path))
+        with open(path, "rb") as f:
+            return backend.put(key, f)
+
     def add_output(self, pool_id: int, role: str, path: Path, mime: str, project_id: str) -> Row:
         """A job's output: uploaded now, left ``pending`` until the job completes."""
         obj = self._pending_for_file(pool_id, path, role, mime, project_id)
@@ -163,13 +238,8 @@ class Storage:
         return self._pending(pool_id, role, mime, project_id, "", width, height)
 
     def _upload_file(self, obj: Row, path: Path) -> Stored:
-        backend = self.backend(obj["pool_id"])
-        put_file = getattr(backend, "put_file", None)
-        if put_file is None:
-            with open(path, "rb") as f:
-                return self._upload(obj, cast(BinaryIO, f))
         try:
-            return cast(Stored, put_file(obj["storage_key"], path))
+            return self._put_path(self.backend(obj["pool_id"]), obj["storage_key"], path)
         except Exception:
             self._abandon(obj["object_id"])
             raise

@@ -23,6 +23,7 @@ botocore or urllib3 exception leaves this module except as a ``__cause__``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 from collections.abc import Iterator
@@ -60,9 +61,11 @@ _TRANSFER = TransferConfig(
     multipart_threshold=PART,
     multipart_chunksize=PART,
     max_concurrency=IN_MEMORY_PARTS,
-    max_in_memory_upload_chunks=IN_MEMORY_PARTS,
     use_threads=True,
 )
+# s3transfer's knob, not in boto3's constructor: parts read but not yet sent
+# (default 10, i.e. 80 MiB for one upload of a stream that cannot seek).
+_TRANSFER.max_in_memory_upload_chunks = IN_MEMORY_PARTS
 # Recording the checksum of a blob over 5 GiB takes a multipart copy.
 _BIG_COPY = TransferConfig(
     multipart_threshold=MAX_COPY_OBJECT,
@@ -134,12 +137,8 @@ class S3Backend:
                 self._where += f":{parts.port}"
         else:
             self._where = f"s3.{self.region}.amazonaws.com"
-        credentials: dict[str, str] = {}
-        if access_key_id or secret_access_key:
-            credentials = {
-                "aws_access_key_id": access_key_id,
-                "aws_secret_access_key": secret_access_key,
-            }
+        # Both empty: boto3's default chain (environment, profile, instance role).
+        explicit = bool(access_key_id or secret_access_key)
         # A session of our own: boto3's default session is not thread-safe to
         # create clients from, a client is safe to share between threads.
         session = boto3.session.Session()
@@ -147,8 +146,9 @@ class S3Backend:
             "s3",
             endpoint_url=self.endpoint,
             region_name=self.region,
+            aws_access_key_id=access_key_id if explicit else None,
+            aws_secret_access_key=secret_access_key if explicit else None,
             config=_client_config(),
-            **credentials,  # type: ignore[arg-type]
         )
 
     def __repr__(self) -> str:
@@ -372,30 +372,32 @@ class _FullReader:
         return True
 
     def read(self, n: int | None = -1) -> bytes:
-        if n is None or n < 0:
-            parts = self._pending
-            self._pending = []
-            while chunk := self._read_src(CHUNK):
-                parts.append(chunk)
-            return b"".join(parts)
-        parts, got = [], 0
-        while self._pending and got < n:
-            chunk = self._pending.pop(0)
-            if got + len(chunk) > n:
-                cut = n - got
-                self._pending.insert(0, chunk[cut:])
-                chunk = chunk[:cut]
-            parts.append(chunk)
-            got += len(chunk)
-        while got < n:
-            chunk = self._read_src(n - got)
-            if not chunk:
+        want = n if n is not None and n >= 0 else -1
+        first = self._next(want)
+        if (want >= 0 and len(first) >= want) or not first:
+            return first  # the common case: no copy at all
+        # Short pieces: gather them in a BytesIO, which grows in place and hands
+        # its buffer over without a copy (b"".join would hold twice the part).
+        buf = io.BytesIO()
+        got = buf.write(first)
+        del first
+        while want < 0 or got < want:
+            piece = self._next(want - got if want >= 0 else -1)
+            if not piece:
                 break
-            parts.append(chunk)
-            got += len(chunk)
-        if len(parts) == 1:
-            return parts[0]
-        return b"".join(parts)
+            got += buf.write(piece)
+            del piece
+        return buf.getvalue()
+
+    def _next(self, n: int) -> bytes:
+        """The next piece, at most n bytes (any size if n < 0)."""
+        if self._pending:
+            piece = self._pending.pop(0)
+            if 0 <= n < len(piece):
+                self._pending.insert(0, piece[n:])
+                piece = piece[:n]
+            return piece
+        return self._read_src(n if n >= 0 else CHUNK)
 
     def _read_src(self, n: int) -> bytes:
         try:
@@ -430,8 +432,6 @@ class _Body(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            try:
+            with contextlib.suppress(Exception):  # a broken connection: nothing to close
                 self._body.close()
-            except Exception:  # closing a broken connection: nothing left to do
-                pass
         super().close()

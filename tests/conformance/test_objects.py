@@ -145,3 +145,40 @@ def test_put_file_and_download_verify(storage: Storage, tmp_path) -> None:  # ty
     with pytest.raises(ChecksumMismatch):
         storage.download(row, again)
     assert not again.exists()  # no unverified bytes left behind
+
+
+def test_put_files_registers_many_at_once(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    blobs = [os.urandom(50_000 + i) for i in range(20)]
+    paths = []
+    for i, b in enumerate(blobs):
+        paths.append(tmp_path / f"f{i}.bin")
+        paths[-1].write_bytes(b)
+    paths.append(tmp_path / "pic.png")
+    paths[-1].write_bytes(png(5, 4))
+    rows = storage.put_files(paths)
+    assert [r["state"] for r in rows] == ["ready"] * 21
+    for row, b in zip(rows, blobs, strict=False):
+        assert row["checksum"] == "sha256:" + hashlib.sha256(b).hexdigest()
+        assert row["storage_key"] == f"objects/{row['object_id']}/original.bin"
+        with storage.open(row["object_id"]) as f:
+            assert f.read() == b
+    assert (rows[-1]["mime_type"], rows[-1]["width"], rows[-1]["height"]) == ("image/png", 5, 4)
+    assert rows[-1]["filename"] == "pic.png"
+
+
+def test_put_files_that_fail_leave_nothing_ready(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    ok = tmp_path / "ok.bin"
+    ok.write_bytes(b"fine")
+    gone = tmp_path / "gone.bin"
+    gone.write_bytes(b"soon gone")
+    local = storage.backend(storage.pool()["pool_id"])
+    real = local.put_files  # type: ignore[attr-defined]
+
+    def vanish_then_store(items):  # type: ignore[no-untyped-def]
+        gone.unlink()  # the file disappears between registration and upload
+        return real(items)
+
+    local.put_files = vanish_then_store  # type: ignore[attr-defined]
+    with pytest.raises(StorageUnavailable):
+        storage.put_files([ok, gone])
+    assert sorted(r["state"] for r in storage.list()) == ["deleting", "deleting"]
