@@ -39,3 +39,12 @@ def current(url: str) -> str | None:
             return MigrationContext.configure(conn).get_current_revision()
     finally:
         drv.dispose()
+
+
+def head() -> str:
+    """The newest revision the code ships."""
+    from alembic.script import ScriptDirectory
+
+    rev = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    assert rev is not None
+    return rev

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from hypermedia.db.driver import Driver
-from hypermedia.db.migrate import current, downgrade, upgrade
+from hypermedia.db.migrate import current, downgrade, head, upgrade
 from hypermedia.db.schema import metadata
 from tests.conftest import drop_database, make_database
 
@@ -21,8 +23,14 @@ def _diff(url: str) -> list:
         drv.dispose()
 
 
+def test_the_newest_migration_is_head() -> None:
+    versions = Path(__file__).parents[2] / "hypermedia" / "db" / "migrations" / "versions"
+    newest = max(p.name.split("_")[0] for p in versions.glob("[0-9]*.py"))
+    assert head() == newest
+
+
 def test_head_matches_models(database_url: str) -> None:
-    assert current(database_url) == "0003"
+    assert current(database_url) == head()
     assert _diff(database_url) == []
 
 
@@ -35,7 +43,7 @@ def test_downgrade_to_empty_and_back(database_url: str, tmp_path) -> None:
         downgrade(url, "base")
         assert current(url) is None
         upgrade(url)
-        assert current(url) == "0003"
+        assert current(url) == head()
         drv = Driver(url)
         try:
             with drv.read() as tx:

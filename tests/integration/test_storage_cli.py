@@ -1,0 +1,157 @@
+"""hypermedia objects / pools / gc as real subprocesses, and signed downloads
+served by a real ``hypermedia serve``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from hypermedia.db.driver import Driver
+from tests.harness import cli_env, hypermedia, spawn, stop, wait_for
+from tests.media import png
+
+
+def _ok(*args: str, url: str, home: Path) -> str:
+    proc = hypermedia(*args, url=url, home=home)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_objects_put_get_ls_show(driver: Driver, tmp_path: Path) -> None:
+    url, home = driver.url, tmp_path / "home"
+    pic = tmp_path / "holiday photo.png"
+    pic.write_bytes(png(7, 5))
+    row = json.loads(_ok("objects", "put", str(pic), "--json", url=url, home=home))
+    assert (row["state"], row["mime_type"], row["width"], row["height"]) == (
+        "ready",
+        "image/png",
+        7,
+        5,
+    )
+    assert row["filename"] == "holiday photo.png" and "storage_key" not in row
+    many = []
+    for i in range(3):
+        many.append(tmp_path / f"n{i}.bin")
+        many[-1].write_bytes(os.urandom(1000 + i))
+    rows = json.loads(_ok("objects", "put", *map(str, many), "--json", url=url, home=home))
+    assert [r["size"] for r in rows] == [1000, 1001, 1002]
+
+    out = tmp_path / "back.png"
+    _ok("objects", "get", str(row["object_id"]), "-o", str(out), url=url, home=home)
+    assert out.read_bytes() == pic.read_bytes()
+    raw = subprocess.run(
+        [sys.executable, "-m", "hypermedia", "objects", "get", str(rows[0]["object_id"])],
+        env=cli_env(url, home),
+        capture_output=True,
+        timeout=60,
+    )
+    assert raw.returncode == 0 and raw.stdout == many[0].read_bytes()
+    listed = json.loads(_ok("objects", "ls", "--json", url=url, home=home))
+    assert {r["object_id"] for r in listed} == {row["object_id"], *(r["object_id"] for r in rows)}
+    shown = json.loads(_ok("objects", "show", str(row["object_id"]), "--json", url=url, home=home))
+    assert shown["checksum"] == "sha256:" + hashlib.sha256(pic.read_bytes()).hexdigest()
+
+
+def test_corrupted_download_is_refused_and_not_written(driver: Driver, tmp_path: Path) -> None:
+    url, home = driver.url, tmp_path / "home"
+    src = tmp_path / "data.bin"
+    src.write_bytes(os.urandom(300_000))
+    row = json.loads(_ok("objects", "put", str(src), "--json", url=url, home=home))
+    blob = next((home / "storage" / "objects" / str(row["object_id"])).iterdir())
+    blob.write_bytes(os.urandom(300_000))
+    out = tmp_path / "out.bin"
+    proc = hypermedia("objects", "get", str(row["object_id"]), "-o", str(out), url=url, home=home)
+    assert proc.returncode == 1
+    assert "checksum" in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists() and not list(tmp_path.glob(".out.bin*"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["pools", "add", "x", "ftp://host/x"], "file: or s3://"),
+        (["pools", "add", "x", "s3://AKIA:secret@bucket"], "credentials"),
+        (["objects", "get", "999999"], "not found"),
+        (["objects", "put", "/nonexistent/file"], "does not exist"),
+        (["jobs", "submit", "debug.copy", "--object", "424242"], "does not exist"),
+    ],
+)
+def test_storage_bad_requests(
+    driver: Driver, tmp_path: Path, args: list[str], message: str
+) -> None:
+    proc = hypermedia(*args, url=driver.url, home=tmp_path)
+    assert proc.returncode != 0
+    assert message in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr and "secret" not in proc.stderr
+
+
+def test_pools_and_gc(driver: Driver, tmp_path: Path) -> None:
+    url, home = driver.url, tmp_path / "home"
+    archive = tmp_path / "archive"
+    _ok("pools", "add", "archive", f"file://{archive}", url=url, home=home)
+    src = tmp_path / "a.txt"
+    src.write_text("hello")
+    row = json.loads(
+        _ok("objects", "put", str(src), "--pool", "archive", "--json", url=url, home=home)
+    )
+    pools = json.loads(_ok("pools", "ls", "--json", url=url, home=home))
+    assert {p["name"] for p in pools} >= {"archive"}
+    assert (archive / "objects" / str(row["object_id"]) / "original.txt").read_text() == "hello"
+    report = json.loads(
+        hypermedia(
+            "gc", "run-once", "--json", url=url, home=home, HYPERMEDIA_GC_UNREFERENCED_SECONDS="0"
+        ).stdout
+    )
+    assert report["deleted"] == 1
+    assert not (archive / "objects" / str(row["object_id"])).exists()
+
+
+def test_signed_download_urls_served_by_serve(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    home = tmp_path / "embedded"
+    server = spawn("serve", "--port", str(port), url="", home=home, log=tmp_path / "serve.log")
+    try:
+        base = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(f"{base}/readyz", timeout=1) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        wait_for(ready, 30)
+        src = tmp_path / "résumé final.pdf"
+        data = b"%PDF-1.4\n" + os.urandom(2_500_000)
+        src.write_bytes(data)
+        row = json.loads(_ok("objects", "put", str(src), "--json", url="", home=home))
+        link = _ok("objects", "url", str(row["object_id"]), "--base-url", base, url="", home=home)
+        with urllib.request.urlopen(link.strip(), timeout=10) as r:
+            assert r.read() == data
+            assert r.headers["Content-Type"] == "application/pdf"
+            assert (
+                "filename*=UTF-8''r%C3%A9sum%C3%A9%20final.pdf" in r.headers["Content-Disposition"]
+            )
+        for forged in (
+            link.strip().replace("sig=", "sig=0"),
+            link.strip().replace(f"/{row['object_id']}/", f"/{row['object_id'] + 1}/"),
+            f"{base}/v1/objects/{row['object_id']}/content?expires=9999999999&sig=abc",
+        ):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(forged, timeout=10)
+            assert err.value.code == 403
+            err.value.close()
+    finally:
+        assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
