@@ -148,6 +148,7 @@ class LocalBackend:
         return os.fdopen(fd, "rb", buffering=CHUNK)
 
     def stored_checksum(self, key: str) -> str | None:
+        check_key(key)
         return None  # the ledger's checksum is the only one
 
     def delete(self, key: str) -> None:
@@ -162,6 +163,7 @@ class LocalBackend:
         return self._path(key).is_file()
 
     def presign(self, key: str, expires_seconds: int, filename: str = "") -> str | None:
+        check_key(key)
         return None  # the service signs local downloads (see ledger.signed_url)
 
     def sweep_incomplete(self, older_than_seconds: float) -> int:
@@ -176,7 +178,10 @@ class LocalBackend:
         return removed
 
     def size(self, key: str) -> int:
-        return self._path(key).stat().st_size
+        try:
+            return self._path(key).stat().st_size
+        except FileNotFoundError as exc:
+            raise BlobMissing("no blob under this key") from exc
 
 
 def _make_parents(path: Path, root: Path) -> list[Path]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import http.client
 import io
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,6 +63,7 @@ _TRANSFER = TransferConfig(
     multipart_chunksize=PART,
     max_concurrency=IN_MEMORY_PARTS,
     use_threads=True,
+    preferred_transfer_client="classic",  # the CRT client would ignore the memory bound
 )
 # s3transfer's knob, not in boto3's constructor: parts read but not yet sent
 # (default 10, i.e. 80 MiB for one upload of a stream that cannot seek).
@@ -92,18 +94,18 @@ _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     botocore.exceptions.BotoCoreError,
     Boto3Error,
     urllib3.exceptions.HTTPError,
+    http.client.HTTPException,
     OSError,
 )
 
 
-def _client_config(**extra: Any) -> Config:
+def _client_config() -> Config:
     base: dict[str, Any] = {
         "s3": {"addressing_style": "path"},
         "signature_version": "s3v4",
         "retries": {"max_attempts": 2, "mode": "standard"},
         "connect_timeout": 5,
         "read_timeout": 60,
-        **extra,
     }
     try:
         # botocore >= 1.36 adds CRC checksums to every upload by default, which
@@ -200,10 +202,10 @@ class S3Backend:
             params["ResponseContentDisposition"] = (
                 f"attachment; filename*=UTF-8''{quote(filename, safe='')}"
             )
+        # SigV4 presigned URLs cannot live longer than 7 days.
+        ttl = max(1, min(int(expires_seconds), 7 * 24 * 3600))
         with self._errors("sign a URL for"):
-            return self._client.generate_presigned_url(
-                "get_object", Params=params, ExpiresIn=int(expires_seconds)
-            )
+            return self._client.generate_presigned_url("get_object", Params=params, ExpiresIn=ttl)
 
     # -- more ------------------------------------------------------------------
 
@@ -233,7 +235,12 @@ class S3Backend:
                         },
                     )
             except botocore.exceptions.ClientError as exc:
-                if _code(exc) not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
+                code = _code(exc)
+                if code == "BucketAlreadyExists":
+                    # Made meanwhile by us (some stores say so) or someone else's:
+                    # only ours can be reached.
+                    self._client.head_bucket(Bucket=self.bucket)
+                elif code != "BucketAlreadyOwnedByYou":
                     raise
 
     def close(self) -> None:

@@ -1,0 +1,129 @@
+"""The ledger and jobs on a real S3 store (SeaweedFS), including outages.
+
+The oracle of the outage tests: nothing becomes ``ready`` while the store is
+away, the job waits in ``retry_wait`` with STORAGE_UNAVAILABLE, and it
+completes once the store is back, with one output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hypermedia.config import Settings
+from hypermedia.db.driver import Driver
+from hypermedia.queue.engine import Engine
+from hypermedia.queue.models import NewJob
+from hypermedia.storage.base import StorageUnavailable
+from hypermedia.storage.gc import GarbageCollector
+from hypermedia.storage.ledger import Storage
+from hypermedia.storage.s3 import S3Backend
+from tests.integration._procs import Procs, wait_job
+from tests.storage.conftest import SeaweedServer, drop_bucket
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def s3_settings(settings: Settings, s3_endpoint: dict[str, str]) -> Settings:
+    return settings.with_(
+        s3_access_key_id=s3_endpoint["access_key_id"],
+        s3_secret_access_key=s3_endpoint["secret_access_key"],
+    )
+
+
+@pytest.fixture
+def s3_storage(
+    driver: Driver, s3_settings: Settings, s3_endpoint: dict[str, str]
+) -> Iterator[Storage]:
+    bucket = f"j-{os.urandom(4).hex()}"
+    S3Backend(
+        bucket,
+        endpoint=s3_endpoint["endpoint"],
+        access_key_id=s3_endpoint["access_key_id"],
+        secret_access_key=s3_endpoint["secret_access_key"],
+    ).ensure_bucket()
+    st = Storage(driver, s3_settings)
+    st.add_pool("s3", f"s3://{bucket}?endpoint={s3_endpoint['endpoint']}&region=us-east-1")
+    yield st
+    drop_bucket(s3_endpoint, bucket)
+
+
+@pytest.fixture
+def s3_procs(driver: Driver, tmp_path: Path) -> Iterator[Procs]:
+    p = Procs(driver, tmp_path)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def test_objects_round_trip_and_presigned_urls(s3_storage: Storage) -> None:
+    data = os.urandom(20 * 1024 * 1024 + 5)  # multipart
+    row = s3_storage.put(io.BytesIO(data), pool="s3", filename="big.bin")
+    assert row["state"] == "ready"
+    assert row["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    with s3_storage.open(row["object_id"]) as f:
+        assert f.read() == data
+    url = s3_storage.signed_url(row["object_id"])
+    assert "X-Amz-Signature" in url or "Signature" in url
+    with urllib.request.urlopen(url, timeout=30) as r:
+        assert hashlib.sha256(r.read()).hexdigest() == hashlib.sha256(data).hexdigest()
+    # GC deletes the blob on S3, then the row.
+    s = s3_storage.settings.with_(gc_unreferenced_seconds=0.0)
+    assert GarbageCollector(Storage(s3_storage.db, s)).run_once().deleted == 1
+    backend = s3_storage.backend(row["pool_id"])
+    assert not backend.exists(row["storage_key"])
+
+
+def test_an_upload_while_s3_is_down_never_becomes_ready(
+    s3_storage: Storage, seaweed: SeaweedServer
+) -> None:
+    s3_storage.pool("s3")
+    with seaweed.down(), pytest.raises(StorageUnavailable) as err:
+        s3_storage.put(io.BytesIO(b"x" * 100_000), pool="s3")
+    assert s3_storage.settings.s3_secret_access_key not in str(err.value)
+    assert [r["state"] for r in s3_storage.list()] == ["deleting"]
+    # GC sweeps it once S3 is back (the blob never existed: the delete is a no-op).
+    report = GarbageCollector(s3_storage).run_once()
+    assert report.deleted == 1 and s3_storage.list() == []
+
+
+def test_a_job_waits_out_an_s3_outage_and_completes(
+    driver: Driver,
+    s3_storage: Storage,
+    s3_settings: Settings,
+    seaweed: SeaweedServer,
+    s3_procs: Procs,
+) -> None:
+    data = os.urandom(300_000)
+    src = s3_storage.put(io.BytesIO(data), pool="s3")
+    eng = Engine(driver, s3_settings)
+    seaweed.stop()
+    job_id = eng.enqueue(NewJob("debug.copy", object_id=src["object_id"], max_attempts=20))
+    s3_procs.worker(
+        "--concurrency",
+        "1",
+        HYPERMEDIA_S3_ACCESS_KEY_ID=s3_settings.s3_access_key_id,
+        HYPERMEDIA_S3_SECRET_ACCESS_KEY=s3_settings.s3_secret_access_key,
+        HYPERMEDIA_BACKOFF_BASE_SECONDS="0.5",
+        HYPERMEDIA_BACKOFF_MAX_SECONDS="2",
+    )
+    row = wait_job(driver, job_id, {"retry_wait"}, timeout=60)
+    assert row["error_code"] == "STORAGE_UNAVAILABLE"
+    assert s3_settings.s3_secret_access_key not in (row["safe_reason"] or "")
+    assert [o["state"] for o in s3_storage.list()] == ["ready"]  # only the input
+    seaweed.start()
+    done = wait_job(driver, job_id, timeout=90)
+    assert done["status"] == "completed", (done["error_code"], done["safe_reason"])
+    with driver.read() as tx:
+        outputs = tx.outputs(job_id)
+    assert len(outputs) == 1
+    with s3_storage.open(outputs[0]["object_id"]) as f:
+        assert f.read() == data
