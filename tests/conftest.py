@@ -162,3 +162,15 @@ def storage(driver: Driver, settings: Settings):  # type: ignore[no-untyped-def]
     from hypermedia.storage.ledger import Storage
 
     return Storage(driver, settings)
+
+
+@pytest.fixture
+def procs(driver: Driver, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Processes started by a test; all of them (and their children) die at teardown."""
+    from tests.integration._procs import Procs
+
+    p = Procs(driver, tmp_path)
+    try:
+        yield p
+    finally:
+        p.close()

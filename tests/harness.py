@@ -122,3 +122,27 @@ def query(url: str, sql: str, **params: Any) -> list[sa.Row[Any]]:
 def status_counts(url: str) -> dict[str, int]:
     rows = query(url, "SELECT status, COUNT(*) FROM processing_jobs GROUP BY status")
     return {r[0]: int(r[1]) for r in rows}
+
+
+def start_serve(tmp_path: Path, home: Path):  # type: ignore[no-untyped-def]
+    """Start ``hypermedia serve`` on a free port; return (process, base URL) once ready."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = spawn("serve", "--port", str(port), url="", home=home, log=tmp_path / "serve.log")
+    base = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        if server.poll() is not None:
+            raise AssertionError((tmp_path / "serve.log").read_text()[-2000:])
+        try:
+            with urllib.request.urlopen(f"{base}/readyz", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    wait_for(ready, 30, what="serve answers /readyz")
+    return server, base

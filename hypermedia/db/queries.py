@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from hypermedia.db import dialects
+from hypermedia.db.bulk import update_many
 from hypermedia.db.schema import job_attempts as A
 from hypermedia.db.schema import job_events as E
 from hypermedia.db.schema import job_outputs as O
@@ -165,20 +166,8 @@ class Tx(WorkerQueries, StorageQueries):
 
     def update_jobs_many(self, from_statuses: Iterable[str], rows: Sequence[Row]) -> None:
         """Executemany of guarded updates; each row carries ``_id`` and the same columns."""
-        if not rows:
-            return
-        cols = [k for k in rows[0] if k != "_id"]
-        # Fix: ``status.in_([...])`` is an "expanding" parameter, which SQLAlchemy
-        # refuses under executemany() -- every batch of two or more results
-        # settled together failed.  ORed equalities bind plain parameters.
         guard = sa.or_(*(J.c.status == s for s in sorted(from_statuses)))
-        stmt = (
-            sa.update(J)
-            .where(J.c.job_id == sa.bindparam("_id"), guard)
-            .values({c: sa.bindparam(f"v_{c}") for c in cols})
-        )
-        params = [{"_id": r["_id"], **{f"v_{c}": r[c] for c in cols}} for r in rows]
-        self.conn.execute(stmt, params)
+        update_many(self.conn, J.c.job_id, guard, rows)
 
     def update_jobs_by_ids(
         self, ids: Sequence[int], from_statuses: Iterable[str], values: Row

@@ -8,24 +8,18 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from hypermedia.db.bulk import update_many
 from hypermedia.db.schema import job_outputs as O
 from hypermedia.db.schema import processing_jobs as J
 from hypermedia.db.schema_storage import objects as OB
 from hypermedia.db.schema_storage import photo_objects as PO
 from hypermedia.db.schema_storage import pools as PL
 from hypermedia.errors import Conflict
+from hypermedia.queue.states import STATUSES, TERMINAL
 
 Row = dict[str, Any]
-# Jobs that may still read their input object.
-LIVE_JOB_STATUSES = (
-    "created",
-    "queued",
-    "claimed",
-    "processing",
-    "cancel_requested",
-    "paused",
-    "retry_wait",
-)
+# Jobs that may still read their input object: every status but the terminal ones.
+LIVE_JOB_STATUSES = tuple(s for s in STATUSES if s not in TERMINAL)
 
 
 class StorageQueries:
@@ -72,16 +66,7 @@ class StorageQueries:
 
     def update_objects_many(self, from_state: str, rows: Sequence[Row]) -> int:
         """Executemany of guarded updates; each row has ``_id`` and the same columns."""
-        if not rows:
-            return 0
-        cols = [k for k in rows[0] if k != "_id"]
-        stmt = (
-            sa.update(OB)
-            .where(OB.c.object_id == sa.bindparam("_id"), OB.c.state == from_state)
-            .values({c: sa.bindparam(f"v_{c}") for c in cols})
-        )
-        params = [{"_id": r["_id"], **{f"v_{c}": r[c] for c in cols}} for r in rows]
-        return int(self.conn.execute(stmt, params).rowcount)
+        return update_many(self.conn, OB.c.object_id, OB.c.state == from_state, rows)
 
     def object(self, object_id: int, *, lock: bool = False) -> Row | None:
         q = sa.select(OB).where(OB.c.object_id == object_id)

@@ -76,6 +76,13 @@ def known() -> list[str]:
     return sorted(_REGISTRY)
 
 
+_builtin_loaded = False
+
+
 def _load_builtin() -> None:
-    if not _REGISTRY:
-        from hypermedia.pipelines import debug  # noqa: F401  (registers on import)
+    # A flag, not "registry empty": a module that imported one pipeline
+    # early must not keep the other built-ins from registering.
+    global _builtin_loaded
+    if not _builtin_loaded:
+        _builtin_loaded = True
+        from hypermedia.pipelines import debug, image  # noqa: F401  (registers on import)

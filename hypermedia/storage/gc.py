@@ -58,31 +58,30 @@ class GarbageCollector:
     def mark(self) -> None:
         s = self.storage.settings
         now = utcnow()
-        while True:
-            n = self._mark(
-                "ready", now - timedelta(seconds=s.gc_unreferenced_seconds), unreferenced=True
-            )
-            self.report.marked_unreferenced += n
-            if n < BATCH:
-                break
-        while True:
-            n = self._mark(
-                "pending", now - timedelta(seconds=s.gc_pending_seconds), unreferenced=False
-            )
-            self.report.marked_pending += n
-            if n < BATCH:
-                break
+        rounds = (
+            ("ready", s.gc_unreferenced_seconds, True),
+            ("pending", s.gc_pending_seconds, False),
+        )
+        for state, age, unreferenced in rounds:
+            while True:
+                seen, marked = self._mark(state, now - timedelta(seconds=age), unreferenced)
+                if unreferenced:
+                    self.report.marked_unreferenced += marked
+                else:
+                    self.report.marked_pending += marked
+                # Stop on a short batch, or when a whole batch was kept (all
+                # referenced after all): the next round would see it again.
+                if seen < BATCH or not marked:
+                    break
 
-    def _mark(self, state: str, before: datetime, *, unreferenced: bool) -> int:
+    def _mark(self, state: str, before: datetime, unreferenced: bool) -> tuple[int, int]:
+        """One locked batch: (rows seen, rows marked deleting)."""
         with self.storage.db.tx() as tx:
             ids = tx.collectable(state, before, BATCH, unreferenced=unreferenced)
-            if not ids:
-                return 0
-            keep = tx.referenced(ids) if unreferenced else set()
+            keep = tx.referenced(ids) if unreferenced and ids else set()
             chosen = [i for i in ids if i not in keep]
             tx.mark_deleting(chosen, state, utcnow())
-            # Locked but kept rows count as seen, so a full batch goes round again.
-            return len(ids) if len(chosen) else 0
+            return len(ids), len(chosen)
 
     def sweep_uploads(self) -> None:
         """Temporary files of uploads whose process died, as old as stale pending objects."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hypermedia.db.driver import Driver
-from tests.harness import hypermedia, spawn, stop, wait_for
+from tests.harness import hypermedia, spawn, start_serve, stop
 
 
 def _run(*args: str, url: str, home: Path):
@@ -155,24 +155,9 @@ def test_db_upgrade_on_a_fresh_sqlite_home(tmp_path: Path) -> None:
 
 
 def test_serve_runs_jobs_and_answers_health(tmp_path: Path) -> None:
-    import socket
-    import urllib.request
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     home = tmp_path / "embedded"
-    server = spawn("serve", "--port", str(port), url="", home=home, log=tmp_path / "serve.log")
+    server, _ = start_serve(tmp_path, home)
     try:
-
-        def healthy() -> bool:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        wait_for(healthy, 30)
         out = _json(
             hypermedia(
                 "jobs",

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hypermedia.db.driver import Driver
-from tests.harness import cli_env, hypermedia, spawn, stop, wait_for
+from tests.harness import cli_env, hypermedia, start_serve, stop
 from tests.media import png
 
 
@@ -117,22 +116,9 @@ def test_pools_and_gc(driver: Driver, tmp_path: Path) -> None:
 
 
 def test_signed_download_urls_served_by_serve(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     home = tmp_path / "embedded"
-    server = spawn("serve", "--port", str(port), url="", home=home, log=tmp_path / "serve.log")
+    server, base = start_serve(tmp_path, home)
     try:
-        base = f"http://127.0.0.1:{port}"
-
-        def ready() -> bool:
-            try:
-                with urllib.request.urlopen(f"{base}/readyz", timeout=1) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        wait_for(ready, 30)
         src = tmp_path / "résumé final.pdf"
         data = b"%PDF-1.4\n" + os.urandom(2_500_000)
         src.write_bytes(data)

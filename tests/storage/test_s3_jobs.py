@@ -12,7 +12,6 @@ import io
 import os
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -55,15 +54,6 @@ def s3_storage(
     drop_bucket(s3_endpoint, bucket)
 
 
-@pytest.fixture
-def s3_procs(driver: Driver, tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(driver, tmp_path)
-    try:
-        yield p
-    finally:
-        p.close()
-
-
 def test_objects_round_trip_and_presigned_urls(s3_storage: Storage) -> None:
     data = os.urandom(20 * 1024 * 1024 + 5)  # multipart
     row = s3_storage.put(io.BytesIO(data), pool="s3", filename="big.bin")
@@ -100,14 +90,14 @@ def test_a_job_waits_out_an_s3_outage_and_completes(
     s3_storage: Storage,
     s3_settings: Settings,
     seaweed: SeaweedServer,
-    s3_procs: Procs,
+    procs: Procs,
 ) -> None:
     data = os.urandom(300_000)
     src = s3_storage.put(io.BytesIO(data), pool="s3")
     eng = Engine(driver, s3_settings)
     seaweed.stop()
     job_id = eng.enqueue(NewJob("debug.copy", object_id=src["object_id"], max_attempts=20))
-    s3_procs.worker(
+    procs.worker(
         "--concurrency",
         "1",
         HYPERMEDIA_S3_ACCESS_KEY_ID=s3_settings.s3_access_key_id,
