@@ -42,6 +42,7 @@ class Settings:
     gc_interval_seconds: float = 60.0
     gc_unreferenced_seconds: float = 86400.0
     gc_pending_seconds: float = 21600.0
+    photo_bridge_interval_seconds: float = 2.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -80,6 +81,7 @@ _ENV_NAMES = {
     "gc_interval_seconds": "GC_INTERVAL_SECONDS",
     "gc_unreferenced_seconds": "GC_UNREFERENCED_SECONDS",
     "gc_pending_seconds": "GC_PENDING_SECONDS",
+    "photo_bridge_interval_seconds": "PHOTO_BRIDGE_INTERVAL_SECONDS",
 }
 
 

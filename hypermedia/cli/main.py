@@ -6,7 +6,7 @@ import threading
 
 import typer
 
-from hypermedia.cli import jobs, objects
+from hypermedia.cli import jobs, objects, photos
 from hypermedia.cli.common import console, engine, settings, setup_logging, user_errors
 from hypermedia.db import migrate
 from hypermedia.pipelines import registry
@@ -18,6 +18,7 @@ app.add_typer(jobs.app, name="jobs")
 app.add_typer(objects.objects_app, name="objects")
 app.add_typer(objects.pools_app, name="pools")
 app.add_typer(objects.gc_app, name="gc")
+app.add_typer(photos.app, name="photos")
 
 ALL_QUEUES = "images,documents,ocr,media,bulk"
 

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from hypermedia.db import dialects
 from hypermedia.db.bulk import update_many
+from hypermedia.db.photo_queries import PhotoQueries
 from hypermedia.db.schema import job_attempts as A
 from hypermedia.db.schema import job_events as E
 from hypermedia.db.schema import job_outputs as O
@@ -48,7 +49,7 @@ def _rows(result: sa.CursorResult[Any]) -> list[Row]:
     return [dict(r._mapping) for r in result]
 
 
-class Tx(WorkerQueries, StorageQueries):
+class Tx(WorkerQueries, StorageQueries, PhotoQueries):
     def __init__(self, conn: sa.Connection, dialect: str, *, autocommit: bool = False) -> None:
         self.conn = conn
         self.dialect = dialect

@@ -12,6 +12,7 @@ import json
 import random
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -70,66 +71,85 @@ class Engine:
 
     def enqueue(self, job: NewJob) -> int:
         """Create one job; with an idempotency key, a repeat returns the first job."""
-        if job.idempotency_key is None:
-            return self.enqueue_many([job])[0]
         try:
             with self.db.tx() as tx:
-                found = tx.job_by_idempotency_key(job.project_id, job.idempotency_key)
-                if found is None:
-                    row, ev_msg = self._new_row(tx, job)
-                    ids = tx.insert_jobs([row])
-                    job_id = ids[row["job_uuid"]]
-                    tx.insert_events(
-                        [
-                            event(
-                                job_id,
-                                row["created_at"],
-                                None,
-                                row["status"],
-                                message=ev_msg,
-                                actor=job.created_by,
-                            )
-                        ]
-                    )
-                    tx.notify({row["queue_name"]})
-                    return job_id
+                return self.enqueue_in(tx, [job])[0]
         except Conflict:
+            if job.idempotency_key is None:
+                raise
             # Fix: a concurrent enqueue with the same key committed between our
             # lookup and our insert (the unique key refused ours).  Its job is
             # the answer, exactly as if it had been found up front.
             with self.db.read() as tx:
                 found = tx.job_by_idempotency_key(job.project_id, job.idempotency_key)
-            if found is None:
-                raise
-        if not _same_request(found, job):
-            raise IdempotencyConflict(
-                "this Idempotency-Key was already used for a different request"
-            )
-        return int(found["job_id"])
+                if found is None:
+                    raise
+                if not self._repeats(tx, found, job):
+                    raise IdempotencyConflict(
+                        "this Idempotency-Key was already used for a different request"
+                    ) from None
+            return int(found["job_id"])
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
         """Create many jobs in one transaction; ids in the order given."""
         if not jobs:
             return []
         with self.db.tx() as tx:
-            profiles: dict[str, Row] = {}
-            built = [self._new_row(tx, j, profiles) for j in jobs]
-            ids = tx.insert_jobs([r for r, _ in built])
-            tx.insert_events(
-                [
-                    event(
-                        ids[r["job_uuid"]],
-                        r["created_at"],
-                        None,
-                        r["status"],
-                        message=msg,
-                        actor=r["created_by"],
-                    )
-                    for r, msg in built
-                ]
-            )
-            tx.notify({r["queue_name"] for r, _ in built if r["status"] == "queued"})
-        return [ids[r["job_uuid"]] for r, _ in built]
+            return self.enqueue_in(tx, jobs)
+
+    def enqueue_in(self, tx: Any, jobs: Sequence[NewJob]) -> list[int]:
+        """``enqueue_many`` inside the caller's transaction: the jobs commit with its other writes.
+
+        A job whose idempotency key was used before answers with the first job
+        (IdempotencyConflict if that one asked for something else).  Every new
+        job is validated before anything is written.  A concurrent enqueue of
+        the same key raises Conflict: the caller's transaction must roll back.
+        """
+        profiles: dict[str, Row] = {}
+        found: dict[int, int] = {}
+        built: list[tuple[int, Row, str]] = []
+        for i, j in enumerate(jobs):
+            if j.idempotency_key is not None:
+                prior = tx.job_by_idempotency_key(j.project_id, j.idempotency_key)
+                if prior is not None:
+                    if not self._repeats(tx, prior, j):
+                        raise IdempotencyConflict(
+                            "this Idempotency-Key was already used for a different request"
+                        )
+                    found[i] = int(prior["job_id"])
+                    continue
+            built.append((i, *self._new_row(tx, j, profiles)))
+        ids = tx.insert_jobs([r for _, r, _ in built])
+        tx.insert_events(
+            [
+                event(
+                    ids[r["job_uuid"]],
+                    r["created_at"],
+                    None,
+                    r["status"],
+                    message=msg,
+                    actor=r["created_by"],
+                )
+                for _, r, msg in built
+            ]
+        )
+        tx.notify({r["queue_name"] for _, r, _ in built if r["status"] == "queued"})
+        found.update({i: ids[r["job_uuid"]] for i, r, _ in built})
+        return [found[i] for i in range(len(jobs))]
+
+    def _repeats(self, tx: Any, prior: Row, job: NewJob) -> bool:
+        """Whether ``job`` asks for what ``prior`` is.  Stored params are validated
+        ones (profile defaults filled in): validate the request's params against
+        the prior job's profile before comparing."""
+        if _same_request(prior, job):
+            return True
+        try:
+            profile = tx.profile_by_id(prior["profile_id"]) or {}
+            settings = dict(profile.get("settings") or {})
+            params = registry.get(job.job_type).validate(dict(job.params), settings)
+        except JobError:
+            return False
+        return _same_request(prior, replace(job, params=params))
 
     def _new_row(
         self, tx: Any, job: NewJob, profiles: dict[str, Row] | None = None

@@ -54,6 +54,29 @@ def test_same_idempotency_key_returns_the_same_job(engine, driver):
     assert transitions(driver, first) == [(None, "queued")]
 
 
+def test_a_repeat_matches_even_when_the_profile_filled_in_defaults(engine, storage):
+    """Stored params are validated ones (profile defaults added); the raw repeat still matches."""
+    import io
+
+    from tests.media import png
+
+    obj = storage.put(io.BytesIO(png(4, 4)))
+    ask = NewJob("image.thumbnail", {}, object_id=obj["object_id"], idempotency_key="thumb-1")
+    first = engine.enqueue(ask)
+    assert engine.get(first)["params"] != {}  # defaults were filled in
+    assert engine.enqueue(ask) == first
+    assert engine.enqueue_many([ask]) == [first]
+    with pytest.raises(IdempotencyConflict):
+        engine.enqueue(
+            NewJob(
+                "image.thumbnail",
+                {"size": 99},
+                object_id=obj["object_id"],
+                idempotency_key="thumb-1",
+            )
+        )
+
+
 def test_idempotent_repeat_after_the_job_moved_on_still_returns_it(engine):
     first = engine.enqueue(NewJob("debug.noop", idempotency_key="k-moved"))
     engine.cancel(first)

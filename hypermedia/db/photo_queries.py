@@ -1,0 +1,248 @@
+"""Queries of the photo domain (seed 002): photos, their object bindings,
+variant_jobs and compatibility bridge hits.  Mixed into ``Tx``.
+
+Binding an object follows GC's locking protocol (``hypermedia.storage.gc``):
+the object row is locked and must be ``ready``, so a binding either commits
+before GC locks the row (and GC's re-check sees it) or finds it ``deleting``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from hypermedia.db.schema import job_outputs as O
+from hypermedia.db.schema_storage import bridge_hits as BH
+from hypermedia.db.schema_storage import objects as OB
+from hypermedia.db.schema_storage import photo_objects as PO
+from hypermedia.db.schema_storage import photos as PH
+from hypermedia.db.schema_storage import variant_jobs as VJ
+from hypermedia.errors import Conflict
+
+Row = dict[str, Any]
+
+
+def _rows(result: sa.CursorResult[Any]) -> list[Row]:
+    return [dict(r._mapping) for r in result]
+
+
+class PhotoQueries:
+    conn: sa.Connection
+    dialect: str
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """Statements that may fail without spoiling the transaction around them.
+
+        On PostgreSQL a failed statement aborts the whole transaction; rolling
+        back to a savepoint keeps what was written before it.
+        """
+        with self.conn.begin_nested():
+            yield
+
+    # -- photos --------------------------------------------------------------
+
+    def insert_photo(self, values: Row) -> None:
+        self.conn.execute(sa.insert(PH).values(values))
+
+    def photo(self, photo_id: str, *, lock: bool = False) -> Row | None:
+        q = sa.select(PH).where(PH.c.photo_id == photo_id)
+        if lock and self.dialect != "sqlite":  # SQLite: the write lock is held already
+            q = q.with_for_update()
+        row = self.conn.execute(q).first()
+        return dict(row._mapping) if row else None
+
+    def photos(
+        self,
+        project_id: str,
+        *,
+        album: str | None = None,
+        before: tuple[datetime, str] | None = None,
+        limit: int = 50,
+    ) -> list[Row]:
+        """Newest first; ``before`` is the (created_at, photo_id) of the last row seen."""
+        q = sa.select(PH).where(PH.c.project_id == project_id)
+        if album is not None:
+            q = q.where(PH.c.album == album)
+        if before is not None:
+            at, pid = before
+            q = q.where(
+                sa.or_(PH.c.created_at < at, sa.and_(PH.c.created_at == at, PH.c.photo_id < pid))
+            )
+        q = q.order_by(PH.c.created_at.desc(), PH.c.photo_id.desc()).limit(limit)
+        return _rows(self.conn.execute(q))
+
+    def update_photo(self, photo_id: str, values: Row) -> bool:
+        q = sa.update(PH).where(PH.c.photo_id == photo_id).values(values)
+        return self.conn.execute(q).rowcount == 1
+
+    def delete_photo(self, photo_id: str) -> bool:
+        """The photo, its bindings and its variant row (the foreign keys would
+        cascade; explicit deletes say what goes and do not depend on them)."""
+        self.conn.execute(sa.delete(PO).where(PO.c.photo_id == photo_id))
+        self.conn.execute(sa.delete(VJ).where(VJ.c.photo_id == photo_id))
+        return self.conn.execute(sa.delete(PH).where(PH.c.photo_id == photo_id)).rowcount == 1
+
+    # -- bindings ------------------------------------------------------------
+
+    def bind(self, photo_id: str, object_id: int, role: str) -> None:
+        """Bind ``object_id`` to the photo as ``role``, replacing that role's binding.
+
+        Locks the object row and refuses one that is not ``ready`` (see the
+        module docstring): an object GC has marked is never bound again.
+        """
+        q = sa.select(OB.c.state).where(OB.c.object_id == object_id)
+        if self.dialect != "sqlite":
+            q = q.with_for_update()
+        state = self.conn.execute(q).scalar()
+        if state is None:
+            raise Conflict(f"object {object_id} no longer exists")
+        if state != "ready":
+            raise Conflict(f"object {object_id} is {state}, not ready")
+        self.conn.execute(sa.delete(PO).where(PO.c.photo_id == photo_id, PO.c.role == role))
+        self.conn.execute(sa.insert(PO).values(photo_id=photo_id, object_id=object_id, role=role))
+
+    def unbind(self, photo_id: str, role: str) -> bool:
+        q = sa.delete(PO).where(PO.c.photo_id == photo_id, PO.c.role == role)
+        return self.conn.execute(q).rowcount == 1
+
+    def bindings_of(self, photo_ids: Sequence[str]) -> list[Row]:
+        """Bindings of these photos with the facts of their objects."""
+        if not photo_ids:
+            return []
+        q = (
+            sa.select(
+                PO.c.photo_id,
+                PO.c.role,
+                PO.c.object_id,
+                OB.c.size,
+                OB.c.mime_type,
+                OB.c.width,
+                OB.c.height,
+                OB.c.filename,
+                OB.c.state,
+            )
+            .join(OB, OB.c.object_id == PO.c.object_id)
+            .where(PO.c.photo_id.in_(list(photo_ids)))
+            .order_by(PO.c.photo_id, PO.c.role)
+        )
+        return _rows(self.conn.execute(q))
+
+    def photos_bound_to(self, object_id: int, role: str) -> list[str]:
+        """Photos that share this object in this role (copies of one another)."""
+        q = (
+            sa.select(PO.c.photo_id)
+            .where(PO.c.object_id == object_id, PO.c.role == role)
+            .order_by(PO.c.photo_id)
+        )
+        return [r[0] for r in self.conn.execute(q)]
+
+    # -- variant_jobs --------------------------------------------------------
+
+    def insert_variant_job(self, photo_id: str, now: datetime) -> None:
+        self.conn.execute(
+            sa.insert(VJ).values(
+                photo_id=photo_id, attempts=0, next_attempt_at=now, last_error="", created_at=now
+            )
+        )
+
+    def variant_job(self, photo_id: str) -> Row | None:
+        row = self.conn.execute(sa.select(VJ).where(VJ.c.photo_id == photo_id)).first()
+        return dict(row._mapping) if row else None
+
+    def due_variant_jobs(
+        self, now: datetime, limit: int, *, exclude: Sequence[str] = ()
+    ) -> list[Row]:
+        """Lock rows no engine job was made for yet, skipping rows others hold."""
+        q = sa.select(VJ).where(VJ.c.adopted_at.is_(None), VJ.c.next_attempt_at <= now)
+        if exclude:
+            q = q.where(VJ.c.photo_id.not_in(list(exclude)))
+        q = q.order_by(VJ.c.next_attempt_at, VJ.c.photo_id).limit(limit)
+        if self.dialect != "sqlite":
+            q = q.with_for_update(skip_locked=True)
+        return _rows(self.conn.execute(q))
+
+    def adopted_variant_jobs(self, after: str, limit: int) -> list[Row]:
+        """Rows whose engine jobs exist, by photo id (``after``: the last one seen)."""
+        q = (
+            sa.select(VJ)
+            .where(VJ.c.adopted_at.is_not(None), VJ.c.photo_id > after)
+            .order_by(VJ.c.photo_id)
+            .limit(limit)
+        )
+        return _rows(self.conn.execute(q))
+
+    def mark_variant_adopted(self, photo_id: str, now: datetime) -> bool:
+        q = (
+            sa.update(VJ)
+            .where(VJ.c.photo_id == photo_id, VJ.c.adopted_at.is_(None))
+            .values(adopted_at=now, last_error="")
+        )
+        return self.conn.execute(q).rowcount == 1
+
+    def variant_failed(self, photo_id: str, error: str, next_attempt_at: datetime) -> None:
+        """One more failed try: attempts + 1, the (already redacted) error, a later retry."""
+        q = (
+            sa.update(VJ)
+            .where(VJ.c.photo_id == photo_id)
+            .values(attempts=VJ.c.attempts + 1, last_error=error, next_attempt_at=next_attempt_at)
+        )
+        self.conn.execute(q)
+
+    def note_variant_error(self, photo_id: str, attempts: int, error: str) -> None:
+        """What the engine said about a failed variant job (attempts as the job counts them)."""
+        q = (
+            sa.update(VJ)
+            .where(VJ.c.photo_id == photo_id)
+            .values(attempts=attempts, last_error=error)
+        )
+        self.conn.execute(q)
+
+    def delete_variant_job(self, photo_id: str) -> bool:
+        return self.conn.execute(sa.delete(VJ).where(VJ.c.photo_id == photo_id)).rowcount == 1
+
+    # -- job outputs seen from the photo side ---------------------------------
+
+    def output_object(self, job_id: int) -> int | None:
+        """The newest output object of a job (a re-extract may have added one)."""
+        q = (
+            sa.select(O.c.object_id)
+            .where(O.c.job_id == job_id, O.c.object_id.is_not(None), O.c.deleted_at.is_(None))
+            .order_by(O.c.output_id.desc())
+            .limit(1)
+        )
+        value = self.conn.execute(q).scalar()
+        return None if value is None else int(value)
+
+    def retire_outputs(self, job_ids: Sequence[int], now: datetime) -> int:
+        """Outputs of a deleted photo's variant jobs stop pinning their objects;
+        a copy still bound to one keeps it through its binding."""
+        if not job_ids:
+            return 0
+        q = (
+            sa.update(O)
+            .where(O.c.job_id.in_(list(job_ids)), O.c.deleted_at.is_(None))
+            .values(deleted_at=now)
+        )
+        return int(self.conn.execute(q).rowcount)
+
+    # -- compatibility bridge hits (seed 004) ---------------------------------
+
+    def insert_bridge_hit(self, values: Row) -> int:
+        res = self.conn.execute(sa.insert(BH).values(values))
+        return int(res.inserted_primary_key[0])  # type: ignore[index]
+
+    def bridge_hits(
+        self, *, legacy_surface: str | None = None, job_id: int | None = None, limit: int = 100
+    ) -> list[Row]:
+        q = sa.select(BH)
+        if legacy_surface is not None:
+            q = q.where(BH.c.legacy_surface == legacy_surface)
+        if job_id is not None:
+            q = q.where(BH.c.job_id == job_id)
+        q = q.order_by(BH.c.bridge_id.desc()).limit(limit)
+        return _rows(self.conn.execute(q))

@@ -1,0 +1,515 @@
+"""Photo use cases (seed 002): photos are metadata bound to objects by role.
+
+* ``add`` stores the original through the ledger (streamed, outside any
+  transaction), then in ONE transaction inserts the photo, binds the original,
+  writes the durable ``variant_jobs`` row and enqueues the engine jobs that make
+  the thumbnail and the preview.  Each job's idempotency key names the photo
+  and the role, so the bridge adopting the same row can never make a second job.
+* ``copy`` and ``move`` are metadata-only: a copy binds the same objects (locked,
+  ``ready`` required, as GC's protocol asks), nothing is uploaded again.
+* ``delete`` removes the photo and its bindings; GC collects the objects once
+  nothing else references them.
+* ``attach_variants`` binds finished variant outputs to their photos.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from hypermedia.errors import HypermediaError, InvalidRequest, JobError, NotFound, StaleTransition
+from hypermedia.pipelines import registry
+from hypermedia.queue.engine import Engine
+from hypermedia.queue.models import NewJob
+from hypermedia.redact import redact
+from hypermedia.storage.ledger import Storage
+
+log = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+# Aliases: inside ``Photos`` the name ``list`` is the method.
+Rows = list[Row]
+JobIds = list[int]
+
+# role → engine job type (its profile is the job type with dashes, queue "images").
+VARIANTS: dict[str, str] = {"thumb": "image.thumbnail", "preview": "image.preview"}
+DEFAULT_PROJECT = "default"
+BATCH = 100
+MAX_ERROR = 500
+
+# Engine statuses as a variant's user-facing status.
+_VARIANT_STATUS = {
+    "completed": "completed",
+    "failed": "failed",
+    "cancelled": "failed",
+    "claimed": "processing",
+    "processing": "processing",
+    "cancel_requested": "processing",
+}
+_LIVE = frozenset({"created", "queued", "claimed", "processing", "paused", "retry_wait"})
+
+
+def variant_key(photo_id: str, role: str) -> str:
+    """The idempotency key of a photo's variant job; ``add`` and the bridge share it."""
+    return f"photo:{photo_id}:{role}"
+
+
+def project_of(photo: Row) -> str:
+    # Rows written by legacy producers carry no project.
+    return str(photo["project_id"] or DEFAULT_PROJECT)
+
+
+def variants_known() -> bool:
+    """Whether the engine can take the variant jobs yet (their pipelines registered)."""
+    try:
+        for job_type in VARIANTS.values():
+            registry.get(job_type)
+    except JobError:
+        return False
+    return True
+
+
+class Photos:
+    def __init__(self, engine: Engine, storage: Storage) -> None:
+        self.engine = engine
+        self.storage = storage
+        self.db = engine.db
+
+    # -- creating --------------------------------------------------------------
+
+    def add(
+        self,
+        src: BinaryIO | Path | str,
+        *,
+        album: str = "",
+        title: str = "",
+        project_id: str = DEFAULT_PROJECT,
+        owner_id: str = "",
+        filename: str = "",
+    ) -> Row:
+        """Store an image as a new photo; its variants are made by the engine."""
+        _check_text("album", album, 200)
+        _check_text("title", title, 500)
+        _check_text("project", project_id, 64, empty=False)
+        if isinstance(src, str | Path):
+            path = Path(src)
+            obj = self.storage.put_file(path, project_id=project_id, filename=filename or path.name)
+        else:
+            obj = self.storage.put(src, project_id=project_id, filename=filename)
+        if not obj["mime_type"].startswith("image/"):
+            self._discard(obj["object_id"])
+            raise InvalidRequest(f"a photo must be an image, not {obj['mime_type']}")
+        photo_id = _new_id()
+        now = self.engine.clock()
+        photo = {
+            "photo_id": photo_id,
+            "album": album,
+            "title": title,
+            "project_id": project_id,
+            "owner_id": owner_id,
+            "created_at": now,
+            "updated_at": now,
+        }
+        with self.db.tx() as tx:
+            tx.insert_photo(photo)
+            tx.bind(photo_id, obj["object_id"], "original")
+            tx.insert_variant_job(photo_id, now)
+            if self._enqueue_variants(tx, photo, obj["object_id"]) is not None:
+                tx.mark_variant_adopted(photo_id, now)
+        return self.get(photo_id)
+
+    def _enqueue_variants(self, tx: Any, photo: Row, object_id: int) -> JobIds | None:
+        """Enqueue the variant jobs inside ``tx``; None (and nothing written) if the
+        engine refused them: the row stays unadopted for the bridge to retry."""
+        if not variants_known():
+            return None
+        jobs = [
+            NewJob(
+                job_type,
+                {},
+                project_id=project_of(photo),
+                owner_id=photo["owner_id"] or "system",
+                idempotency_key=variant_key(photo["photo_id"], role),
+                object_id=object_id,
+                created_by="photos",
+            )
+            for role, job_type in VARIANTS.items()
+        ]
+        try:
+            with tx.savepoint():
+                ids: JobIds = self.engine.enqueue_in(tx, jobs)
+        except HypermediaError as exc:
+            log.debug("photos: variant jobs of a photo not enqueued yet (%s)", redact(exc))
+            return None
+        return ids
+
+    def _discard(self, object_id: int) -> None:
+        """Hand an object nothing will reference to GC at once."""
+        with self.db.tx() as tx:
+            tx.update_object(object_id, ["ready"], {"state": "deleting"})
+
+    # -- reading ---------------------------------------------------------------
+
+    def get(self, photo_id: str, *, base_url: str = "") -> Row:
+        """The photo as users see it: metadata, facts and URLs from the object layer,
+        and the status of its variants."""
+        with self.db.read() as tx:
+            photo = tx.photo(photo_id)
+            if photo is None:
+                raise NotFound(f"photo {photo_id} not found")
+            bindings = tx.bindings_of([photo_id])
+            variants = self._variant_status(tx, photo, bindings)
+        out = _render(photo, bindings)
+        out.update(url=None, thumb_url=None, preview_url=None)
+        for role, obj in out["objects"].items():
+            obj["url"] = self._url(obj["object_id"], base_url)
+            out["url" if role == "original" else f"{role}_url"] = obj["url"]
+        out["variants"] = variants
+        return out
+
+    def _url(self, object_id: int, base_url: str) -> str | None:
+        try:
+            return self.storage.signed_url(object_id, base_url)
+        except (NotFound, InvalidRequest):  # GC can only take it once unbound: a race lost
+            return None
+
+    def _variant_status(self, tx: Any, photo: Row, bindings: list[Row]) -> Row:
+        bound = {b["role"] for b in bindings}
+        pending = tx.variant_job(photo["photo_id"])
+        # A copy made before its source's variants were ready has no row of
+        # its own: the variants come from the source's jobs.
+        owner = photo["photo_id"] if pending is not None else None
+        original = next((b["object_id"] for b in bindings if b["role"] == "original"), None)
+        if owner is None and original is not None and not {"thumb", "preview"} <= bound:
+            for other in tx.photos_bound_to(original, "original"):
+                row = tx.variant_job(other) if other != photo["photo_id"] else None
+                if row is not None:
+                    owner, pending = other, row
+                    break
+        out: Row = {}
+        for role in VARIANTS:
+            job = (
+                tx.job_by_idempotency_key(project_of(photo), variant_key(owner, role))
+                if owner is not None
+                else None
+            )
+            if role in bound:
+                status = "completed"
+            elif job is not None:
+                status = _VARIANT_STATUS.get(job["status"], "queued")
+            elif pending is not None:
+                status = "queued"  # durable in variant_jobs, not yet in the engine
+            else:
+                status = None
+            entry: Row = {"status": status, "job_id": job["job_id"] if job else None}
+            if status == "failed":
+                entry["error"] = (job or {}).get("safe_reason") or (pending or {}).get("last_error")
+            out[role] = entry
+        return out
+
+    def list(
+        self,
+        project_id: str = DEFAULT_PROJECT,
+        *,
+        album: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Row:
+        """A page of photos, newest first: ``{"photos": [...], "next_cursor": ...}``.
+
+        Items carry the facts of their objects but no URLs (signing is per
+        object; ``get`` one photo for them).
+        """
+        if not 1 <= limit <= 1000:
+            raise InvalidRequest("limit must be from 1 to 1000")
+        before = _parse_cursor(cursor) if cursor else None
+        with self.db.read() as tx:
+            rows = tx.photos(project_id, album=album, before=before, limit=limit)
+            bindings = tx.bindings_of([r["photo_id"] for r in rows])
+        by_photo: dict[str, list[Row]] = {}
+        for b in bindings:
+            by_photo.setdefault(b["photo_id"], []).append(b)
+        items = [_render(r, by_photo.get(r["photo_id"], [])) for r in rows]
+        last = rows[-1] if len(rows) == limit else None
+        return {
+            "photos": items,
+            "next_cursor": f"{last['created_at'].isoformat()}|{last['photo_id']}" if last else None,
+        }
+
+    # -- metadata-only changes -------------------------------------------------
+
+    def copy(self, photo_id: str, *, album: str | None = None) -> Row:
+        """A new photo bound to the same objects; no blob is copied."""
+        if album is not None:
+            _check_text("album", album, 200)
+        new_id = _new_id()
+        now = self.engine.clock()
+        with self.db.tx() as tx:
+            # The source row lock keeps a concurrent delete from unbinding the
+            # objects (and GC from taking them) while they are bound again here.
+            src = tx.photo(photo_id, lock=True)
+            if src is None:
+                raise NotFound(f"photo {photo_id} not found")
+            tx.insert_photo(
+                {
+                    **src,
+                    "photo_id": new_id,
+                    "album": src["album"] if album is None else album,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+            )
+            # In object order: two copies lock shared objects in the same order.
+            for b in sorted(tx.bindings_of([photo_id]), key=lambda b: b["object_id"]):
+                tx.bind(new_id, b["object_id"], b["role"])
+        return self.get(new_id)
+
+    def move(self, photo_id: str, album: str) -> Row:
+        _check_text("album", album, 200)
+        with self.db.tx() as tx:
+            if not tx.update_photo(photo_id, {"album": album, "updated_at": self.engine.clock()}):
+                raise NotFound(f"photo {photo_id} not found")
+        return self.get(photo_id)
+
+    def update(self, photo_id: str, *, title: str | None = None, album: str | None = None) -> Row:
+        values: Row = {}
+        if title is not None:
+            _check_text("title", title, 500)
+            values["title"] = title
+        if album is not None:
+            _check_text("album", album, 200)
+            values["album"] = album
+        if values:
+            values["updated_at"] = self.engine.clock()
+            with self.db.tx() as tx:
+                if not tx.update_photo(photo_id, values):
+                    raise NotFound(f"photo {photo_id} not found")
+        return self.get(photo_id)
+
+    def delete(self, photo_id: str) -> None:
+        """Remove the photo and its bindings; objects nothing else references
+        become collectable by GC."""
+        # Finished variants first, so copies waiting for them still get them.
+        self._attach(photo_id)
+        now = self.engine.clock()
+        with self.db.tx() as tx:
+            photo = tx.photo(photo_id, lock=True)
+            if photo is None:
+                raise NotFound(f"photo {photo_id} not found")
+            pending = tx.variant_job(photo_id)
+            bindings = tx.bindings_of([photo_id])
+            jobs = [
+                j
+                for role in VARIANTS
+                if (j := tx.job_by_idempotency_key(project_of(photo), variant_key(photo_id, role)))
+            ]
+            tx.delete_photo(photo_id)
+            # Its variant outputs no longer pin their objects (a copy's binding still does).
+            tx.retire_outputs([j["job_id"] for j in jobs], now)
+            if pending is not None:
+                self._hand_over(tx, photo, bindings, now)
+        # Variants nobody will see: stop them (they also pin the original).
+        for j in jobs:
+            if j["status"] in _LIVE:
+                with contextlib.suppress(StaleTransition, NotFound):
+                    self.engine.cancel(j["job_id"], actor="photos")
+
+    def _hand_over(self, tx: Any, photo: Row, bindings: Rows, now: datetime) -> None:
+        """The deleted photo's variants were still coming: a copy waiting for them
+        takes the work over (its own row and jobs; the old jobs are cancelled)."""
+        original = next((b["object_id"] for b in bindings if b["role"] == "original"), None)
+        if original is None:
+            return
+        for heir in tx.photos_bound_to(original, "original"):
+            if tx.variant_job(heir) is not None:
+                return
+            roles = {b["role"] for b in tx.bindings_of([heir])}
+            if {"thumb", "preview"} <= roles:
+                continue
+            heir_row = tx.photo(heir, lock=True)
+            if heir_row is None:
+                continue
+            tx.insert_variant_job(heir, now)
+            if self._enqueue_variants(tx, heir_row, original) is not None:
+                tx.mark_variant_adopted(heir, now)
+            return
+
+    # -- variants ----------------------------------------------------------------
+
+    def attach_variants(self) -> dict[str, int]:
+        """Bind the outputs of finished variant jobs to their photos (used by the bridge)."""
+        counts = {"attached": 0, "variants_done": 0, "variants_failed": 0}
+        after = ""
+        while True:
+            with self.db.read() as tx:
+                rows = tx.adopted_variant_jobs(after, BATCH)
+            for row in rows:
+                for k, v in self._attach(row["photo_id"]).items():
+                    counts[k] += v
+            if len(rows) < BATCH:
+                return counts
+            after = rows[-1]["photo_id"]
+
+    def _attach(self, photo_id: str) -> dict[str, int]:
+        counts = {"attached": 0, "variants_done": 0, "variants_failed": 0}
+        with self.db.read() as tx:
+            photo = tx.photo(photo_id)
+            pending = tx.variant_job(photo_id)
+            if photo is None or pending is None or pending["adopted_at"] is None:
+                return counts
+            jobs = {
+                role: tx.job_by_idempotency_key(project_of(photo), variant_key(photo_id, role))
+                for role in VARIANTS
+            }
+            outputs = {
+                role: obj
+                for role, job in jobs.items()
+                if job is not None
+                and job["status"] == "completed"
+                and (obj := tx.output_object(job["job_id"])) is not None
+            }
+            bound = {b["role"]: b["object_id"] for b in tx.bindings_of([photo_id])}
+        failed = {r: j for r, j in jobs.items() if j and j["status"] in ("failed", "cancelled")}
+        errors = [f"{r}: {j['safe_reason'] or j['status']}" for r, j in failed.items()]
+        attempts = sum(j["attempt_count"] for j in failed.values()) or pending["attempts"]
+        todo = {r: o for r, o in outputs.items() if bound.get(r) != o}
+        complete = set(outputs) == set(VARIANTS)
+        noted = (attempts, redact("; ".join(errors), MAX_ERROR)) == (
+            pending["attempts"],
+            pending["last_error"],
+        )
+        if not todo and not complete and (not failed or noted):
+            return counts  # nothing new
+        with self.db.tx() as tx:
+            if tx.photo(photo_id, lock=True) is None:
+                return counts
+            original = bound.get("original")
+            for role, object_id in todo.items():
+                try:
+                    tx.bind(photo_id, object_id, role)
+                except HypermediaError as exc:  # the output is gone: say so, keep the row
+                    errors.append(f"{role}: {exc}")
+                    continue
+                bound[role] = object_id
+                counts["attached"] += 1
+                if original is not None:
+                    counts["attached"] += self._share(tx, photo_id, original, role, object_id)
+            if complete and all(bound.get(r) == outputs[r] for r in VARIANTS):
+                tx.delete_variant_job(photo_id)
+                counts["variants_done"] = 1
+            elif errors:
+                error = redact("; ".join(errors), MAX_ERROR)
+                if (attempts, error) != (pending["attempts"], pending["last_error"]):
+                    tx.note_variant_error(photo_id, attempts, error)
+                    counts["variants_failed"] = 1
+        return counts
+
+    def _share(self, tx: Any, photo_id: str, original: int, role: str, object_id: int) -> int:
+        """Copies made before a variant was ready share it too."""
+        n = 0
+        for other in tx.photos_bound_to(original, "original"):
+            if other == photo_id or tx.variant_job(other) is not None:
+                continue
+            if role in {b["role"] for b in tx.bindings_of([other])}:
+                continue
+            if tx.photo(other, lock=True) is not None:
+                tx.bind(other, object_id, role)
+                n += 1
+        return n
+
+    # -- the bridge's side of adoption --------------------------------------------
+
+    def adopt(self, photo_id: str, now: datetime, tx: Any) -> JobIds | None:
+        """Enqueue the variant jobs of a row a legacy producer wrote, inside ``tx``.
+
+        Returns the job ids ([] when the photo has its variants already: the row
+        is deleted), None when the photo is gone; raises when the engine refuses.
+        """
+        photo = tx.photo(photo_id, lock=True)
+        if photo is None:
+            return None
+        bound = {b["role"]: b["object_id"] for b in tx.bindings_of([photo_id])}
+        if set(VARIANTS) <= set(bound):  # nothing left to make
+            tx.delete_variant_job(photo_id)
+            return []
+        original = bound.get("original")
+        if original is None:
+            raise InvalidRequest("the photo has no original object")
+        jobs = [
+            NewJob(
+                job_type,
+                {},
+                project_id=project_of(photo),
+                owner_id=photo["owner_id"] or "system",
+                idempotency_key=variant_key(photo_id, role),
+                object_id=original,
+                created_by="photo-bridge",
+            )
+            for role, job_type in VARIANTS.items()
+        ]
+        with tx.savepoint():
+            ids: JobIds = self.engine.enqueue_in(tx, jobs)
+        tx.mark_variant_adopted(photo_id, now)
+        return ids
+
+
+def _new_id() -> str:
+    import uuid
+
+    return str(uuid.uuid4())
+
+
+def _check_text(what: str, value: str, limit: int, *, empty: bool = True) -> None:
+    if not isinstance(value, str) or len(value) > limit or (not empty and not value):
+        raise InvalidRequest(f"{what} must be text of {0 if empty else 1} to {limit} characters")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidRequest(f"{what} must not contain control characters")
+
+
+def _parse_cursor(cursor: str) -> tuple[datetime, str]:
+    at, sep, pid = cursor.partition("|")
+    try:
+        if not sep or not pid:
+            raise ValueError(cursor)
+        return datetime.fromisoformat(at), pid
+    except ValueError:
+        raise InvalidRequest("invalid cursor") from None
+
+
+def _render(photo: Row, bindings: Sequence[Row]) -> Row:
+    """A photo's metadata and, from the object layer, its original's facts."""
+    objects = {
+        b["role"]: {
+            "object_id": b["object_id"],
+            "mime_type": b["mime_type"],
+            "size": b["size"],
+            "width": b["width"],
+            "height": b["height"],
+        }
+        for b in bindings
+    }
+    original = objects.get("original", {})
+    return {
+        "id": photo["photo_id"],
+        "album": photo["album"],
+        "title": photo["title"],
+        "project_id": photo["project_id"],
+        "owner_id": photo["owner_id"],
+        "created_at": photo["created_at"],
+        "updated_at": photo["updated_at"],
+        "object_id": original.get("object_id"),
+        "mime_type": original.get("mime_type"),
+        "size": original.get("size"),
+        "width": original.get("width"),
+        "height": original.get("height"),
+        "objects": objects,
+    }
+
+
+def backoff(attempts: int) -> timedelta:
+    """When a variant row the engine refused is tried again: 1 min doubling to 1 h."""
+    return timedelta(seconds=min(3600, 60 * 2 ** max(0, attempts)))

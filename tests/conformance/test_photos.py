@@ -1,0 +1,603 @@
+"""The photo domain (seed 002) on every database: photos bound to objects by role,
+metadata-only copy and move, GC once nothing references an object, variants
+made by the engine, and the bridge adopting legacy ``variant_jobs`` rows."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hypermedia.db.driver import Driver
+from hypermedia.db.schema import processing_profiles
+from hypermedia.db.schema_storage import photo_objects, variant_jobs
+from hypermedia.db.schema_storage import photos as photo_rows
+from hypermedia.errors import Conflict, InvalidRequest, JobError, NotFound
+from hypermedia.photos import PhotoBridge, Photos
+from hypermedia.photos.service import VARIANTS, variant_key
+from hypermedia.pipelines import registry
+from hypermedia.queue.engine import Engine
+from hypermedia.queue.models import AttemptResult, Output
+from hypermedia.storage.gc import GarbageCollector
+from hypermedia.storage.ledger import Storage
+from tests.conftest import _VOLATILE, BACKENDS
+from tests.media import png
+
+Row = dict[str, Any]
+
+# SQLite runs one writer at a time: there is no interleaving to test there.
+servers_only = pytest.mark.parametrize(
+    "database_url", [b for b in BACKENDS if b != "sqlite"], indirect=True
+)
+
+
+# -- fixtures ------------------------------------------------------------------
+
+
+def _validate(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    if params:
+        raise JobError("INVALID_PARAMS", "takes no parameters")
+    return {}
+
+
+def _run(params: dict[str, Any], ctx: registry.Context) -> dict[str, Any] | None:
+    return None
+
+
+@contextmanager
+def image_pipelines(driver: Driver) -> Iterator[None]:
+    """image.thumbnail / image.preview can be enqueued: a stand-in pipeline and a
+    profile (queue "images") for each, unless the real ones are there."""
+    registry.known()  # built-ins first: a non-empty registry never loads them
+    added = []
+    for job_type in VARIANTS.values():
+        try:
+            registry.get(job_type)
+        except JobError:
+            registry.register(registry.Pipeline(job_type, "images", _validate, _run))
+            added.append(job_type)
+    keys = []
+    with driver.tx() as tx:
+        for job_type in VARIANTS.values():
+            key = job_type.replace(".", "-")
+            if tx.profile(key) is None:
+                tx.insert_profile(
+                    {
+                        "profile_key": key,
+                        "profile_version": "test",
+                        "job_type": job_type,
+                        "queue_name": "images",
+                        "settings": {},
+                        "credit_cost_base": 0,
+                        "timeout_seconds": 60,
+                        "is_active": True,
+                    }
+                )
+                keys.append(key)
+    try:
+        yield
+    finally:
+        for job_type in added:
+            registry._REGISTRY.pop(job_type, None)
+        if keys:  # jobs reference the profiles: empty the tables first
+            with driver.tx() as tx:
+                for table in _VOLATILE:
+                    tx.conn.execute(table.delete())
+                tx.conn.execute(
+                    processing_profiles.delete().where(processing_profiles.c.profile_key.in_(keys))
+                )
+
+
+@pytest.fixture
+def image_jobs(driver: Driver) -> Iterator[None]:
+    with image_pipelines(driver):
+        yield
+
+
+@pytest.fixture
+def no_image_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image job types are not registered (as before their pipelines land)."""
+    registry.known()
+    for job_type in VARIANTS.values():
+        monkeypatch.delitem(registry._REGISTRY, job_type, raising=False)
+
+
+@pytest.fixture
+def photos(engine: Engine, storage: Storage) -> Photos:
+    return Photos(engine, storage)
+
+
+def _gc(storage: Storage) -> GarbageCollector:
+    s = storage.settings.with_(gc_unreferenced_seconds=0.0, gc_pending_seconds=3600.0)
+    return GarbageCollector(Storage(storage.db, s))
+
+
+def _add(svc: Photos, **kw: Any) -> Row:
+    return svc.add(io.BytesIO(png(31, 17)), filename="sea.png", **kw)
+
+
+def _blobs(storage: Storage) -> int:
+    root = storage.settings.home / "storage" / "objects"
+    return sum(1 for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+
+
+def _state(driver: Driver, object_id: int) -> str | None:
+    with driver.read() as tx:
+        row = tx.object(object_id)
+    return row["state"] if row else None
+
+
+def _variant_row(driver: Driver, photo_id: str) -> Row | None:
+    with driver.read() as tx:
+        return tx.variant_job(photo_id)
+
+
+def _bindings(driver: Driver) -> list[Row]:
+    with driver.read() as tx:
+        return [dict(r._mapping) for r in tx.conn.execute(photo_objects.select())]
+
+
+def _hits(driver: Driver) -> list[Row]:
+    with driver.read() as tx:
+        return tx.bridge_hits()
+
+
+def _legacy_photo(driver: Driver, object_id: int) -> str:
+    """What a legacy producer writes: a photo, its original binding and a bare
+    variant_jobs row (every other column left to its default)."""
+    pid = str(uuid.uuid4())
+    with driver.tx() as tx:
+        tx.conn.execute(photo_rows.insert().values(photo_id=pid, album="legacy"))
+        tx.conn.execute(
+            photo_objects.insert().values(photo_id=pid, object_id=object_id, role="original")
+        )
+        tx.conn.execute(variant_jobs.insert().values(photo_id=pid))
+    return pid
+
+
+def _complete(engine: Engine, storage: Storage, tmp_path: Path) -> dict[int, int]:
+    """Run every queued image job to completion by hand; output object by job id."""
+    done = {}
+    for c in engine.claim("w1", ["images"], 10):
+        path = tmp_path / f"out-{c.job_id}.png"
+        path.write_bytes(png(8, 5, (c.job_id % 256, 0, 0)))
+        role = "thumb" if c.job_type == "image.thumbnail" else "preview"
+        out = storage.add_output(c.pool_id or 0, role, path, "image/png", c.project_id)
+        output = Output(
+            role,
+            "image/png",
+            object_id=out["object_id"],
+            output_key=out["storage_key"],
+            output_size_bytes=out["size"],
+        )
+        assert engine.flush(
+            "w1", [], [AttemptResult(c.job_id, c.attempt, "completed", outputs=[output])]
+        ) == {c.job_id}
+        done[c.job_id] = out["object_id"]
+    return done
+
+
+# -- adding ----------------------------------------------------------------------
+
+
+def test_add_reads_facts_from_the_object_layer_and_enqueues_two_jobs(
+    photos: Photos, engine: Engine, driver: Driver, image_jobs: None
+) -> None:
+    data = png(31, 17)
+    row = photos.add(io.BytesIO(data), album="trip", title="Sea", filename="sea.png")
+    original = photos.storage.get(row["object_id"])
+    assert original["state"] == "ready"
+    assert (row["album"], row["title"], row["project_id"]) == ("trip", "Sea", "default")
+    assert (row["size"], row["width"], row["height"], row["mime_type"]) == (
+        len(data),
+        31,
+        17,
+        "image/png",
+    )
+    assert row["objects"]["original"]["object_id"] == original["object_id"]
+    assert f"/v1/objects/{original['object_id']}/content?" in row["url"]
+    assert row["thumb_url"] is None and row["preview_url"] is None
+    jobs = sorted(engine.list(), key=lambda j: j["job_type"])
+    assert [(j["job_type"], j["queue_name"], j["status"]) for j in jobs] == [
+        ("image.preview", "images", "queued"),
+        ("image.thumbnail", "images", "queued"),
+    ]
+    assert {j["idempotency_key"] for j in jobs} == {
+        f"photo:{row['id']}:thumb",
+        f"photo:{row['id']}:preview",
+    }
+    assert {j["object_id"] for j in jobs} == {original["object_id"]}
+    assert row["variants"] == {
+        "thumb": {"status": "queued", "job_id": jobs[1]["job_id"]},
+        "preview": {"status": "queued", "job_id": jobs[0]["job_id"]},
+    }
+    vrow = _variant_row(driver, row["id"])
+    assert vrow is not None and vrow["adopted_at"] is not None
+    # The bridge finds nothing to adopt: no second job, no bridge hit.
+    bridge = PhotoBridge(photos)
+    for _ in range(2):
+        assert bridge.run_once()["adopted"] == 0
+    assert len(engine.list()) == 2
+    assert _hits(driver) == []
+
+
+def test_add_without_image_pipelines_still_stores_the_photo(
+    photos: Photos, engine: Engine, driver: Driver, clock: Any, no_image_jobs: None
+) -> None:
+    row = _add(photos)
+    assert engine.list() == []
+    vrow = _variant_row(driver, row["id"])
+    assert vrow is not None and vrow["adopted_at"] is None
+    assert row["variants"]["thumb"] == {"status": "queued", "job_id": None}
+    clock.advance(86400)
+    bridge = PhotoBridge(photos)
+    assert bridge.run_once()["adopted"] == 0  # the job types are unknown: the row waits
+    assert _variant_row(driver, row["id"]) == vrow and _hits(driver) == []
+    with image_pipelines(driver):
+        assert bridge.run_once()["adopted"] == 1
+        assert bridge.run_once()["adopted"] == 0
+        jobs = engine.list()
+        assert sorted(j["idempotency_key"] for j in jobs) == sorted(
+            variant_key(row["id"], r) for r in VARIANTS
+        )
+        assert len(_hits(driver)) == 2
+
+
+def test_add_refuses_what_is_not_an_image(photos: Photos, driver: Driver) -> None:
+    with pytest.raises(InvalidRequest, match="must be an image"):
+        photos.add(io.BytesIO(b"just some text"))
+    assert photos.list()["photos"] == []
+    (obj,) = photos.storage.list()
+    assert obj["state"] == "deleting"  # handed to GC at once
+    with pytest.raises(InvalidRequest):
+        _add(photos, album="x" * 201)
+    with pytest.raises(InvalidRequest):
+        _add(photos, title="a\x00b")
+
+
+def test_add_from_a_path(photos: Photos, tmp_path: Path, image_jobs: None) -> None:
+    path = tmp_path / "IMG_1.png"
+    path.write_bytes(png(4, 3))
+    row = photos.add(path)
+    assert (row["width"], row["height"]) == (4, 3)
+    assert photos.storage.get(row["object_id"])["filename"] == "IMG_1.png"
+
+
+# -- copy, move, list ---------------------------------------------------------------
+
+
+def test_copy_and_move_are_metadata_only(
+    photos: Photos, storage: Storage, engine: Engine, image_jobs: None
+) -> None:
+    src = _add(photos, album="a", title="t")
+    objects, blobs, jobs = len(storage.list()), _blobs(storage), len(engine.list())
+    copy = photos.copy(src["id"], album="b")
+    assert copy["id"] != src["id"]
+    assert (copy["album"], copy["title"]) == ("b", "t")
+    assert {r: o["object_id"] for r, o in copy["objects"].items()} == {
+        r: o["object_id"] for r, o in src["objects"].items()
+    }
+    assert (copy["size"], copy["width"], copy["height"]) == (src["size"], 31, 17)
+    moved = photos.move(copy["id"], "c")
+    assert moved["album"] == "c" and moved["object_id"] == src["object_id"]
+    assert len(storage.list()) == objects and _blobs(storage) == blobs
+    assert len(engine.list()) == jobs  # a copy makes no new variant work
+    # The copy reports the source's variant jobs until its variants are there.
+    assert copy["variants"]["thumb"]["job_id"] == src["variants"]["thumb"]["job_id"]
+    assert [p["id"] for p in photos.list(album="c")["photos"]] == [copy["id"]]
+    assert [p["id"] for p in photos.list(album="a")["photos"]] == [src["id"]]
+    with pytest.raises(NotFound):
+        photos.copy("no-such-photo")
+    with pytest.raises(NotFound):
+        photos.move("no-such-photo", "x")
+
+
+def test_list_pages_newest_first(photos: Photos, clock: Any, no_image_jobs: None) -> None:
+    ids = []
+    for i in range(5):
+        ids.append(_add(photos, album="p" if i % 2 else "q")["id"])
+        if i != 2:  # two photos with one timestamp: the id breaks the tie
+            clock.advance(1)
+    seen, cursor = [], None
+    while True:
+        page = photos.list(limit=2, cursor=cursor)
+        seen += [p["id"] for p in page["photos"]]
+        assert all(p["mime_type"] == "image/png" and p["size"] for p in page["photos"])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(ids) and len(seen) == 5
+    assert seen[0] == ids[-1] and seen[-1] == ids[0]
+    assert {p["album"] for p in photos.list(album="p")["photos"]} == {"p"}
+    assert photos.list(project_id="other")["photos"] == []
+    with pytest.raises(InvalidRequest):
+        photos.list(cursor="garbage")
+
+
+# -- delete and GC -------------------------------------------------------------------
+
+
+def test_delete_then_gc_keeps_objects_a_copy_still_uses(
+    photos: Photos, storage: Storage, engine: Engine, driver: Driver, image_jobs: None
+) -> None:
+    src = _add(photos)
+    copy = photos.copy(src["id"])
+    original = src["object_id"]
+    photos.delete(src["id"])
+    with pytest.raises(NotFound):
+        photos.get(src["id"])
+    # The source's variant jobs are cancelled; the copy took the work over.
+    by_key = {j["idempotency_key"]: j for j in engine.list()}
+    assert {by_key[variant_key(src["id"], r)]["status"] for r in VARIANTS} == {"cancelled"}
+    assert {by_key[variant_key(copy["id"], r)]["status"] for r in VARIANTS} == {"queued"}
+    _gc(storage).run_once()
+    assert _state(driver, original) == "ready"
+    assert photos.get(copy["id"])["object_id"] == original
+    photos.delete(copy["id"])
+    report = _gc(storage).run_once()
+    assert report.deleted == 1 and _state(driver, original) is None
+    assert _blobs(storage) == 0 and _bindings(driver) == []
+    with pytest.raises(NotFound):
+        photos.delete(copy["id"])
+
+
+def test_delete_without_copies_frees_everything(
+    photos: Photos, storage: Storage, driver: Driver, no_image_jobs: None
+) -> None:
+    row = _add(photos)
+    photos.delete(row["id"])
+    assert _variant_row(driver, row["id"]) is None
+    assert _gc(storage).run_once().deleted == 1
+    assert _state(driver, row["object_id"]) is None and _blobs(storage) == 0
+
+
+# -- variants --------------------------------------------------------------------------
+
+
+def test_attach_variants_binds_completed_outputs(
+    photos: Photos,
+    storage: Storage,
+    engine: Engine,
+    driver: Driver,
+    tmp_path: Path,
+    image_jobs: None,
+) -> None:
+    src = _add(photos)
+    early_copy = photos.copy(src["id"], album="copies")  # before the variants exist
+    outputs = _complete(engine, storage, tmp_path)
+    assert len(outputs) == 2
+    counts = PhotoBridge(photos).run_once()
+    assert counts["variants_done"] == 1 and counts["attached"] == 4
+    assert _variant_row(driver, src["id"]) is None
+    row = photos.get(src["id"])
+    assert set(row["objects"]) == {"original", "thumb", "preview"}
+    assert {row["objects"]["thumb"]["object_id"], row["objects"]["preview"]["object_id"]} == set(
+        outputs.values()
+    )
+    assert row["thumb_url"] and row["preview_url"]
+    assert {v["status"] for v in row["variants"].values()} == {"completed"}
+    assert {r: o["object_id"] for r, o in photos.get(early_copy["id"])["objects"].items()} == {
+        r: o["object_id"] for r, o in row["objects"].items()
+    }
+    # Nothing changes on another run.
+    assert PhotoBridge(photos).run_once()["attached"] == 0
+    # GC takes the variants only once no photo uses them.
+    photos.delete(src["id"])
+    _gc(storage).run_once()
+    assert {_state(driver, o) for o in outputs.values()} == {"ready"}
+    photos.delete(early_copy["id"])
+    assert _gc(storage).run_once().deleted == 3
+    assert _blobs(storage) == 0
+
+
+def test_failed_variant_jobs_are_recorded_redacted(
+    photos: Photos, engine: Engine, driver: Driver, image_jobs: None
+) -> None:
+    row = _add(photos)
+    claimed = {c.job_type: c for c in engine.claim("w1", ["images"], 10)}
+    thumb = claimed["image.thumbnail"]
+    engine.flush(
+        "w1",
+        [],
+        [
+            AttemptResult(
+                thumb.job_id,
+                thumb.attempt,
+                "failed",
+                code="CORRUPT_INPUT",
+                message="cannot decode /srv/secret/objects/1/original.png",
+            )
+        ],
+    )
+    counts = photos.attach_variants()
+    assert counts["variants_failed"] == 1
+    assert photos.attach_variants()["variants_failed"] == 0  # recorded once
+    vrow = _variant_row(driver, row["id"])
+    assert vrow is not None and vrow["attempts"] == 1
+    assert vrow["last_error"].startswith("thumb:") and "/srv" not in vrow["last_error"]
+    shown = photos.get(row["id"])["variants"]
+    assert shown["thumb"]["status"] == "failed" and "/srv" not in shown["thumb"]["error"]
+    assert shown["preview"]["status"] == "processing"
+
+
+# -- the bridge ------------------------------------------------------------------------------
+
+
+def test_bridge_adopts_a_legacy_row_once(
+    photos: Photos, storage: Storage, engine: Engine, driver: Driver, clock: Any, image_jobs: None
+) -> None:
+    obj = storage.put(io.BytesIO(png(5, 5)))
+    pid = _legacy_photo(driver, obj["object_id"])
+    clock.advance(86400)  # past the row's database-made timestamp, whatever the server's zone
+    bridge = PhotoBridge(photos)
+    assert bridge.run_once()["adopted"] == 1
+    assert bridge.run_once()["adopted"] == 0
+    jobs = engine.list()
+    assert sorted(j["idempotency_key"] for j in jobs) == sorted(
+        variant_key(pid, r) for r in VARIANTS
+    )
+    hits = _hits(driver)
+    assert {h["job_id"] for h in hits} == {j["job_id"] for j in jobs}
+    assert {(h["legacy_surface"], h["operation"]) for h in hits} == {("variant_jobs", "adopt")}
+    assert all(h["safe_reason"] for h in hits)
+    vrow = _variant_row(driver, pid)
+    assert vrow is not None and vrow["adopted_at"] is not None
+    shown = photos.get(pid)
+    assert shown["size"] == obj["size"] and shown["project_id"] == ""
+    assert {v["status"] for v in shown["variants"].values()} == {"queued"}
+
+
+def test_bridge_never_makes_a_second_job_for_work_add_enqueued(
+    photos: Photos, engine: Engine, driver: Driver, clock: Any, image_jobs: None
+) -> None:
+    row = _add(photos)
+    before = {j["job_id"] for j in engine.list()}
+    # A legacy producer writes the row again, unadopted.
+    with driver.tx() as tx:
+        tx.delete_variant_job(row["id"])
+        tx.insert_variant_job(row["id"], clock())
+    bridge = PhotoBridge(photos)
+    assert bridge.run_once()["adopted"] == 1
+    bridge.run_once()
+    assert {j["job_id"] for j in engine.list()} == before
+    assert {h["job_id"] for h in _hits(driver)} == before
+
+
+def test_bridge_defers_rows_the_engine_refuses(
+    photos: Photos, driver: Driver, clock: Any, image_jobs: None
+) -> None:
+    pid = str(uuid.uuid4())
+    with driver.tx() as tx:  # a legacy row whose photo has no original at all
+        tx.conn.execute(photo_rows.insert().values(photo_id=pid))
+        tx.insert_variant_job(pid, clock())
+    counts = PhotoBridge(photos).run_once()
+    assert counts["refused"] == 1 and counts["adopted"] == 0
+    vrow = _variant_row(driver, pid)
+    assert vrow is not None and vrow["attempts"] == 1 and "no original" in vrow["last_error"]
+    assert vrow["next_attempt_at"] > clock()
+    assert PhotoBridge(photos).run_once()["refused"] == 0  # not due again yet
+    assert _hits(driver) == []
+
+
+# -- GC races (row locks: PostgreSQL and MariaDB) ------------------------------------------------
+
+
+@servers_only
+def test_gc_marking_first_makes_a_binding_fail(
+    photos: Photos, storage: Storage, driver: Driver
+) -> None:
+    obj = storage.put(io.BytesIO(png(2, 2)))  # referenced by nothing: GC may take it
+    marked, release = threading.Event(), threading.Event()
+
+    def gc_mark() -> None:
+        with driver.tx() as tx:
+            ids = tx.collectable(
+                "ready", photos.engine.clock() + timedelta(days=1), 10, unreferenced=True
+            )
+            tx.mark_deleting(ids, "ready", photos.engine.clock())
+            marked.set()
+            release.wait(10)
+
+    result: dict[str, Any] = {}
+
+    def bind() -> None:
+        pid = str(uuid.uuid4())
+        try:
+            with driver.tx() as tx:
+                tx.insert_photo({"photo_id": pid})
+                tx.bind(pid, obj["object_id"], "original")
+            result["ok"] = pid
+        except Conflict as exc:
+            result["refused"] = str(exc)
+
+    g = threading.Thread(target=gc_mark)
+    g.start()
+    assert marked.wait(10)
+    b = threading.Thread(target=bind)
+    b.start()
+    time.sleep(0.3)
+    assert b.is_alive()  # waiting for GC's row lock
+    release.set()
+    g.join(10)
+    b.join(10)
+    assert "deleting" in result.get("refused", "")
+    assert _bindings(driver) == []
+    assert _gc(storage).run_once().deleted == 1
+
+
+@servers_only
+def test_binding_first_keeps_the_object_from_gc(
+    photos: Photos, storage: Storage, driver: Driver
+) -> None:
+    obj = storage.put(io.BytesIO(png(2, 2)))
+    bound, release = threading.Event(), threading.Event()
+    pid = str(uuid.uuid4())
+
+    def bind() -> None:
+        with driver.tx() as tx:
+            tx.insert_photo({"photo_id": pid})
+            tx.bind(pid, obj["object_id"], "original")
+            bound.set()
+            release.wait(10)
+
+    b = threading.Thread(target=bind)
+    b.start()
+    assert bound.wait(10)
+    report = _gc(storage).run_once()  # skips the locked row, never waits for it
+    assert report.marked_unreferenced == 0
+    release.set()
+    b.join(10)
+    _gc(storage).run_once()  # now the binding is committed and seen
+    assert _state(driver, obj["object_id"]) == "ready"
+    assert photos.get(pid)["object_id"] == obj["object_id"]
+
+
+@servers_only
+def test_copy_racing_delete_and_gc_never_binds_a_dead_object(
+    photos: Photos, storage: Storage, driver: Driver, no_image_jobs: None
+) -> None:
+    gc = _gc(storage)
+    copied = refused = 0
+    for i in range(12):
+        src = _add(photos)
+        start = threading.Barrier(2)
+        outcome: dict[str, Any] = {}
+
+        def copy(pid: str = src["id"], out: dict[str, Any] = outcome, start: Any = start) -> None:
+            start.wait()
+            try:
+                out["copy"] = photos.copy(pid)
+            except (NotFound, Conflict) as exc:
+                out["error"] = exc
+
+        def delete_and_collect(pid: str = src["id"], start: Any = start, i: int = i) -> None:
+            start.wait()
+            time.sleep((i % 4) * 0.002)  # vary who gets the photo row first
+            photos.delete(pid)
+            gc.run_once()
+
+        threads = [threading.Thread(target=copy), threading.Thread(target=delete_and_collect)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        gc.run_once()
+        if "copy" in outcome:
+            copied += 1
+            got = photos.get(outcome["copy"]["id"])
+            assert got["url"] and _state(driver, got["object_id"]) == "ready"
+            with photos.storage.open(got["object_id"]) as f:
+                assert f.read() == png(31, 17)
+        else:
+            refused += 1
+        for b in _bindings(driver):
+            assert _state(driver, b["object_id"]) == "ready", b
+    assert copied + refused == 12
