@@ -124,7 +124,7 @@ def status_counts(url: str) -> dict[str, int]:
     return {r[0]: int(r[1]) for r in rows}
 
 
-def start_serve(tmp_path: Path, home: Path):  # type: ignore[no-untyped-def]
+def start_serve(tmp_path: Path, home: Path, **env: str):  # type: ignore[no-untyped-def]
     """Start ``hypermedia serve`` on a free port; return (process, base URL) once ready."""
     import socket
     import urllib.request
@@ -132,7 +132,8 @@ def start_serve(tmp_path: Path, home: Path):  # type: ignore[no-untyped-def]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = spawn("serve", "--port", str(port), url="", home=home, log=tmp_path / "serve.log")
+    log = tmp_path / "serve.log"
+    server = spawn("serve", "--port", str(port), url="", home=home, log=log, **env)
     base = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
