@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hypermedia.errors import JobError
+from hypermedia.pipelines.schema import Schema
 
 Runner = Callable[[dict[str, Any], "Context"], dict[str, Any] | None]
 Validator = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
@@ -47,12 +48,31 @@ class Context:
         )
 
 
+def _always_available() -> str | None:
+    return None
+
+
 @dataclass(frozen=True)
 class Pipeline:
+    """A job type: how its params are checked, how it runs in the child, what it needs.
+
+    ``schema`` declares the settings a profile may set and a job may override
+    (see ``schema.py``); with a schema, ``validate`` is usually
+    ``schema.validator(SCHEMA)``.  ``available`` says, cheaply and in the
+    worker, whether the tools the pipeline needs are installed: None when they
+    are, else a short reason safe to show.  ``run`` raises JobError with the
+    engine's codes, never bare exceptions (a bare one becomes INTERNAL), and
+    may return ``{"usage": {"pages": n, "minutes": m, "mb": x}}`` among its
+    result so credits are charged for what was processed.
+    """
+
     job_type: str
     queue: str
     validate: Validator  # (params, profile settings) -> params, raising JobError
     run: Runner
+    schema: Schema | None = None
+    available: Callable[[], str | None] = _always_available
+    doc: str = ""
 
 
 _REGISTRY: dict[str, Pipeline] = {}
@@ -74,6 +94,18 @@ def get(job_type: str) -> Pipeline:
 def known() -> list[str]:
     _load_builtin()
     return sorted(_REGISTRY)
+
+
+def availability() -> dict[str, str | None]:
+    """Each job type's missing-tool reason (None: ready to run here)."""
+    _load_builtin()
+    out: dict[str, str | None] = {}
+    for job_type, p in sorted(_REGISTRY.items()):
+        try:
+            out[job_type] = p.available()
+        except Exception:  # a probe that breaks means "not available", never a crash
+            out[job_type] = "its tools could not be checked"
+    return out
 
 
 _builtin_loaded = False
