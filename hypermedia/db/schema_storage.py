@@ -53,6 +53,7 @@ objects = sa.Table(
     sa.Column("updated_at", Timestamp, nullable=False, server_default=NOW),
     sa.CheckConstraint(_in("state", OBJECT_STATES), name="state"),
     sa.Index("objects_state_created_idx", "state", "created_at"),
+    sa.Index("objects_checksum_idx", "checksum"),
 )
 
 photos = sa.Table(
@@ -117,4 +118,28 @@ bridge_hits = sa.Table(
     sa.Column("safe_reason", sa.String(500), nullable=False, server_default=""),
     sa.Column("created_at", Timestamp, nullable=False, server_default=NOW),
     sa.Index("bridge_hits_job_idx", "job_id"),
+)
+
+# Perceptual (and other) hashes of objects, for duplicate checks.  A hash
+# compares only with hashes of the same algorithm and library version.
+object_hashes = sa.Table(
+    "object_hashes",
+    metadata,
+    sa.Column("object_id", sa.BigInteger, primary_key=True),
+    sa.Column("algorithm", sa.String(32), primary_key=True),
+    sa.Column("version", sa.String(64), primary_key=True),
+    sa.Column("hash", sa.String(128), nullable=False),
+    sa.Column("project_id", sa.String(64), nullable=False, server_default=""),
+    sa.Column("created_at", Timestamp, nullable=False, server_default=NOW),
+    sa.Index("object_hashes_project_idx", "project_id", "algorithm", "version"),
+)
+
+# A project's credit budget (seed 000 credits); NULL means no limit.
+project_credits = sa.Table(
+    "project_credits",
+    metadata,
+    sa.Column("project_id", sa.String(64), primary_key=True),
+    sa.Column("budget_credits", sa.BigInteger, nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False, server_default=NOW),
+    sa.Column("updated_at", Timestamp, nullable=False, server_default=NOW),
 )
