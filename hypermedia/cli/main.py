@@ -6,7 +6,7 @@ import threading
 
 import typer
 
-from hypermedia.cli import jobs, objects, photos
+from hypermedia.cli import credits, jobs, objects, photos, process, profiles
 from hypermedia.cli.common import console, engine, settings, setup_logging, user_errors
 from hypermedia.db import migrate
 from hypermedia.pipelines import registry
@@ -19,6 +19,9 @@ app.add_typer(objects.objects_app, name="objects")
 app.add_typer(objects.pools_app, name="pools")
 app.add_typer(objects.gc_app, name="gc")
 app.add_typer(photos.app, name="photos")
+app.add_typer(profiles.app, name="profiles")
+app.add_typer(credits.app, name="credits")
+app.command("process")(process.run)
 
 ALL_QUEUES = "images,documents,ocr,media,bulk"
 

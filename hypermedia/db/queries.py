@@ -14,18 +14,23 @@ import sqlalchemy as sa
 
 from hypermedia.db import dialects
 from hypermedia.db.bulk import update_many
+from hypermedia.db.dedup_queries import DedupQueries
 from hypermedia.db.photo_queries import PhotoQueries
 from hypermedia.db.schema import job_attempts as A
 from hypermedia.db.schema import job_events as E
 from hypermedia.db.schema import job_outputs as O
 from hypermedia.db.schema import processing_jobs as J
 from hypermedia.db.schema import processing_profiles as P
+from hypermedia.db.schema_storage import objects as OB
+from hypermedia.db.schema_storage import project_credits as PC
 from hypermedia.db.storage_queries import StorageQueries
 from hypermedia.db.workers import WorkerQueries
 from hypermedia.errors import Conflict
-from hypermedia.queue.states import RUNNING_SIDE
+from hypermedia.queue.states import RUNNING_SIDE, STATUSES, TERMINAL
 
 Row = dict[str, Any]
+# Jobs not yet terminal: they hold their estimated credits.
+LIVE = frozenset(STATUSES) - TERMINAL
 
 
 def _uniform(rows: Sequence[Row]) -> list[Row]:
@@ -49,7 +54,7 @@ def _rows(result: sa.CursorResult[Any]) -> list[Row]:
     return [dict(r._mapping) for r in result]
 
 
-class Tx(WorkerQueries, StorageQueries, PhotoQueries):
+class Tx(WorkerQueries, StorageQueries, PhotoQueries, DedupQueries):
     def __init__(self, conn: sa.Connection, dialect: str, *, autocommit: bool = False) -> None:
         self.conn = conn
         self.dialect = dialect
@@ -83,8 +88,102 @@ class Tx(WorkerQueries, StorageQueries, PhotoQueries):
         return _rows(self.conn.execute(q))
 
     def insert_profile(self, values: Row) -> int:
-        res = self.conn.execute(sa.insert(P).values(values))
+        try:
+            res = self.conn.execute(sa.insert(P).values(values))
+        except sa.exc.IntegrityError as exc:
+            # uk_key_version: a concurrent create took this version first.
+            raise Conflict("this profile version exists") from exc
         return int(res.inserted_primary_key[0])  # type: ignore[index]
+
+    def profile_versions(self, key: str) -> list[Row]:
+        """Every version of one profile key, active or not, oldest first."""
+        q = sa.select(P).where(P.c.profile_key == key).order_by(P.c.profile_id)
+        return _rows(self.conn.execute(q))
+
+    def profiles(self, job_type: str | None = None, *, include_inactive: bool = False) -> list[Row]:
+        q = sa.select(P)
+        if job_type is not None:
+            q = q.where(P.c.job_type == job_type)
+        if not include_inactive:
+            q = q.where(P.c.is_active.is_(True))
+        return _rows(self.conn.execute(q.order_by(P.c.profile_key, P.c.profile_id)))
+
+    def set_profile_active(self, profile_id: int, active: bool) -> bool:
+        q = sa.update(P).where(P.c.profile_id == profile_id).values(is_active=active)
+        return self.conn.execute(q).rowcount == 1
+
+    # -- credits -------------------------------------------------------------
+
+    def budget(self, project_id: str, *, lock: bool = False) -> Row | None:
+        """A project's budget row; ``lock`` serialises enqueues of the project
+        (SQLite: the write lock is held already)."""
+        q = sa.select(PC).where(PC.c.project_id == project_id)
+        if lock and self.dialect != "sqlite":
+            q = q.with_for_update()
+        row = self.conn.execute(q).first()
+        return dict(row._mapping) if row else None
+
+    def budgets(self) -> list[Row]:
+        return _rows(self.conn.execute(sa.select(PC).order_by(PC.c.project_id)))
+
+    def set_budget(self, project_id: str, credits: int | None, now: datetime) -> None:
+        values = {"budget_credits": credits, "updated_at": now}
+        q = sa.update(PC).where(PC.c.project_id == project_id).values(values)
+        if self.conn.execute(q).rowcount == 0:
+            try:
+                with self.conn.begin_nested():
+                    self.conn.execute(
+                        sa.insert(PC).values(project_id=project_id, created_at=now, **values)
+                    )
+            except sa.exc.IntegrityError:  # a concurrent first budget for the project
+                self.conn.execute(q)
+
+    def _credits_used(self) -> sa.ColumnElement[Any]:
+        # Completed jobs cost what they really used (their estimate if that was
+        # never recorded); jobs still on their way hold their estimate.
+        return sa.func.coalesce(
+            sa.func.sum(
+                sa.case(
+                    (
+                        J.c.status == "completed",
+                        sa.func.coalesce(J.c.actual_credits, J.c.estimated_credits),
+                    ),
+                    (J.c.status.in_(sorted(LIVE)), J.c.estimated_credits),
+                    else_=0,
+                )
+            ),
+            0,
+        )
+
+    def credit_use(self, project_id: str) -> int:
+        q = sa.select(self._credits_used()).where(J.c.project_id == project_id)
+        return int(self.conn.execute(q).scalar_one())
+
+    def credit_use_by_project(self) -> dict[str, int]:
+        q = sa.select(J.c.project_id, self._credits_used()).group_by(J.c.project_id)
+        return {r[0]: int(r[1]) for r in self.conn.execute(q)}
+
+    def credit_inputs(self, job_ids: Sequence[int]) -> dict[int, Row]:
+        """What settling needs to price jobs: input size, input object and its facts."""
+        if not job_ids:
+            return {}
+        q = (
+            sa.select(
+                J.c.job_id,
+                J.c.object_id,
+                J.c.input_size_bytes,
+                OB.c.pages,
+                OB.c.duration_ms,
+            )
+            .select_from(J.outerjoin(OB, OB.c.object_id == J.c.object_id))
+            .where(J.c.job_id.in_(list(job_ids)))
+        )
+        return {r["job_id"]: r for r in _rows(self.conn.execute(q))}
+
+    def set_object_facts(self, object_id: int, values: Row) -> bool:
+        """Pages, duration or dimensions a job found out about its (ready) input."""
+        q = sa.update(OB).where(OB.c.object_id == object_id, OB.c.state == "ready").values(values)
+        return self.conn.execute(q).rowcount == 1
 
     # -- jobs ----------------------------------------------------------------
 

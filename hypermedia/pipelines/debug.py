@@ -5,7 +5,8 @@ debug.sleep takes ``{"ms": N}`` and, to exercise the failure paths,
 process dies with SIGKILL, like a segfaulting decoder would), and
 ``{"alloc_mb": N}`` (allocate memory, to hit the attempt's memory limit), and
 ``{"output": true}`` (declare a data-only output, to check outputs are recorded once),
-and ``{"steps": N}`` (report progress N times while sleeping).
+and ``{"steps": N}`` (report progress N times while sleeping), and
+``{"nan": true}`` (return a result that is not plain JSON).
 
 debug.copy reads its input object and stores a byte-for-byte copy as an output
 object (type ``copy``): the storage path of a job end to end.  To exercise the
@@ -37,7 +38,7 @@ def _validate_noop(params: dict[str, Any], settings: dict[str, Any]) -> dict[str
 
 
 def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-    allowed = {"ms", "fail", "crash", "alloc_mb", "steps", "output"}
+    allowed = {"ms", "fail", "crash", "alloc_mb", "steps", "output", "nan"}
     unknown = set(params) - allowed
     if unknown:
         raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
@@ -59,8 +60,9 @@ def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[st
     steps = params.get("steps", 1)
     if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps <= 1000:
         raise JobError("INVALID_PARAMS", "steps must be an integer from 0 to 1000")
-    if not isinstance(params.get("output", False), bool):
-        raise JobError("INVALID_PARAMS", "output must be true or false")
+    for flag in ("output", "nan"):
+        if not isinstance(params.get(flag, False), bool):
+            raise JobError("INVALID_PARAMS", f"{flag} must be true or false")
     return dict(params)
 
 
@@ -80,6 +82,8 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
         raise JobError(params["fail"], f"debug.sleep was asked to fail with {params['fail']}")
     if params.get("output"):
         ctx.output("debug_result", "application/json", {"slept_ms": ms, "pid": os.getpid()})
+    if params.get("nan"):
+        return {"value": float("nan")}  # not JSON: the worker must refuse it
     # What the attempt saw of its sandbox, so tests can check the isolation.
     return {
         "slept_ms": ms,

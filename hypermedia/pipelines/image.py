@@ -1,254 +1,211 @@
-"""image.thumbnail and image.preview: a downscaled, re-encoded copy of a photo, on libvips.
+"""image.thumbnail, image.preview and image.compress: re-encoded copies of a photo, on libvips.
 
-Both fit the image inside a ``size`` x ``size`` box (aspect kept, never
-upscaled), turn it upright by its EXIF orientation, and save it as WebP, JPEG
-or PNG with all metadata (EXIF, XMP, GPS, ICC) stripped.  The output is a new
-object of type ``thumb`` or ``preview``.
+* ``image.thumbnail`` and ``image.preview`` fit the image to a ``width`` x
+  ``height`` box (``fit``: cover, contain, inside or fill) and save it as
+  WebP, JPEG, PNG or AVIF.  Outputs of type ``thumb`` and ``preview``.
+* ``image.compress`` re-encodes it at ``quality``, downscaled only when it is
+  larger than ``max_width`` x ``max_height`` (aspect kept), its dimensions
+  kept otherwise.  Output of type ``compressed``.
 
-Params (defaults from the profile's settings): ``size`` (16..1024 for a
-thumbnail, 16..4096 for a preview), ``format`` (webp, jpeg, png), ``quality``
-(1..100).  The profile's ``max_pixels`` (default 100 million) is copied into
-the params at enqueue time, so a job records the limit it ran under.
+All three read JPEG, PNG, WebP, AVIF, GIF, TIFF and HEIC (where this libvips
+has an HEVC decoder), decided by the file's content, never its name; shrink
+on load; turn the image upright by its EXIF orientation; convert it to 8-bit
+sRGB (through its ICC profile when it has one); read the first frame of an
+animated image; and strip the metadata (EXIF, XMP, GPS, IPTC, ICC) unless the
+profile sets ``keep_metadata`` (then EXIF, XMP and IPTC are kept, with the
+orientation reset since the pixels are upright).  An output's metadata and the
+job's result are ``{width, height, format, bytes}``; the result adds
+``usage.mb``, the input's size, for credits.
 
-Hostile input (DESIGN §10): the file's magic bytes must name an allowed format,
-every other libvips loader is blocked in the process, the header is read
-before any pixel is decoded and an image over ``max_pixels`` is refused
-(decompression bombs), and decoding fails on the first error instead of
-producing garbage from a damaged file.  Failure reasons never carry the file's
-path or libvips' own words.
+The settings are data (``SCHEMAS``): a profile version is checked against them
+when it is created, and a job's params override the profile's, except
+``max_pixels``, which only a profile sets.  See docs/pipelines.md.
 
-pyvips is imported on the first run, not at import time, so the registry
-loads without libvips installed; a job then fails with DEPENDENCY_FAILED.
+pyvips is imported on the first run (``imaging.load``), not at import time, so
+the registry loads without libvips installed; a job then fails with
+DEPENDENCY_FAILED, and ``available()`` says so beforehand.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 
 from hypermedia.errors import JobError
-from hypermedia.pipelines.registry import Context, Pipeline, Runner, Validator, register
-from hypermedia.storage.sniff import media_type
+from hypermedia.pipelines import imaging
+from hypermedia.pipelines.imaging import DEFAULT_MAX_PIXELS, FORMATS
+from hypermedia.pipelines.registry import Context, Pipeline, Runner, register
+from hypermedia.pipelines.schema import Field, Schema, clean_settings, validator
 
-MIN_SIZE = 16
-DEFAULT_MAX_PIXELS = 100_000_000
-FORMATS = {
-    "webp": ("webp", "image/webp"),
-    "jpeg": ("jpg", "image/jpeg"),
-    "png": ("png", "image/png"),
-}
-# What the sniffer may call an input (magic bytes, never the name).
-ACCEPTED = {
-    "image/jpeg",
-    "image/png",
-    "image/webp",
-    "image/gif",
-    "image/tiff",
-    "image/heic",
-    "image/avif",
-}
-# The only libvips loaders left unblocked, by class and by the nickname an
-# opened image reports in its ``vips-loader`` field.
-LOADER_CLASSES = (
-    "VipsForeignLoadJpeg",
-    "VipsForeignLoadPng",
-    "VipsForeignLoadWebp",
-    "VipsForeignLoadNsgif",
-    "VipsForeignLoadTiff",
-    "VipsForeignLoadHeif",
-)
-LOADERS = {"jpegload", "pngload", "webpload", "gifload", "tiffload", "heifload"}
+FITS = ("cover", "contain", "inside", "fill")
+MAX_SIDE = 8192  # a thumbnail or preview box side
+MAX_BOX_PIXELS = 40_000_000  # and its area: a box this size is a copy, not a preview
+MAX_COMPRESS_SIDE = 16_383  # the largest WebP; larger images are downscaled to it
+MAX_PIXELS_LIMIT = 1_000_000_000  # what a profile may raise max_pixels to
 
-_vips: Any = None
+
+def _max_pixels() -> Field:
+    return Field(
+        int,
+        DEFAULT_MAX_PIXELS,
+        1,
+        MAX_PIXELS_LIMIT,
+        overridable=False,
+        doc="images with more pixels are refused before decoding (LIMIT_EXCEEDED)",
+    )
+
+
+def _common(quality: int) -> dict[str, Field]:
+    return {
+        "format": Field(str, "webp", choices=tuple(FORMATS), doc="output format"),
+        "quality": Field(int, quality, 1, 100, doc="encoder quality (PNG ignores it)"),
+        "keep_metadata": Field(
+            bool, False, doc="keep EXIF (with GPS), XMP and IPTC; stripped by default"
+        ),
+        "max_pixels": _max_pixels(),
+    }
+
+
+def _box_schema(side: int, quality: int, fit: str) -> dict[str, Field]:
+    return {
+        "width": Field(int, side, 1, MAX_SIDE, doc="box width in pixels"),
+        "height": Field(int, side, 1, MAX_SIDE, doc="box height in pixels"),
+        "fit": Field(str, fit, choices=FITS, doc="how the image meets the box"),
+        **_common(quality),
+    }
+
+
+THUMBNAIL_SCHEMA: Schema = _box_schema(200, 85, "cover")
+PREVIEW_SCHEMA: Schema = _box_schema(1280, 82, "inside")
+COMPRESS_SCHEMA: Schema = {
+    "max_width": Field(int, 4096, 1, MAX_COMPRESS_SIDE, doc="downscale wider images to this"),
+    "max_height": Field(int, 4096, 1, MAX_COMPRESS_SIDE, doc="downscale taller images to this"),
+    **_common(80),
+}
+
+
+def _check_box(values: dict[str, Any]) -> None:
+    if values["width"] * values["height"] > MAX_BOX_PIXELS:
+        raise JobError("INVALID_PARAMS", f"width x height must be at most {MAX_BOX_PIXELS} pixels")
+
+
+# Shared with the other libvips pipelines (pdf.preview, storage.dedup_check),
+# which take libvips, the input checks and the encoders from here.
+ACCEPTED = frozenset(imaging.LOADER_FOR)
 
 
 def _pyvips() -> Any:
-    """Import and configure pyvips once per process (the child)."""
-    global _vips
-    if _vips is not None:
-        return _vips
-    try:
-        import pyvips
-    except Exception:  # ImportError, or OSError when libvips.so.42 is missing
-        raise JobError("DEPENDENCY_FAILED", "libvips is not installed") from None
-    # The operation cache is keyed by file name, and every attempt of a slot
-    # reads the same scratch/input.*: a cache would hand one job another's image.
-    pyvips.cache_set_max(0)
-    pyvips.cache_set_max_mem(0)
-    pyvips.cache_set_max_files(0)
-    # One job, one core: the worker runs one child per slot.
-    pyvips.concurrency_set(1)
-    # Allow-list the decoders: block every loader, then let the few we accept back in.
-    pyvips.block_untrusted_set(True)
-    pyvips.operation_block_set("VipsForeignLoad", True)
-    for cls in LOADER_CLASSES:
-        pyvips.operation_block_set(cls, False)
-    _vips = pyvips
-    return pyvips
+    return imaging.load()
 
 
-# -- params ----------------------------------------------------------------------------
+def _check_input(vips: Any, path: str, max_pixels: int) -> imaging.Header:
+    return imaging.check_input(vips, path, max_pixels)
 
 
-def _int_in(value: Any, name: str, low: int, high: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise JobError("INVALID_PARAMS", f"{name} must be an integer from {low} to {high}")
-    return value
+def _save(vips: Any, image: Any, path: str, fmt: str, quality: int, keep: bool = False) -> None:
+    imaging.save(vips, image, path, fmt, quality, keep)
 
 
-def _validator(job_type: str, default_size: int, max_size: int, default_quality: int) -> Validator:
-    def validate(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-        unknown = set(params) - {"size", "format", "quality"}
-        if unknown:
-            raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
-        size = params.get("size", settings.get("size", default_size))
-        size = _int_in(size, "size", MIN_SIZE, max_size)
-        fmt = params.get("format", settings.get("format", "webp"))
-        if not isinstance(fmt, str) or fmt not in FORMATS:
-            raise JobError("INVALID_PARAMS", f"format must be one of {', '.join(FORMATS)}")
-        quality = _int_in(
-            params.get("quality", settings.get("quality", default_quality)), "quality", 1, 100
-        )
-        max_pixels = settings.get("max_pixels", DEFAULT_MAX_PIXELS)
-        if not isinstance(max_pixels, int) or isinstance(max_pixels, bool) or max_pixels < 1:
-            raise JobError("INVALID_PARAMS", f"the {job_type} profile has a bad max_pixels")
-        return {"size": size, "format": fmt, "quality": quality, "max_pixels": max_pixels}
-
-    return validate
+def available() -> str | None:
+    """None when libvips (8.13 or newer) is there for the image job types, else why not."""
+    return imaging.probe()
 
 
 # -- running ---------------------------------------------------------------------------
 
-
-def _check_input(vips: Any, path: str, max_pixels: int) -> None:
-    """Refuse what must not be decoded, reading only the magic bytes and the header."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(64)
-    except OSError:
-        raise JobError("CORRUPT_INPUT", "the input file could not be read") from None
-    if not head:
-        raise JobError("CORRUPT_INPUT", "the input file is empty")
-    if media_type(head) not in ACCEPTED:
-        raise JobError(
-            "UNSUPPORTED_FORMAT", "not a supported image format (JPEG, PNG, WebP, GIF, TIFF, HEIF)"
-        )
-    try:
-        header = vips.Image.new_from_file(path, access="sequential", fail_on="error")
-        loader = header.get("vips-loader")
-        width, height = int(header.width), int(header.height)
-    except vips.Error:
-        raise JobError("CORRUPT_INPUT", "the image header is damaged or unreadable") from None
-    if loader not in LOADERS:
-        raise JobError("UNSUPPORTED_FORMAT", "not a supported image format")
-    if width * height > max_pixels:
-        raise JobError(
-            "LIMIT_EXCEEDED",
-            f"the image is {width}x{height}, over this profile's limit of {max_pixels} pixels",
-        )
+# Progress is reported for slow attempts only: each report is a database write
+# in the worker, and a 50 ms thumbnail has nothing to report (its completion
+# says it all).  libvips says how far its evaluation got, strip by strip.
+PROGRESS_AFTER_S = 0.5
+PROGRESS_EVERY_S = 1.0
 
 
-# Header properties of every image; anything else an image carries is metadata.
-_PROPERTIES = {
-    *("width", "height", "bands", "format", "coding", "interpretation"),
-    *("xoffset", "yoffset", "xres", "yres", "filename"),
-}
+class Progress:
+    """A libvips "eval" callback sending throttled progress reports."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.next = time.monotonic() + PROGRESS_AFTER_S
+
+    def __call__(self, image: Any, progress: Any) -> None:
+        now = time.monotonic()
+        if now >= self.next:
+            self.next = now + PROGRESS_EVERY_S
+            self.ctx.progress(min(99, int(progress.percent)), "resizing and encoding")
 
 
-def _bare(image: Any) -> Any:
-    """A copy of ``image`` without its metadata (EXIF, XMP, IPTC, ICC, orientation...)."""
-    image = image.copy()
-    for name in image.get_fields():
-        if name not in _PROPERTIES:
-            image.remove(name)
-    return image
+def _runner(job_type: str, schema: Schema, output_type: str) -> Runner:
+    box = "fit" in schema
 
-
-def _strip_webp(path: str) -> None:
-    """Drop the ICCP, EXIF and XMP chunks from a WebP file we wrote.
-
-    libvips 8.14's webpsave ignores ``strip`` and always writes an EXIF chunk
-    (rebuilt from nothing, but EXIF all the same); this is our own output, so
-    the RIFF container is rewritten here rather than trusted to the saver.
-    """
-    with open(path, "rb") as f:
-        data = f.read()
-    if data[:4] != b"RIFF" or data[8:12] != b"WEBP" or data[12:16] != b"VP8X":
-        return  # a simple (VP8 / VP8L only) file has no room for metadata
-    chunks, i = [], 12
-    while i + 8 <= len(data):
-        kind = data[i : i + 4]
-        size = int.from_bytes(data[i + 4 : i + 8], "little")
-        end = i + 8 + size + (size & 1)
-        if kind == b"VP8X":
-            flags = data[i + 8] & ~(0x20 | 0x08 | 0x04)  # ICC, EXIF, XMP present
-            chunks.append(data[i : i + 8] + bytes([flags]) + data[i + 9 : end])
-        elif kind not in (b"ICCP", b"EXIF", b"XMP "):
-            chunks.append(data[i:end])
-        i = end
-    body = b"WEBP" + b"".join(chunks)
-    with open(path, "wb") as f:
-        f.write(b"RIFF" + len(body).to_bytes(4, "little") + body)
-
-
-def _save(vips: Any, image: Any, path: str, fmt: str, quality: int) -> None:
-    if vips.at_least_libvips(8, 15):
-        strip: dict[str, Any] = {"keep": "none"}
-    else:
-        strip = {"strip": True}
-    image = _bare(image)
-    if fmt == "webp":
-        image.webpsave(path, Q=quality, **strip)
-        _strip_webp(path)
-    elif fmt == "jpeg":
-        if image.hasalpha():
-            image = image.flatten(background=[255] * (image.bands - 1))
-        image.jpegsave(path, Q=quality, optimize_coding=True, **strip)
-    else:
-        image.pngsave(path, compression=6, **strip)
-
-
-def _runner(output_type: str, default_size: int) -> Runner:
     def run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         if ctx.input_path is None:
-            raise JobError("INVALID_PARAMS", f"image.{output_type} needs an input object")
-        vips = _pyvips()
-        size = int(params.get("size", default_size))
-        fmt = params.get("format", "webp")
-        quality = int(params.get("quality", 80))
-        ctx.progress(5, "reading header")
-        _check_input(vips, ctx.input_path, int(params.get("max_pixels", DEFAULT_MAX_PIXELS)))
+            raise JobError("INVALID_PARAMS", f"{job_type} needs an input object")
+        # The stored params were validated at enqueue; cleaning them again fills
+        # in what a job queued by an older version of this module lacks.
+        p = clean_settings(schema, {k: v for k, v in params.items() if k in schema})
+        vips = imaging.load()
+        header = imaging.check_input(vips, ctx.input_path, p["max_pixels"])
+        fmt = p["format"]
         ext, mime = FORMATS[fmt]
         name = f"{output_type}.{ext}"
-        out = os.path.join(ctx.scratch, name)
-        ctx.progress(20, "resizing")
         try:
             # Lazy: the decode, shrink and encode all happen inside the save.
-            image = vips.Image.thumbnail(
-                ctx.input_path, size, height=size, size="down", no_rotate=False, fail_on="error"
-            )
-            _save(vips, image, out, fmt, quality)
+            if box:
+                image = imaging.fit(vips, ctx.input_path, header, p["width"], p["height"], p["fit"])
+            else:
+                image = imaging.fit(
+                    vips, ctx.input_path, header, p["max_width"], p["max_height"], "inside"
+                )
+            image.set_progress(True)
+            image.signal_connect("eval", Progress(ctx))
+            path = os.path.join(ctx.scratch, name)
+            imaging.save(vips, image, path, fmt, p["quality"], p["keep_metadata"])
             width, height = int(image.width), int(image.height)
         except vips.Error as exc:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(out)  # no half-written output left behind
-            if "out of memory" in f"{exc.message} {exc.detail}".lower():
-                raise MemoryError from None
-            raise JobError("CORRUPT_INPUT", "the image data is damaged or truncated") from None
-        nbytes = os.path.getsize(out)
-        ctx.progress(100, "saved")
-        ctx.output(output_type, mime, {"width": width, "height": height, "format": fmt}, path=name)
-        return {"width": width, "height": height, "format": fmt, "bytes": nbytes}
+            raise imaging.failure(exc, header) from None
+        meta = {"width": width, "height": height, "format": fmt, "bytes": os.path.getsize(path)}
+        ctx.output(output_type, mime, dict(meta), path=name)
+        return {**meta, "usage": {"mb": round(header.size / 1_048_576, 3)}}
 
     return run
 
 
-THUMBNAIL = Pipeline(
-    "image.thumbnail", "images", _validator("image.thumbnail", 256, 1024, 80), _runner("thumb", 256)
+def _pipeline(
+    job_type: str, schema: Schema, output_type: str, check: Callable[..., None] | None, doc: str
+) -> Pipeline:
+    return register(
+        Pipeline(
+            job_type,
+            "images",
+            validator(schema, check),
+            _runner(job_type, schema, output_type),
+            schema=schema,
+            available=available,
+            doc=doc,
+        )
+    )
+
+
+THUMBNAIL = _pipeline(
+    "image.thumbnail",
+    THUMBNAIL_SCHEMA,
+    "thumb",
+    _check_box,
+    "a small copy fitted to a box (default 200x200 WebP, cover)",
 )
-PREVIEW = Pipeline(
-    "image.preview", "images", _validator("image.preview", 1280, 4096, 85), _runner("preview", 1280)
+PREVIEW = _pipeline(
+    "image.preview",
+    PREVIEW_SCHEMA,
+    "preview",
+    _check_box,
+    "a screen-sized copy fitted inside a box (default 1280x1280 WebP)",
 )
-register(THUMBNAIL)
-register(PREVIEW)
+COMPRESS = _pipeline(
+    "image.compress",
+    COMPRESS_SCHEMA,
+    "compressed",
+    None,
+    "the image re-encoded (default WebP q80), downscaled only beyond max_width x max_height",
+)

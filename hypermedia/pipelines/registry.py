@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from hypermedia.errors import JobError
 from hypermedia.pipelines.schema import Schema
+
+if TYPE_CHECKING:  # the child imports this module and must never load the database
+    from hypermedia.queue.models import Claimed
+    from hypermedia.storage.ledger import Storage
 
 Runner = Callable[[dict[str, Any], "Context"], dict[str, Any] | None]
 Validator = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
@@ -48,6 +52,30 @@ class Context:
         )
 
 
+@dataclass
+class FinishContext:
+    """What a pipeline's ``finish`` may use: it runs in the worker, not the child.
+
+    ``storage`` is the worker's objects ledger (and, through ``storage.db``,
+    the database); ``job`` the claimed job (project_id, object_id...);
+    ``result`` what the child's ``run`` returned.  ``output`` declares a
+    data-only output, recorded with the child's own when the attempt completes.
+    """
+
+    storage: Storage
+    job: Claimed
+    result: dict[str, Any]
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+
+    def output(self, output_type: str, mime_type: str, metadata: dict[str, Any]) -> None:
+        self.outputs.append(
+            {"output_type": output_type, "mime_type": mime_type, "metadata": metadata, "path": None}
+        )
+
+
+Finisher = Callable[[FinishContext], dict[str, Any]]
+
+
 def _always_available() -> str | None:
     return None
 
@@ -64,6 +92,12 @@ class Pipeline:
     engine's codes, never bare exceptions (a bare one becomes INTERNAL), and
     may return ``{"usage": {"pages": n, "minutes": m, "mb": x}}`` among its
     result so credits are charged for what was processed.
+
+    ``finish``, when set, completes a successful attempt in the worker, which
+    (unlike the child) has the database: it gets the child's result and
+    returns the job's final result (see ``FinishContext``).  It runs before
+    the attempt's outputs are stored; a JobError it raises fails the attempt
+    with that code, and so must anything else that goes wrong in it.
     """
 
     job_type: str
@@ -73,6 +107,14 @@ class Pipeline:
     schema: Schema | None = None
     available: Callable[[], str | None] = _always_available
     doc: str = ""
+    finish: Finisher | None = None
+    # The profile a job uses when it names none; "" means the job type with
+    # dashes (image.thumbnail → image-thumbnail).
+    default_profile: str = ""
+
+    @property
+    def profile_key(self) -> str:
+        return self.default_profile or self.job_type.replace(".", "-")
 
 
 _REGISTRY: dict[str, Pipeline] = {}
@@ -117,4 +159,4 @@ def _load_builtin() -> None:
     global _builtin_loaded
     if not _builtin_loaded:
         _builtin_loaded = True
-        from hypermedia.pipelines import debug, image  # noqa: F401  (registers on import)
+        from hypermedia.pipelines import debug, dedup, image, pdf, virus  # noqa: F401

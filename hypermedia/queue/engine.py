@@ -27,6 +27,7 @@ from hypermedia.errors import (
     StaleTransition,
 )
 from hypermedia.pipelines import registry
+from hypermedia.queue import profiles as pricing
 from hypermedia.queue import states
 from hypermedia.queue.models import AttemptResult, Claimed, NewJob
 from hypermedia.queue.settle import Decision, decide
@@ -66,6 +67,8 @@ class Engine:
         self.settings = settings
         self.clock = clock
         self.rng = rng or random.Random()
+        # profile_id -> ("key:vN", prices): see _priced.
+        self._versions: dict[int, tuple[str, pricing.Prices]] = {}
 
     # -- enqueue ---------------------------------------------------------------
 
@@ -119,6 +122,7 @@ class Engine:
                     found[i] = int(prior["job_id"])
                     continue
             built.append((i, *self._new_row(tx, j, profiles)))
+        self._check_budgets(tx, [r for _, r, _ in built])
         ids = tx.insert_jobs([r for _, r, _ in built])
         tx.insert_events(
             [
@@ -136,6 +140,29 @@ class Engine:
         tx.notify({r["queue_name"] for _, r, _ in built if r["status"] == "queued"})
         found.update({i: ids[r["job_uuid"]] for i, r, _ in built})
         return [found[i] for i in range(len(jobs))]
+
+    @staticmethod
+    def _check_budgets(tx: Any, rows: Sequence[Row]) -> None:
+        """Refuse new jobs that would take a project past its credit budget.
+
+        The project's budget row is locked first, so concurrent enqueues of
+        one project take turns: each one counts the jobs the others committed
+        (READ COMMITTED sees them once the lock is granted; SQLite holds the
+        write lock already).  Free jobs are never refused, and lock nothing.
+        """
+        needs: dict[str, int] = {}
+        for r in rows:
+            needs[r["project_id"]] = needs.get(r["project_id"], 0) + r["estimated_credits"]
+        for project_id in sorted(p for p, n in needs.items() if n > 0):
+            budget = tx.budget(project_id, lock=True)
+            if budget is None or budget["budget_credits"] is None:
+                continue
+            limit, used = int(budget["budget_credits"]), tx.credit_use(project_id)
+            if used + needs[project_id] > limit:
+                raise InvalidRequest(
+                    f"credit budget exceeded: {used} of {limit} used, "
+                    f"this request needs {needs[project_id]}"
+                )
 
     def _repeats(self, tx: Any, prior: Row, job: NewJob) -> bool:
         """Whether ``job`` asks for what ``prior`` is.  Stored params are validated
@@ -174,13 +201,14 @@ class Engine:
         if not 1 <= job.max_attempts <= 100:
             raise InvalidRequest("max_attempts must be from 1 to 100")
         pool_id, input_key, input_size = job.pool_id, job.input_key, job.input_size_bytes
+        pages = duration_ms = None
         if job.object_id is not None:
             obj = _input_object(tx, job.object_id)
             pool_id, input_key, input_size = obj["pool_id"], obj["storage_key"], obj["size"]
+            pages, duration_ms = obj.get("pages"), obj.get("duration_ms")
         if input_size > profile["max_input_bytes"]:
             raise InvalidRequest("input is larger than this profile accepts")
         now = self.clock()
-        size_mb = input_size / 1_048_576
         status = "created" if job.hold else "queued"
         row = {
             "job_uuid": str(uuid.uuid4()),
@@ -196,8 +224,9 @@ class Engine:
             "params": params,
             "input_key": input_key,
             "input_size_bytes": input_size,
-            "estimated_credits": profile["credit_cost_base"]
-            + round(profile["credit_cost_per_mb"] * size_mb),
+            "estimated_credits": pricing.estimate(
+                pricing.Prices.of(profile), input_size, pages, duration_ms
+            ),
             "max_attempts": job.max_attempts,
             "attempt_count": 0,
             "timeout_seconds": job.timeout_seconds or profile["timeout_seconds"],
@@ -214,7 +243,7 @@ class Engine:
 
     def _profile(self, tx: Any, job: NewJob, seen: dict[str, Row]) -> Row:
         """The job's profile; ``seen`` caches lookups within one enqueue batch."""
-        ref = job.profile or job.job_type.replace(".", "-")
+        ref = job.profile or registry.get(job.job_type).profile_key
         if ref in seen:
             return seen[ref]
         key, _, version = ref.partition(":")
@@ -223,6 +252,12 @@ class Engine:
         # deactivated; seed 000 deactivates versions "to prevent new jobs from
         # using them", so a pinned inactive version is refused too.
         if profile is None or not profile["is_active"]:
+            if profile is not None:
+                raise InvalidRequest(f"profile {ref} is deactivated: new jobs cannot use it")
+            if not version and tx.profile_versions(key):
+                raise InvalidRequest(
+                    f"profile {key} has no active version: every version is deactivated"
+                )
             raise InvalidRequest(f"no active profile {ref!r}")
         seen[ref] = dict(profile)
         return seen[ref]
@@ -307,7 +342,13 @@ class Engine:
                     worker_id, [_start_decision(worker_id, k, now) for k in starts]
                 )
             decisions = self._decide(tx, worker_id, results, now)
-            quick = [d for d in decisions if not d.outputs and d.seen in states.sources(d.action)]
+            # Outputs and input facts write other tables with the completion:
+            # those go the careful way, in one transaction.
+            quick = [
+                d
+                for d in decisions
+                if not d.outputs and not d.input_facts and d.seen in states.sources(d.action)
+            ]
             accepted = tx.apply_transitions(worker_id, quick) if quick else set()
         redo = {d.job_id for d in decisions} - accepted
         if redo:
@@ -353,8 +394,7 @@ class Engine:
                 skip_locked=worker_id is None,
             )
         }
-        versions: dict[int, str] = {}
-        decisions: list[Decision] = []
+        taken: list[tuple[Row, AttemptResult]] = []
         for res in results:
             row = held.get(res.job_id)
             # Fix: ``fenced`` returns the job once even when the batch also holds
@@ -366,14 +406,54 @@ class Engine:
                 continue
             if lease_expired_before is not None and not _expired(row, lease_expired_before):
                 continue
-            if res.outputs:
-                if row["profile_id"] not in versions:
-                    versions[row["profile_id"]] = self._version_of(tx, row["profile_id"])
-                version = versions[row["profile_id"]]
+            taken.append((row, res))
+        inputs = self._credit_inputs(tx, taken)
+        decisions: list[Decision] = []
+        for row, res in taken:
+            job_input = inputs.get(res.job_id)
+            if res.outputs or res.status == "completed":
+                version, prices = self._priced(tx, row["profile_id"])
                 for o in res.outputs:
                     o.profile_version = o.profile_version or version
-            decisions.append(decide(row, res, now, self.settings, self.rng))
+                if res.status == "completed" and res.actual_credits is None:
+                    res = replace(res, actual_credits=_actual_credits(prices, job_input, res))
+            d = decide(row, res, now, self.settings, self.rng)
+            if d.action == "complete" and job_input and job_input["object_id"] is not None:
+                d.input_facts = pricing.input_facts(res.result)
+                d.object_id = job_input["object_id"]
+            decisions.append(d)
         return decisions
+
+    def _priced(self, tx: Any, profile_id: int) -> tuple[str, pricing.Prices]:
+        """A job's profile version ("key:vN") and prices, looked up once.
+
+        A version never changes its key, number or prices (only whether new
+        jobs may use it), so what was read stays true for the engine's life.
+        """
+        got = self._versions.get(profile_id)
+        if got is None:
+            profile = tx.profile_by_id(profile_id)
+            if profile is None:
+                return "unknown", pricing.Prices()
+            got = (pricing.ref_of(profile), pricing.Prices.of(profile))
+            if len(self._versions) >= 10_000:
+                self._versions.clear()
+            self._versions[profile_id] = got
+        return got
+
+    def _credit_inputs(self, tx: Any, taken: Sequence[tuple[Row, AttemptResult]]) -> dict[int, Row]:
+        """Input size, object and its facts of the completions that need them:
+        priced by size, pages or minutes, or reporting facts about their input."""
+        need = [
+            res.job_id
+            for row, res in taken
+            if res.status == "completed"
+            and (
+                pricing.input_facts(res.result)
+                or (res.actual_credits is None and not self._priced(tx, row["profile_id"])[1].flat)
+            )
+        ]
+        return tx.credit_inputs(need) if need else {}
 
     def _apply(
         self, tx: Any, worker_id: str | None, decisions: list[Decision], now: datetime
@@ -401,11 +481,10 @@ class Engine:
         # Output blobs were uploaded as pending objects; the completion makes
         # them ready in the same transaction (DESIGN §3).
         tx.promote_objects([o["object_id"] for o in outputs if o["object_id"]], now)
+        for d in decisions:
+            if d.input_facts and d.object_id is not None:
+                tx.set_object_facts(d.object_id, {**d.input_facts, "updated_at": now})
         tx.insert_events([d.event for d in decisions])
-
-    def _version_of(self, tx: Any, profile_id: int) -> str:
-        profile = tx.profile_by_id(profile_id)
-        return f"{profile['profile_key']}:{profile['profile_version']}" if profile else "unknown"
 
     def renew(self, worker_id: str, items: Sequence[tuple[int, int]]) -> dict[int, str]:
         """Extend the leases of running attempts; return each job's status.
@@ -642,6 +721,20 @@ def _input_object(tx: Any, object_id: int) -> Row:
     if obj["state"] != "ready":
         raise InvalidRequest(f"object {object_id} is {obj['state']}, not ready")
     return dict(obj)
+
+
+def _actual_credits(prices: pricing.Prices, job_input: Row | None, res: AttemptResult) -> int:
+    """What a completed attempt costs: see ``profiles.actual``."""
+    if prices.flat:
+        return prices.base
+    job_input = job_input or {}
+    return pricing.actual(
+        prices,
+        int(job_input.get("input_size_bytes") or 0),
+        job_input.get("pages"),
+        job_input.get("duration_ms"),
+        res.result,
+    )
 
 
 def _locked_job(tx: Any, job_id: int) -> Row:

@@ -37,6 +37,10 @@ class Decision:
     attempt_values: Row
     event: Row
     outputs: list[Row] = field(default_factory=list)
+    # On completion: what the job found out about its input object (pages,
+    # duration_ms, width, height), written to that object with the completion.
+    input_facts: Row = field(default_factory=dict)
+    object_id: int | None = None
 
 
 def decide(

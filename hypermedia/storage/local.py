@@ -2,8 +2,10 @@
 
 A write goes to a temporary file in the root's ``.tmp``, is fsynced, renamed
 into place and the directory fsynced: a blob is complete or absent, never
-half-written, and it survives a power cut once ``put`` returns.  Keys are
-checked and the final path must stay under the root (symlinks included).
+half-written, and it survives a power cut once ``put`` returns.  (A batch,
+``put_files``, writes in place and syncs once: there the ledger's pending
+state stands for "not complete yet", see there.)  Keys are checked and the
+final path must stay under the root (symlinks included).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import hashlib
 import hmac
 import os
+import stat
 import threading
 import time
 import uuid
@@ -28,18 +31,37 @@ from hypermedia.storage.base import (
 )
 from hypermedia.storage.keys import check_key
 
+# A new file, never through a symlink planted where it goes.
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
 
 class LocalBackend:
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
+        self._root = str(self.root)
 
     def _path(self, key: str) -> Path:
-        path = self.root / check_key(key)
-        # check_key already refuses "..", but a symlink planted inside the root
-        # could still lead out: resolve and compare.
-        resolved = path.resolve()
-        if resolved != path or not resolved.is_relative_to(self.root):
-            raise UnsafeKey("unsafe storage key")
+        return Path(self._checked(key))
+
+    def _checked(self, key: str) -> str:
+        """The blob's path; UnsafeKey if any part of it under the root is a symlink.
+
+        check_key already refuses "..", absolute keys and odd characters, and
+        the root is resolved once: so the path stays under the root unless a
+        symlink was planted inside it.  Each existing component below the root
+        is lstat-ed (what ``Path.resolve`` would do for the whole path, at a
+        fraction of the cost: this runs for every file of a batch).
+        """
+        parts = check_key(key).split("/")
+        path = self._root
+        for part in parts:
+            path = f"{path}/{part}"
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:  # missing (or a file where a directory should be):
+                return f"{self._root}/{key}"  # nothing exists below it
+            if stat.S_ISLNK(mode):
+                raise UnsafeKey("unsafe storage key")
         return path
 
     def put(self, key: str, src: BinaryIO) -> Stored:
@@ -99,42 +121,49 @@ class LocalBackend:
     def put_files(self, items: list[tuple[str, Path]]) -> list[Stored]:
         """Store many files, made durable together by one file-system sync.
 
-        Each file is copied to a temporary name, hashed and renamed into
-        place; then one ``syncfs`` flushes every file and directory entry.
-        The ledger marks them ready only after that returns, so a crash
-        before it leaves pending rows for GC, never ready rows without blobs.
+        Each file is copied and hashed straight into place under its new key,
+        then one ``syncfs`` flushes every file and directory entry.  No
+        temporary name and rename here: the ledger marks the objects ready
+        only after the sync returns, so a crash (or an error) before it leaves
+        pending rows whose blobs, complete or not, only GC ever touches.  (A
+        rename would not make a blob complete-or-absent across a crash anyway
+        without an fsync of each file, which is what the single sync replaces;
+        on ext4, leaving it out made a batch of small files 25-40% faster.)
         """
-        tmp_dir = self.root / ".tmp"
         out: list[Stored] = []
         try:
-            tmp_dir.mkdir(parents=True, exist_ok=True)
+            os.makedirs(self._root, exist_ok=True)
             for key, path in items:
-                dst = self._path(key)
-                _make_parents(dst, self.root)
-                tmp = tmp_dir / uuid.uuid4().hex
-                try:
-                    size, digest = _copy_small(path, tmp)
-                    os.replace(tmp, dst)
-                finally:
-                    with contextlib.suppress(FileNotFoundError):
-                        tmp.unlink()
-                out.append(Stored(size, digest))
+                dst = self._checked(key)
+                _mkdirs(os.path.dirname(dst), self._root)
+                out.append(_copy_into_place(path, dst))
             _syncfs(self.root)
         except OSError as exc:
             raise StorageUnavailable(f"could not write to local storage ({exc.strerror})") from exc
         return out
 
     def get_file(self, key: str, dst: Path, sha256: str) -> None:
-        """Copy a blob to ``dst`` and check it against ``sha256`` (ChecksumMismatch)."""
-        src = self._path(key)
+        """Copy a blob to a new file ``dst`` and check it against ``sha256``.
+
+        A mismatch raises ChecksumMismatch, a missing blob BlobMissing; either
+        way, and on any other failure, ``dst`` is removed: no unverified bytes
+        are left behind.
+        """
+        src = self._checked(key)
         try:
             _, digest = _copy_hashing(src, dst, durable=False)
-        except FileNotFoundError as exc:
-            raise BlobMissing("no blob under this key") from exc
+        except FileExistsError:
+            raise  # the caller's file, left as it was: a caller's error, not the pool's
         except OSError as exc:
+            _remove(dst)
+            if isinstance(exc, FileNotFoundError) and not os.path.lexists(src):
+                raise BlobMissing("no blob under this key") from exc
             raise StorageUnavailable(f"could not read local storage ({exc.strerror})") from exc
+        except BaseException:
+            _remove(dst)
+            raise
         if digest != sha256:
-            dst.unlink(missing_ok=True)  # never leave unverified bytes behind
+            _remove(dst)  # never leave unverified bytes behind
             raise ChecksumMismatch("the stored bytes do not match their checksum")
 
     def open(self, key: str) -> BinaryIO:
@@ -198,15 +227,64 @@ def _make_parents(path: Path, root: Path) -> list[Path]:
     return [d.parent for d in missing]
 
 
-def _copy_small(src: Path, dst: Path) -> tuple[int, str]:
-    """Copy and hash in this thread: for small files a thread costs more than it saves."""
+def _mkdirs(directory: str, root: str) -> None:
+    """mkdir -p ``directory`` (under ``root``), trying the common case first."""
+    try:
+        os.mkdir(directory)
+    except FileExistsError:
+        return  # a file there instead makes the create below fail: fine
+    except FileNotFoundError:
+        parent = os.path.dirname(directory)
+        if len(parent) <= len(root):
+            raise
+        _mkdirs(parent, root)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory)
+
+
+def _copy_into_place(src: str | Path, dst: str) -> Stored:
+    """Copy and hash ``src`` to ``dst``, replacing a file there (never writing through it)."""
+    try:
+        return Stored(*_copy_small(src, dst))
+    except FileExistsError:
+        # Left by an upload that died (GC would remove it): unlink, do not
+        # truncate, so a hard link planted there cannot redirect the write.
+        os.unlink(dst)
+        return Stored(*_copy_small(src, dst))
+
+
+def _copy_small(src: str | Path, dst: str | Path) -> tuple[int, str]:
+    """Copy and hash in this thread: for small files a thread costs more than it saves.
+
+    Plain descriptors and one buffer: Python file objects cost more than the
+    copy of a 50 kB file.  ``dst`` must not exist; a symlink there is refused.
+    """
     digest, size = hashlib.sha256(), 0
-    with open(src, "rb") as fin, open(dst, "xb") as fout:
-        while chunk := fin.read(CHUNK):
-            digest.update(chunk)
-            fout.write(chunk)
-            size += len(chunk)
+    fin = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fout = os.open(dst, _CREATE, 0o666)  # as open(dst, "xb"): the umask decides
+        try:
+            buf = bytearray(min(os.fstat(fin).st_size + 1, CHUNK))
+            view = memoryview(buf)
+            while n := os.readv(fin, [buf]):
+                digest.update(view[:n])
+                done = 0
+                while done < n:
+                    done += os.write(fout, view[done:n])
+                size += n
+        except BaseException:
+            os.close(fout)
+            _remove(dst)  # ours, half-written
+            raise
+        os.close(fout)
+    finally:
+        os.close(fin)
     return size, digest.hexdigest()
+
+
+def _remove(path: str | Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def _syncfs(root: Path) -> None:
@@ -226,13 +304,16 @@ def _syncfs(root: Path) -> None:
         os.close(fd)
 
 
-def _copy_hashing(src: Path, dst: Path, *, durable: bool = True) -> tuple[int, str]:
+def _copy_hashing(src: str | Path, dst: str | Path, *, durable: bool = True) -> tuple[int, str]:
     """Copy ``src`` to a new file ``dst`` in the kernel while hashing ``src`` in a thread."""
     if os.stat(src).st_size <= 4 * CHUNK:
         size, digest = _copy_small(src, dst)
         if durable:
-            with open(dst, "rb") as f:
-                os.fsync(f.fileno())
+            fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         return size, digest
     result: dict[str, str] = {}
 
@@ -241,15 +322,22 @@ def _copy_hashing(src: Path, dst: Path, *, durable: bool = True) -> tuple[int, s
             result["sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
 
     hasher = threading.Thread(target=hash_source, name="hash", daemon=True)
-    with open(src, "rb") as fin, open(dst, "xb") as fout:
-        size = os.fstat(fin.fileno()).st_size
-        hasher.start()
+    fin = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fout = os.open(dst, _CREATE, 0o666)  # as open(dst, "xb"): the umask decides
         try:
-            _kernel_copy(fin.fileno(), fout.fileno(), size)
-            if durable:
-                os.fsync(fout.fileno())
+            size = os.fstat(fin).st_size
+            hasher.start()
+            try:
+                _kernel_copy(fin, fout, size)
+                if durable:
+                    os.fsync(fout)
+            finally:
+                hasher.join()
         finally:
-            hasher.join()
+            os.close(fout)
+    finally:
+        os.close(fin)
     if "sha256" not in result:
         raise OSError(5, "the source could not be read")
     return size, result["sha256"]

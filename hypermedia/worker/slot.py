@@ -8,6 +8,7 @@ starts, progress and results go to the flusher.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hypermedia.errors import JobError
+from hypermedia.pipelines import registry
 from hypermedia.queue.models import AttemptResult, Claimed, Output
 from hypermedia.storage.ledger import Storage
 from hypermedia.worker.files import fetch_input, store_outputs
@@ -193,6 +195,11 @@ class Slot:
         if status != "completed":
             return res
         try:
+            # A pipeline's finish step (storage.dedup_check) runs here, in the
+            # worker, where the database is; before outputs are stored, so a
+            # failed finish stores nothing.
+            declared = self._finish(rj.job, res, declared)
+            _check_storable(res.result, declared)
             if self.storage is not None:
                 res.outputs = store_outputs(self.storage, rj.job, scratch, declared)
             else:
@@ -202,6 +209,29 @@ class Slot:
         except JobError as exc:
             res.status, res.code, res.message, res.result = "failed", exc.code, exc.reason, None
         return res
+
+    def _finish(self, job: Claimed, res: AttemptResult, declared: list[dict]) -> list[dict]:
+        """Run the pipeline's ``finish`` on a completed attempt: it sets the final
+        result and may add data-only outputs.  Whatever goes wrong in it fails
+        the attempt with a JobError (retryable unless the pipeline says otherwise),
+        never the slot."""
+        try:
+            finish = registry.get(job.job_type).finish
+        except JobError:  # a type only the child knows (tests): nothing to finish
+            return declared
+        if finish is None:
+            return declared
+        if self.storage is None:
+            raise JobError("STORAGE_UNAVAILABLE", "this worker has no access to the ledger")
+        ctx = registry.FinishContext(self.storage, job, dict(res.result or {}))
+        try:
+            res.result = finish(ctx)
+        except JobError:
+            raise
+        except Exception:
+            log.exception("job %s: the %s finish step failed", job.job_id, job.job_type)
+            raise JobError("INTERNAL", "the attempt could not be completed") from None
+        return [*declared, *ctx.outputs]
 
     def _died(self, rj: Running, child: Child, mem: int, elapsed_ms: int) -> AttemptResult:
         ex = child.reap()
@@ -250,6 +280,28 @@ class Slot:
         if self.child is not None:
             self.child.stop()
             self.child = None
+
+
+MAX_RESULT_BYTES = 256 * 1024
+
+
+def _check_storable(result: object, declared: list[dict]) -> None:
+    """A result and output metadata the database can store, or INVALID_OUTPUT.
+
+    The child speaks pickle, so NaN, infinities, bytes or a megabyte of text
+    reach us; stored as they are, the settling transaction would fail every
+    time and the job would never end.
+    """
+    try:
+        size = len(json.dumps(result, allow_nan=False))
+        for o in declared:
+            size += len(json.dumps(o.get("metadata") or {}, allow_nan=False))
+    except (TypeError, ValueError):
+        raise JobError(
+            "INVALID_OUTPUT", "the pipeline returned a result that is not plain JSON"
+        ) from None
+    if size > MAX_RESULT_BYTES:
+        raise JobError("INVALID_OUTPUT", "the pipeline returned a result over 256 KiB")
 
 
 def _empty(directory: Path) -> None:

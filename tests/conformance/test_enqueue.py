@@ -301,8 +301,8 @@ def test_estimated_credits(engine, driver):
         (0, 0, 0, 0),
         (5, 0, 50 * 1_048_576, 5),
         (5, 3, 10 * 1_048_576, 35),
-        (1, 3, int(2.4 * 1_048_576), 8),  # 1 + round(7.2)
-        (2, 10, 1_048_576 // 2, 7),  # 2 + round(5.0)
+        (1, 3, int(2.4 * 1_048_576), 9),  # 1 + 7.2, rounded up
+        (2, 10, 1_048_576 // 2, 7),  # 2 + 5.0
     ]
     for base, per_mb, size, expected in cases:
         key = _profile(driver, credit_cost_base=base, credit_cost_per_mb=per_mb)

@@ -1,14 +1,15 @@
-"""image.thumbnail and image.preview end to end: a photo in the ledger, a real
-``hypermedia worker --burst`` whose child runs libvips with an empty
-environment and its memory limit, and the derived objects back in the ledger.
+"""image.thumbnail, image.preview and image.compress end to end: a photo in the
+ledger, a real ``hypermedia worker --burst`` whose child runs libvips with an
+empty environment and its memory limit, and the derived objects back in the
+ledger.  Hostile files (the unit tests' ``HOSTILE`` set) go through the same
+path: each job fails with its code and a redacted reason, its attempt's peak
+memory stays under the limit, and the worker carries on.
 """
 
 from __future__ import annotations
 
 import io
 import os
-import struct
-import zlib
 from typing import Any
 
 import pytest
@@ -20,18 +21,24 @@ from hypermedia.pipelines import debug, image  # noqa: F401
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 from hypermedia.storage.ledger import Storage
-from tests.integration._procs import Procs, sqlite_only, tail, wait_job
+from tests.integration._procs import Procs, attempts, sqlite_only, tail, wait_job
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 try:
     import pyvips
-except Exception as exc:  # ImportError, or OSError without libvips.so.42
+except Exception as exc:  # ImportError, or OSError without libvips
     if IN_CI:
         raise
     pytest.skip(f"pyvips/libvips is not available ({exc})", allow_module_level=True)
 
-pytestmark = [pytest.mark.timeout(120), sqlite_only]
+from tests.unit.test_image_pipeline import HOSTILE  # noqa: E402  (needs pyvips)
+
+pytestmark = [pytest.mark.timeout(180), sqlite_only]
+
+# The attempt's address-space limit for these workers: well below the default
+# 2048 MB, so a decoder that tried to allocate a pixel flood would hit it.
+MEMORY_MB = 768
 
 
 def _photo(width: int, height: int, orientation: int = 1) -> bytes:
@@ -44,17 +51,6 @@ def _photo(width: int, height: int, orientation: int = 1) -> bytes:
     return bytes(img.jpegsave_buffer(Q=85))
 
 
-def _png_bomb(side: int = 12_000) -> bytes:
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        body = kind + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
-
-    z = zlib.compressobj(1)
-    idat = b"".join(z.compress(bytes(side + 1)) for _ in range(side)) + z.flush()
-    ihdr = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
-
-
 def _outputs(driver: Driver, job_id: int) -> list[dict[str, Any]]:
     with driver.read() as tx:
         return tx.outputs(job_id)
@@ -63,13 +59,20 @@ def _outputs(driver: Driver, job_id: int) -> list[dict[str, Any]]:
 def _burst(procs: Procs) -> None:
     """Run ``hypermedia worker --burst`` on the images queue until it exits by itself."""
     args = ["--queues", "images", "--concurrency", "1", "--no-maintenance", "--burst"]
-    proc = procs.spawn("worker", *args, name="worker")
-    code = proc.wait(90)
+    proc = procs.spawn("worker", *args, name="worker", HYPERMEDIA_CHILD_MEMORY_MB=str(MEMORY_MB))
+    code = proc.wait(150)
     log = procs._procs[-1][1]
     assert code == 0, f"the worker exited with {code}:\n{tail(log)}"
 
 
-def test_a_photo_gets_a_thumbnail_and_a_preview(
+def _peak_mb(driver: Driver, job_id: int) -> int:
+    (a,) = attempts(driver, job_id)
+    assert a["peak_memory_mb"] is not None
+    assert 0 < a["peak_memory_mb"] < MEMORY_MB, a
+    return int(a["peak_memory_mb"])
+
+
+def test_a_photo_gets_a_thumbnail_a_preview_and_a_compressed_copy(
     driver: Driver, live: Engine, storage: Storage, procs: Procs
 ) -> None:
     data = _photo(2000, 1500, orientation=6)  # stored landscape, shown portrait
@@ -77,35 +80,38 @@ def test_a_photo_gets_a_thumbnail_and_a_preview(
     assert (src["mime_type"], src["width"], src["height"]) == ("image/jpeg", 2000, 1500)
     thumb = live.enqueue(NewJob("image.thumbnail", object_id=src["object_id"]))
     preview = live.enqueue(NewJob("image.preview", object_id=src["object_id"]))
+    compress = live.enqueue(NewJob("image.compress", object_id=src["object_id"]))
     assert live.get(thumb)["queue_name"] == "images"
     assert live.get(thumb)["params"] == {
-        "size": 256,
+        "width": 200,
+        "height": 200,
+        "fit": "cover",
         "format": "webp",
-        "quality": 80,
+        "quality": 85,
+        "keep_metadata": False,
         "max_pixels": 100_000_000,
     }
+    assert live.get(compress)["params"]["max_width"] == 4096
     _burst(procs)
 
     for job_id, kind, profile, size in (
-        (thumb, "thumb", "image-thumbnail:v1", (192, 256)),
+        (thumb, "thumb", "image-thumbnail:v1", (200, 200)),
         (preview, "preview", "image-preview:v1", (960, 1280)),
+        (compress, "compressed", "image-compress:v1", (1500, 2000)),
     ):
         row = wait_job(driver, job_id, timeout=5)
         assert row["status"] == "completed", (row["error_code"], row["safe_reason"])
-        assert row["result"] == {
-            "width": size[0],
-            "height": size[1],
-            "format": "webp",
-            "bytes": row["result"]["bytes"],
-        }
+        nbytes = row["result"]["bytes"]
+        meta = {"width": size[0], "height": size[1], "format": "webp", "bytes": nbytes}
+        assert row["result"] == {**meta, "usage": {"mb": round(len(data) / 1_048_576, 3)}}
         (out,) = _outputs(driver, job_id)
         assert (out["output_type"], out["mime_type"]) == (kind, "image/webp")
-        assert out["metadata"] == {"width": size[0], "height": size[1], "format": "webp"}
+        assert out["metadata"] == meta
         assert out["profile_version"] == profile
         obj = storage.get(out["object_id"])
         assert obj["state"] == "ready"
         assert obj["storage_key"] == f"objects/{obj['object_id']}/{kind}.webp"
-        assert obj["size"] == out["output_size_bytes"] == row["result"]["bytes"]
+        assert obj["size"] == out["output_size_bytes"] == nbytes
         with storage.open(obj["object_id"]) as f:
             stored = f.read()
         decoded = pyvips.Image.new_from_buffer(stored, "")
@@ -113,42 +119,46 @@ def test_a_photo_gets_a_thumbnail_and_a_preview(
         assert decoded.get("vips-loader") == "webpload_buffer"
         assert not {"exif-data", "xmp-data", "orientation"} & set(decoded.get_fields())
         assert b"gps 48.85" not in stored
+        _peak_mb(driver, job_id)
     # The input is untouched and the scratch directory was emptied.
     with storage.open(src["object_id"]) as f:
         assert f.read() == data
     assert [p for p in (procs.home / "scratch").rglob("*") if p.is_file()] == []
 
 
-def test_hostile_photos_fail_cleanly_and_the_worker_carries_on(
+def test_hostile_files_fail_cleanly_and_the_worker_carries_on(
     driver: Driver, live: Engine, storage: Storage, procs: Procs
 ) -> None:
-    good = _photo(800, 600)
-    truncated = storage.put(io.BytesIO(good[: len(good) // 2]), filename="cut.jpg")
-    bomb = storage.put(io.BytesIO(_png_bomb()), filename="bomb.png")
-    noise = storage.put(io.BytesIO(b"\x00" + os.urandom(50_000)), filename="noise.jpg")
-    ok = storage.put(io.BytesIO(good), filename="fine.jpg")
-    expected = [
-        ("image.thumbnail", truncated, "CORRUPT_INPUT", "invalid_input"),
-        ("image.preview", bomb, "LIMIT_EXCEEDED", "invalid_input"),
-        ("image.thumbnail", noise, "UNSUPPORTED_FORMAT", "unsupported_operation"),
-    ]
-    jobs = {
-        live.enqueue(NewJob(job_type, object_id=obj["object_id"])): (code, category)
-        for job_type, obj, code, category in expected
-    }
-    # Queued last, at the lowest priority: it runs after the hostile ones.
-    after = live.enqueue(NewJob("image.thumbnail", object_id=ok["object_id"], priority=10))
+    jobs: dict[int, tuple[str, str]] = {}
+    for i, (what, name, make, code) in enumerate(HOSTILE):
+        obj = storage.put(io.BytesIO(make()), filename=name)
+        job_type = ("image.thumbnail", "image.preview", "image.compress")[i % 3]
+        jobs[live.enqueue(NewJob(job_type, object_id=obj["object_id"]))] = (what, code)
+    # A PNG under a JPEG's name: the content decides, so it is simply a PNG.
+    buf = pyvips.Image.xyz(640, 480)[0].cast("uchar").pngsave_buffer()
+    lying = storage.put(io.BytesIO(bytes(buf)), filename="holiday.jpg")
+    assert lying["mime_type"] == "image/png"
+    # Queued last, at the lowest priority: they run after the hostile ones.
+    after = live.enqueue(NewJob("image.thumbnail", object_id=lying["object_id"], priority=10))
+    good = storage.put(io.BytesIO(_photo(800, 600)), filename="fine.jpg")
+    last = live.enqueue(NewJob("image.compress", object_id=good["object_id"], priority=10))
     _burst(procs)
 
-    for job_id, (code, category) in jobs.items():
+    for job_id, (what, code) in jobs.items():
         row = wait_job(driver, job_id, timeout=5)
-        assert (row["status"], row["error_code"]) == ("failed", code), row["safe_reason"]
-        assert row["category"] == category
-        assert row["attempt_count"] == 1  # permanent: never retried
-        assert "/" not in row["safe_reason"] and "vips" not in row["safe_reason"].lower()
-        assert _outputs(driver, job_id) == []
-    done = wait_job(driver, after, timeout=5)
-    assert done["status"] == "completed", (done["error_code"], done["safe_reason"])
-    assert (done["result"]["width"], done["result"]["height"]) == (256, 192)
-    # Only the four inputs and the one thumbnail are in the ledger.
-    assert len(storage.list()) == 5
+        assert (row["status"], row["error_code"]) == ("failed", code), (what, row["safe_reason"])
+        assert row["category"] == (
+            "invalid_input" if code != "UNSUPPORTED_FORMAT" else "unsupported_operation"
+        ), what
+        assert row["attempt_count"] == 1, what  # permanent: never retried
+        reason = row["safe_reason"]
+        assert "/" not in reason and "vips" not in reason.lower(), (what, reason)
+        assert "passwd" not in reason and "scratch" not in reason, (what, reason)
+        assert _outputs(driver, job_id) == [], what
+        _peak_mb(driver, job_id)
+    for job_id, size in ((after, (200, 200)), (last, (800, 600))):
+        done = wait_job(driver, job_id, timeout=5)
+        assert done["status"] == "completed", (done["error_code"], done["safe_reason"])
+        assert (done["result"]["width"], done["result"]["height"]) == size
+    # The inputs and the two outputs are in the ledger, nothing else.
+    assert len(storage.list()) == len(HOSTILE) + 2 + 2

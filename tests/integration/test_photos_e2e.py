@@ -49,12 +49,13 @@ def test_a_photo_gets_its_thumbnail_and_preview(tmp_path: Path) -> None:
 
         shown = wait_for(variants_bound, 60, interval=0.5, what="thumb and preview are bound")
         assert {v["status"] for v in shown["variants"].values()} == {"completed"}
-        for url, longest in ((shown["thumb_url"], 256), (shown["preview_url"], 1280)):
+        # The default profiles: a 200x200 cover-cropped thumbnail, and a preview
+        # fitted inside 1280x1280 (aspect kept).
+        for url, size in ((shown["thumb_url"], (200, 200)), (shown["preview_url"], (1280, 853))):
             with urllib.request.urlopen(url, timeout=10) as r:
                 assert r.headers["Content-Type"] == "image/webp"
                 body = r.read()
             img = pyvips.Image.new_from_buffer(body, "")
-            assert max(img.width, img.height) == longest
-            assert abs(img.width / img.height - 1.5) < 0.02  # aspect kept
+            assert (img.width, img.height) == size
     finally:
         assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-3000:]

@@ -166,3 +166,22 @@ def test_permanent_code_fails_at_once_retryable_code_backs_off(
     assert base - 0.001 <= wait <= 2 * base + 0.001, wait  # step 2 = 2 * base
     assert tries[2]["started_at"] >= row["available_at"]
     assert w.alive()
+
+
+def test_a_result_that_is_not_json_fails_the_job_instead_of_wedging_it(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """NaN passes the pickle pipe but not a JSON column: the worker refuses it up
+    front, so the settling transaction is not retried for ever."""
+    w = procs.worker("--concurrency", "1")
+    bad = submit(live, {"nan": True}, max_attempts=3)
+    row = wait_job(driver, bad, timeout=30)
+    assert (row["status"], row["error_code"], row["attempt_count"]) == (
+        "failed",
+        "INVALID_OUTPUT",
+        1,
+    )
+    assert "not plain JSON" in row["safe_reason"]
+    assert row["result"] is None
+    assert w.alive()
+    assert run_one(driver, live, {"ms": 1})["slept_ms"] == 1

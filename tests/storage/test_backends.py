@@ -25,6 +25,7 @@ import pytest
 from hypermedia.storage.base import (
     Backend,
     BlobMissing,
+    ChecksumMismatch,
     StorageUnavailable,
     Stored,
     UnsafeKey,
@@ -199,6 +200,126 @@ def test_a_failing_source_is_not_a_storage_error(backend: Backend) -> None:
         assert not uploads.get("Uploads")
 
 
+# -- files on disk: put_file, put_files, get_file ------------------------------------
+#
+# The ledger calls these when a backend has them (uploads of files, job inputs):
+# local pools copy in the kernel, S3 sends parts in parallel; both hash on the way.
+
+FILE_SIZES = [0, 1000, SMALL_BODY, SMALL_BODY + 1, 4 * MiB + 1, 3 * SMALL_BODY + 12345]
+FILE_IDS = ["empty", "1kB", "small", "small+1", "threaded-get", "multipart"]
+
+
+def _file(tmp_path: Path, name: str, data: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("size", FILE_SIZES, ids=FILE_IDS)
+def test_put_file_get_file_round_trip(backend: Backend, tmp_path: Path, size: int) -> None:
+    data = _bytes(size, seed=size + 1)
+    sha256 = hashlib.sha256(data).hexdigest()
+    files: Any = backend
+    stored = files.put_file(KEY, _file(tmp_path, "src.bin", data))
+    assert stored == Stored(size, sha256)
+    assert _read_all(backend, KEY) == data
+    assert backend.size(KEY) == size  # type: ignore[attr-defined]
+    if isinstance(backend, S3Backend):  # recorded for every size, as by put
+        assert backend.stored_checksum(KEY) == sha256
+    dst = tmp_path / "back.bin"
+    files.get_file(KEY, dst, sha256)
+    assert dst.read_bytes() == data
+
+
+@pytest.mark.parametrize("size", [1000, 3 * SMALL_BODY + 5], ids=["small", "threaded"])
+def test_get_file_refuses_bytes_that_do_not_match(
+    backend: Backend, tmp_path: Path, size: int
+) -> None:
+    data = _bytes(size, seed=21)
+    files: Any = backend
+    files.put_file(KEY, _file(tmp_path, "src.bin", data))
+    # The blob changes behind our back (bit rot, another writer): same size.
+    backend.put(KEY, io.BytesIO(data[:-1] + bytes([data[-1] ^ 1])))
+    dst = tmp_path / "back.bin"
+    with pytest.raises(ChecksumMismatch):
+        files.get_file(KEY, dst, hashlib.sha256(data).hexdigest())
+    assert not dst.exists()  # no unverified bytes left behind
+
+
+def test_get_file_missing_and_existing_destination(backend: Backend, tmp_path: Path) -> None:
+    files: Any = backend
+    dst = tmp_path / "back.bin"
+    with pytest.raises(BlobMissing):
+        files.get_file("objects/404/original.bin", dst, "0" * 64)
+    assert not dst.exists()
+    backend.put(KEY, io.BytesIO(b"abc"))
+    dst.write_bytes(b"the caller's file")
+    with pytest.raises(FileExistsError):
+        files.get_file(KEY, dst, hashlib.sha256(b"abc").hexdigest())
+    assert dst.read_bytes() == b"the caller's file"  # not ours: left as it was
+
+
+def test_put_files_stores_a_batch_in_order(backend: Backend, tmp_path: Path) -> None:
+    sizes = [0, 1, 50_000, 50_001, SMALL_BODY + 1, *range(1000, 1030)]
+    datas = [_bytes(n, seed=i) for i, n in enumerate(sizes)]
+    items = [
+        (f"objects/{i}/original.bin", _file(tmp_path, f"f{i}.bin", d)) for i, d in enumerate(datas)
+    ]
+    files: Any = backend
+    stored = files.put_files(items)
+    assert stored == [Stored(len(d), hashlib.sha256(d).hexdigest()) for d in datas]
+    for (key, _), d in zip(items, datas, strict=True):
+        assert _read_all(backend, key) == d
+    assert files.put_files([]) == []
+
+
+def test_put_files_with_a_missing_file_fails(backend: Backend, tmp_path: Path) -> None:
+    items = [
+        (f"objects/{i}/original.bin", _file(tmp_path, f"f{i}.bin", _bytes(1000, seed=i)))
+        for i in range(6)
+    ]
+    items[3][1].unlink()
+    files: Any = backend
+    with pytest.raises((FileNotFoundError, StorageUnavailable)):
+        files.put_files(items)
+    assert not backend.exists(items[3][0])
+
+
+def test_put_file_unsafe_key_reads_nothing(backend: Backend, tmp_path: Path) -> None:
+    files: Any = backend
+    src = _file(tmp_path, "src.bin", b"payload")
+    for key in ("../x", "objects/1/..", "/etc/passwd"):
+        with pytest.raises(UnsafeKey):
+            files.put_file(key, src)
+        with pytest.raises(UnsafeKey):
+            files.put_files([(KEY, src), (key, src)])
+        with pytest.raises(UnsafeKey):
+            files.get_file(key, tmp_path / "x.bin", "0" * 64)
+    assert not (tmp_path / "x.bin").exists()
+
+
+def test_file_transfers_run_in_flat_memory(backend: Backend, tmp_path: Path) -> None:
+    total = 64 * MiB
+    src = tmp_path / "big.bin"
+    with open(src, "wb") as f:
+        for chunk in _chunks(total):
+            f.write(chunk)
+    files: Any = backend
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        stored = files.put_file(KEY, src)
+        _, put_peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        files.get_file(KEY, tmp_path / "back.bin", stored.sha256)
+        _, get_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert stored.size == total
+    assert put_peak < 32 * MiB, f"put_file peaked at {put_peak / MiB:.1f} MiB"
+    assert get_peak < 32 * MiB, f"get_file peaked at {get_peak / MiB:.1f} MiB"
+
+
 # -- missing, delete, exists -----------------------------------------------------
 
 
@@ -344,6 +465,33 @@ def test_local_symlinks_do_not_lead_out(tmp_path: Path) -> None:
     assert _read_all(backend, "objects/9/original.bin") == b"mine"
 
 
+def test_local_put_files_replace_leftovers_without_writing_through_them(tmp_path: Path) -> None:
+    # put_files writes in place: what an upload that died left under a key is
+    # replaced, and a link planted there is never written through.
+    root = tmp_path / "pool"
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not yours")
+    backend = LocalBackend(root)
+    (root / "objects" / "1").mkdir(parents=True)
+    (root / "objects" / "1" / "original.bin").write_bytes(b"half an upload")
+    (root / "objects" / "2").mkdir()
+    os.link(outside, root / "objects" / "2" / "original.bin")
+    src = tmp_path / "new.bin"
+    src.write_bytes(b"new bytes")
+    keys = ["objects/1/original.bin", "objects/2/original.bin"]
+    stored = backend.put_files([(k, src) for k in keys])
+    assert stored == [Stored(9, hashlib.sha256(b"new bytes").hexdigest())] * 2
+    assert [_read_all(backend, k) for k in keys] == [b"new bytes"] * 2
+    assert outside.read_bytes() == b"not yours"
+    # A symlink planted where a blob goes is refused before anything is written.
+    (root / "objects" / "3").mkdir()
+    (root / "objects" / "3" / "original.bin").symlink_to(outside)
+    with pytest.raises(UnsafeKey):
+        backend.put_files([("objects/3/original.bin", src)])
+    assert outside.read_bytes() == b"not yours"
+    assert not (root / ".tmp").exists() or not list((root / ".tmp").iterdir())
+
+
 # -- S3 failures ---------------------------------------------------------------------
 
 
@@ -358,14 +506,20 @@ def _assert_clean(exc: BaseException, *secrets: str) -> None:
 
 
 def test_s3_outage_is_storage_unavailable(
-    s3_backend: S3Backend, seaweed: SeaweedServer, s3_endpoint: dict[str, str]
+    s3_backend: S3Backend, seaweed: SeaweedServer, s3_endpoint: dict[str, str], tmp_path: Path
 ) -> None:
     s3_backend.put(KEY, io.BytesIO(b"before the outage"))
     big = "objects/2/original.bin"
     s3_backend.put(big, io.BytesIO(_bytes(SMALL_BODY + 1)))
+    small_file = _file(tmp_path, "small.bin", b"during")
+    big_file = _file(tmp_path, "big.bin", _bytes(3 * SMALL_BODY))
     secret, access = s3_endpoint["secret_access_key"], s3_endpoint["access_key_id"]
     seaweed.stop()
     calls = {
+        "put_file": lambda: s3_backend.put_file(KEY, small_file),
+        "put_file-multipart": lambda: s3_backend.put_file(KEY, big_file),
+        "put_files": lambda: s3_backend.put_files([(KEY, small_file), (big, small_file)]),
+        "get_file": lambda: s3_backend.get_file(KEY, tmp_path / "back.bin", "0" * 64),
         "put": lambda: s3_backend.put(KEY, io.BytesIO(b"during")),
         "put-multipart": lambda: s3_backend.put(
             KEY, cast(BinaryIO, GeneratedStream(_chunks(3 * SMALL_BODY)))
@@ -383,6 +537,7 @@ def test_s3_outage_is_storage_unavailable(
         _assert_clean(info.value, secret, access)
         assert f"127.0.0.1:{seaweed.s3_port}" in str(info.value), name
 
+    assert not (tmp_path / "back.bin").exists()
     seaweed.start()
     # What was written before the outage is still there, and writes work again.
     assert _read_all(s3_backend, KEY) == b"before the outage"
@@ -401,6 +556,89 @@ def test_s3_outage_during_a_read(s3_backend: S3Backend, seaweed: SeaweedServer) 
             while f.read(MiB):
                 pass
     _assert_clean(info.value)
+
+
+def test_s3_refuses_small_bodies_corrupted_on_the_way(
+    s3_backend: S3Backend, tmp_path: Path
+) -> None:
+    # The Content-MD5 of a small PutObject is what makes the store check the
+    # bytes: SeaweedFS does not check the signed x-amz-content-sha256.
+    def flip_last_byte(request: Any, **_: Any) -> None:
+        body = request.body
+        if hasattr(body, "read"):
+            pos = body.tell()
+            data = body.read()
+            body.seek(pos)
+            request.body = data[:-1] + bytes([data[-1] ^ 1])
+
+    data = _bytes(50_000, seed=31)
+    src = _file(tmp_path, "src.bin", data)
+    events = s3_backend._client.meta.events
+    events.register("before-send.s3.PutObject", flip_last_byte)
+    try:
+        for put in (
+            lambda: s3_backend.put(KEY, io.BytesIO(data)),
+            lambda: s3_backend.put_file(KEY, src),
+            lambda: s3_backend.put_files([(KEY, src)]),
+        ):
+            with pytest.raises(StorageUnavailable, match="BadDigest"):
+                put()
+            assert not s3_backend.exists(KEY)
+    finally:
+        events.unregister("before-send.s3.PutObject", flip_last_byte)
+
+
+def test_s3_get_file_of_an_object_replaced_midway_fails(
+    s3_backend: S3Backend, s3_endpoint: dict[str, str], tmp_path: Path
+) -> None:
+    # A large download is several ranged GETs: if the object is replaced
+    # between them, the download fails rather than mixing two versions.
+    old, new = _bytes(3 * SMALL_BODY, seed=41), _bytes(3 * SMALL_BODY, seed=42)
+    s3_backend.put(KEY, io.BytesIO(old))
+    other = S3Backend(
+        s3_backend.bucket,
+        endpoint=s3_endpoint["endpoint"],
+        access_key_id=s3_endpoint["access_key_id"],
+        secret_access_key=s3_endpoint["secret_access_key"],
+    )
+    replaced = []
+
+    def replace_once(params: dict[str, Any], **_: Any) -> None:
+        if not replaced and not str(params.get("Range", "bytes=0-")).startswith("bytes=0-"):
+            replaced.append(True)
+            other.put(KEY, io.BytesIO(new))
+
+    events = s3_backend._client.meta.events
+    events.register("before-parameter-build.s3.GetObject", replace_once)
+    dst = tmp_path / "back.bin"
+    try:
+        with pytest.raises(StorageUnavailable, match="PreconditionFailed"):
+            s3_backend.get_file(KEY, dst, hashlib.sha256(old).hexdigest())
+    finally:
+        events.unregister("before-parameter-build.s3.GetObject", replace_once)
+        other.close()
+    assert replaced
+    assert not dst.exists()
+    s3_backend.get_file(KEY, dst, hashlib.sha256(new).hexdigest())
+    assert dst.read_bytes() == new
+
+
+def test_s3_get_file_from_a_store_that_ignores_ranges(
+    s3_backend: S3Backend, tmp_path: Path
+) -> None:
+    data = _bytes(2 * SMALL_BODY + 3, seed=43)
+    s3_backend.put(KEY, io.BytesIO(data))
+
+    def drop_range(params: dict[str, Any], **_: Any) -> None:
+        params.pop("Range", None)
+
+    events = s3_backend._client.meta.events
+    events.register("before-parameter-build.s3.GetObject", drop_range)
+    try:
+        s3_backend.get_file(KEY, tmp_path / "back.bin", hashlib.sha256(data).hexdigest())
+    finally:
+        events.unregister("before-parameter-build.s3.GetObject", drop_range)
+    assert (tmp_path / "back.bin").read_bytes() == data
 
 
 def test_s3_wrong_secret_is_access_denied(

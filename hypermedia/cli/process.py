@@ -1,0 +1,209 @@
+"""hypermedia process FILE… --profile KEY: upload, enqueue, wait, write the outputs.
+
+One job per input, all enqueued in one transaction with the profile's job
+type (the profile is resolved once, so every input runs with the same
+version).  Waiting shows a progress bar per input on stderr; outputs are
+downloaded (checksum verified) to ``DIR/<input stem>.<output type>[.<n>].<ext>``.
+Exit 0 only when every job completed and its outputs were written.  When no
+worker picks the jobs up, ``--timeout`` ends the wait (exit 1); the jobs stay
+queued and run when a worker comes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+
+from hypermedia.cli.common import console, engine, err_console, print_json, settings, user_errors
+from hypermedia.errors import InvalidRequest
+from hypermedia.queue.engine import Engine
+from hypermedia.queue.models import NewJob
+from hypermedia.queue.profiles import Profiles
+from hypermedia.queue.states import TERMINAL
+from hypermedia.redact import redact
+from hypermedia.storage.keys import extension_for
+from hypermedia.storage.ledger import Storage
+
+Row = dict[str, Any]
+POLL_SECONDS = 0.25
+
+
+def run(
+    files: list[Path] = typer.Argument(..., exists=True, dir_okay=False, readable=True),
+    profile: str = typer.Option(..., "--profile", help="KEY (newest active version) or KEY:vN"),
+    params: str = typer.Option("{}", "--params", help="JSON object: overrides the profile allows"),
+    out: Path = typer.Option(Path("."), "--out", file_okay=False, help="where outputs go"),
+    project: str = typer.Option("default", "--project"),
+    priority: int = typer.Option(5, "--priority", min=1, max=10, help="1 highest … 10 lowest"),
+    timeout: float = typer.Option(600, "--timeout", min=0, help="seconds to wait for the jobs"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON record per input"),
+) -> None:
+    """Process FILES with a profile: upload, run as jobs, wait, write the outputs."""
+    with user_errors():
+        overrides = _object(params)
+        s = settings()
+        eng = engine(s)
+        prof = Profiles(eng).show(profile)
+        if not prof["is_active"]:
+            raise InvalidRequest(f"profile {prof['ref']} is deactivated: new jobs cannot use it")
+        store = Storage(eng.db, s)
+        if len(files) == 1:
+            objects = [store.put_file(files[0], project_id=project)]
+        else:
+            objects = store.put_files(list(files), project_id=project)
+        ids = eng.enqueue_many(
+            [
+                NewJob(
+                    prof["job_type"],
+                    dict(overrides),
+                    profile=prof["ref"],
+                    object_id=o["object_id"],
+                    project_id=project,
+                    priority=priority,
+                    created_by="cli",
+                )
+                for o in objects
+            ]
+        )
+        jobs, why = _wait(eng, ids, [f.name for f in files], timeout)
+        out.mkdir(parents=True, exist_ok=True)
+        records = []
+        for path, stem, job_id in zip(files, _stems(files), ids, strict=True):
+            records.append(_record(eng, store, path, stem, jobs[job_id], out, why))
+    for r in records:
+        if as_json:
+            print_json(r)
+        else:
+            _say(r)
+    if not all(r["status"] == "completed" and r["error_code"] is None for r in records):
+        raise typer.Exit(1)
+
+
+def _object(text: str) -> Row:
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        raise InvalidRequest("--params is not valid JSON") from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest("--params must be a JSON object")
+    return parsed
+
+
+def _wait(
+    eng: Engine, ids: list[int], names: list[str], timeout: float
+) -> tuple[dict[int, Row], str]:
+    """Poll the jobs until all are terminal or ``timeout`` passes; a bar per job.
+
+    Returns the last rows seen and, if the wait was cut short, why.
+    """
+    deadline = time.monotonic() + timeout
+    bar = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}% {task.fields[status]}"),
+        console=err_console,
+        disable=not err_console.is_terminal,
+    )
+    jobs: dict[int, Row] = {}
+    with bar:
+        tasks = {
+            i: bar.add_task(n, total=100, status="queued") for i, n in zip(ids, names, strict=True)
+        }
+        try:
+            while True:
+                with eng.db.read() as tx:
+                    jobs = {r["job_id"]: r for r in tx.jobs_where(ids)}
+                for job_id, task in tasks.items():
+                    job = jobs[job_id]
+                    bar.update(task, completed=_percent(job), status=job["status"])
+                if all(j["status"] in TERMINAL for j in jobs.values()):
+                    return jobs, ""
+                if time.monotonic() >= deadline:
+                    return jobs, f"not finished within {timeout:g}s"
+                time.sleep(POLL_SECONDS)
+        except KeyboardInterrupt:
+            if len(jobs) < len(ids):  # interrupted before the first look
+                with eng.db.read() as tx:
+                    jobs = {r["job_id"]: r for r in tx.jobs_where(ids)}
+            return jobs, "the wait was interrupted"
+
+
+def _percent(job: Row) -> float:
+    if job["status"] == "completed":
+        return 100.0
+    snap = job.get("progress") or {}
+    return float(snap.get("percent") or 0) if isinstance(snap, dict) else 0.0
+
+
+def _stems(files: list[Path]) -> list[str]:
+    """Input stems, made unique (a/x.png and b/x.png give x and x-2)."""
+    seen: dict[str, int] = {}
+    out = []
+    for f in files:
+        n = seen[f.stem] = seen.get(f.stem, 0) + 1
+        out.append(f.stem if n == 1 else f"{f.stem}-{n}")
+    return out
+
+
+def _record(
+    eng: Engine, store: Storage, path: Path, stem: str, job: Row, out: Path, why: str
+) -> Row:
+    record: Row = {
+        "input": str(path),
+        "job_id": job["job_id"],
+        "status": job["status"],
+        "error_code": job["error_code"],
+        "safe_reason": job["safe_reason"],
+        "outputs": [],
+    }
+    if job["status"] not in TERMINAL:
+        record["safe_reason"] = f"{why}; the job goes on (hypermedia jobs show {job['job_id']})"
+        return record
+    if job["status"] != "completed":
+        return record
+    rows = [o for o in eng.get(job["job_id"])["outputs"] if o["object_id"] is not None]
+    counts: dict[str, int] = {}
+    for o in rows:
+        counts[o["output_type"]] = counts.get(o["output_type"], 0) + 1
+    seen: dict[str, int] = {}
+    for o in rows:
+        kind = o["output_type"]
+        n = seen[kind] = seen.get(kind, 0) + 1
+        name = f"{stem}.{kind}" + (f".{n}" if counts[kind] > 1 else "")
+        dst = out / f"{name}.{extension_for(o['mime_type'])}"
+        try:
+            _download(store, o["object_id"], dst)
+        except Exception as exc:  # one output that cannot be written fails this input only
+            record["error_code"] = "OUTPUT_NOT_WRITTEN"
+            record["safe_reason"] = f"an output could not be written: {redact(exc, 200)}"
+            continue
+        record["outputs"].append(str(dst))
+    return record
+
+
+def _download(store: Storage, object_id: int, dst: Path) -> None:
+    """Download verified to a temporary name, then rename: never a half file under ``dst``."""
+    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.part")
+    try:
+        store.download(store.get(object_id), tmp)
+        tmp.replace(dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _say(r: Row) -> None:
+    if r["status"] == "completed" and r["error_code"] is None:
+        made = ", ".join(r["outputs"]) or "no output files"
+        console.print(f"{r['input']}: completed (job {r['job_id']}) → {made}", soft_wrap=True)
+        return
+    code = f" {r['error_code']}" if r["error_code"] else ""
+    reason = f": {r['safe_reason']}" if r["safe_reason"] else ""
+    line = f"{r['input']}: [bold]{r['status']}[/]{code} (job {r['job_id']}){reason}"
+    console.print(line, soft_wrap=True)

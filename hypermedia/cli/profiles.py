@@ -1,0 +1,182 @@
+"""hypermedia profiles ls|show|create|deactivate: versioned settings per job type."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from hypermedia.cli.common import console, engine, print_json, user_errors
+from hypermedia.errors import InvalidRequest, JobError
+from hypermedia.pipelines import registry, schema
+from hypermedia.queue.profiles import Profiles
+
+app = typer.Typer(
+    help="Profiles: versioned settings, limits and prices per job type.", no_args_is_help=True
+)
+
+COLUMNS = ("ref", "job_type", "queue", "active", "credits", "timeout")
+
+
+def profiles() -> Profiles:
+    return Profiles(engine())
+
+
+def prices(p: dict[str, Any]) -> str:
+    """base + per MB / page / minute, as one short cell."""
+    parts = [str(p["credit_cost_base"])]
+    for col, unit in (
+        ("credit_cost_per_mb", "MB"),
+        ("credit_cost_per_page", "page"),
+        ("credit_cost_per_minute", "min"),
+    ):
+        if p[col]:
+            parts.append(f"{p[col]}/{unit}")
+    return " + ".join(parts)
+
+
+def _cells(p: dict[str, Any]) -> list[str]:
+    return [
+        p["ref"],
+        p["job_type"],
+        p["queue_name"],
+        "yes" if p["is_active"] else "no",
+        prices(p),
+        f"{p['timeout_seconds']}s",
+    ]
+
+
+def _settings_schema(job_type: str) -> dict[str, Any] | None:
+    try:
+        pipeline = registry.get(job_type)
+    except JobError:
+        return None
+    return schema.describe(pipeline.schema) if pipeline.schema is not None else None
+
+
+def _allowed(field: dict[str, Any]) -> str:
+    if "choices" in field:
+        return ", ".join(str(c) for c in field["choices"])
+    low, high = field.get("min"), field.get("max")
+    if low is not None and high is not None:
+        return f"{low}..{high}"
+    if low is not None:
+        return f">= {low}"
+    return "" if high is None else f"<= {high}"
+
+
+@app.command("ls")
+def ls(
+    job_type: str | None = typer.Option(None, "--type", help="only this job type"),
+    include_inactive: bool = typer.Option(False, "--all", help="deactivated versions too"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """List profile versions (active ones unless --all)."""
+    with user_errors():
+        rows = profiles().list(job_type, include_inactive)
+        if as_json:
+            print_json(rows)
+            return
+        table = Table(*COLUMNS)
+        for col in table.columns[:2]:
+            col.no_wrap = True  # copied whole into other commands
+        for p in rows:
+            table.add_row(*_cells(p))
+        console.print(table)
+
+
+@app.command("show")
+def show(
+    ref: str = typer.Argument(..., help="KEY (newest active version) or KEY:vN"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """One profile version, with the settings schema of its job type."""
+    with user_errors():
+        p = profiles().show(ref)
+        p["settings_schema"] = _settings_schema(p["job_type"])
+        if as_json:
+            print_json(p)
+            return
+        state = "active" if p["is_active"] else "deactivated"
+        console.print(f"[bold]{p['ref']}[/] {p['job_type']} ({state})  queue {p['queue_name']}")
+        console.print(
+            f"credits: {prices(p)}  timeout {p['timeout_seconds']}s  "
+            f"max input {p['max_input_bytes']} bytes  created {p['created_at']}"
+        )
+        console.print(f"settings: {json.dumps(p['settings'], sort_keys=True)}", soft_wrap=True)
+        if p["settings_schema"]:
+            table = Table("setting", "type", "default", "allowed", "job may override")
+            for name, f in p["settings_schema"].items():
+                allowed = _allowed(f)
+                table.add_row(
+                    name,
+                    f["type"],
+                    json.dumps(f["default"]),
+                    allowed,
+                    "yes" if f["overridable"] else "no",
+                )
+            console.print(table)
+
+
+@app.command("create")
+def create(
+    key: str = typer.Argument(..., help="e.g. image-thumbnail"),
+    job_type: str = typer.Option(..., "--type", help="the job type, e.g. image.thumbnail"),
+    settings: str = typer.Option("{}", "--settings", help="JSON object of settings"),
+    queue: str | None = typer.Option(None, "--queue", help="default: the job type's queue"),
+    base: int | None = typer.Option(None, "--credits-base", min=0),
+    per_mb: int | None = typer.Option(None, "--credits-per-mb", min=0),
+    per_page: int | None = typer.Option(None, "--credits-per-page", min=0),
+    per_minute: int | None = typer.Option(None, "--credits-per-minute", min=0),
+    timeout: int | None = typer.Option(None, "--timeout", help="seconds per attempt"),
+    max_input_bytes: int | None = typer.Option(None, "--max-input-bytes"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Create the next version of KEY (v1 for a new key), its settings checked first.
+
+    The settings are the version's whole settings (the job type's defaults
+    fill in the rest).  Queue, prices, timeout and input limit not given carry
+    over from KEY's newest version (new keys: the job type's queue, 3600 s,
+    5 GB, free).
+    """
+    with user_errors():
+        try:
+            parsed = json.loads(settings)
+        except json.JSONDecodeError:
+            raise InvalidRequest("--settings is not valid JSON") from None
+        if not isinstance(parsed, dict):
+            raise InvalidRequest("--settings must be a JSON object")
+        p = profiles().create(
+            key,
+            job_type,
+            parsed,
+            queue=queue,
+            credits={
+                "base": base,
+                "per_mb": per_mb,
+                "per_page": per_page,
+                "per_minute": per_minute,
+            },
+            timeout_seconds=timeout,
+            max_input_bytes=max_input_bytes,
+        )
+        if as_json:
+            print_json(p)
+        else:
+            console.print(f"profile {p['ref']} created ({p['job_type']}, queue {p['queue_name']})")
+
+
+@app.command("deactivate")
+def deactivate(
+    ref: str = typer.Argument(..., help="KEY:vN (KEY: its newest active version)"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Stop new jobs from using a version; it is kept, with the outputs it made."""
+    with user_errors():
+        p = profiles().deactivate(ref)
+        if as_json:
+            print_json(p)
+        else:
+            console.print(f"profile {p['ref']} deactivated")

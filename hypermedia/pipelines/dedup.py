@@ -1,0 +1,259 @@
+"""storage.dedup_check: exact and near duplicates of an object within its project.
+
+Two halves, because the child that reads the file has no database:
+
+* ``run`` (the child) hashes the input: SHA-256 of the bytes and, for images
+  when ``near`` is on, a 64-bit perceptual dHash.
+* ``finish`` (the worker, see ``registry.FinishContext``) stores the dHash in
+  ``object_hashes`` (idempotent: a retried attempt inserts nothing twice),
+  lists the project's other ``ready`` objects with the same
+  ``objects.checksum`` (exact duplicates), and the project's images whose dHash
+  of the same algorithm and version is within ``max_distance`` bits (near
+  duplicates; an exact duplicate is not listed again as a near one).
+
+The project is the input object's.  The result is
+``{"exact": [ids], "near": [{"object_id", "distance"}], "algorithm",
+"version", "hash", "near_skipped", "truncated"}`` and the same lists are
+recorded as a data output ``dedup_result``.
+
+dHash (difference hash), as computed here: the image is decoded by libvips
+with the same allow-listed loaders and pixel cap as image.thumbnail, turned
+upright by its EXIF orientation, shrunk to exactly 9 x 8 pixels (aspect
+ratio ignored), flattened on white if it has alpha, turned grey; bit
+``8*y + x`` (most significant first) is 1 when pixel (x, y) is brighter than
+pixel (x + 1, y).  Resizing and re-encoding move few bits; another picture
+differs in about half of them.  A hash is stored with its algorithm
+(``dhash64``) and version (``dhash64/pyvips-<libvips version>/1``): hashes
+compare only within one version, since another libvips may shrink a little
+differently.  Non-images (and images that cannot be decoded safely) get no
+perceptual hash; their exact duplicates are still found.
+
+Near duplicates are found by reading the project's hashes and counting bits
+in Python: one pass over the project per check, fine for tens of thousands of
+images; past that, an index (BK-tree, banded hashes) is the next step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import re
+from typing import Any
+
+from hypermedia.errors import JobError
+from hypermedia.pipelines import image
+from hypermedia.pipelines import schema as S
+from hypermedia.pipelines.registry import Context, FinishContext, Pipeline, register
+from hypermedia.storage.sniff import HEAD_BYTES, media_type
+
+ALGORITHM = "dhash64"
+FORMAT_VERSION = 1  # bump when the way the hash is computed here changes
+MAX_LISTED = 1000  # per list in a result; "truncated" says when there were more
+
+SCHEMA: S.Schema = {
+    "near": S.Field(bool, True, doc="also look for near duplicates of images (perceptual hash)"),
+    "max_distance": S.Field(
+        int, 8, 0, 64, doc="the most bits two 64-bit dHashes may differ by to count as near"
+    ),
+    "max_pixels": S.Field(
+        int,
+        image.DEFAULT_MAX_PIXELS,
+        1,
+        1_000_000_000,
+        overridable=False,
+        doc="images over this many pixels are not decoded (no perceptual hash)",
+    ),
+}
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HASH = re.compile(r"[0-9a-f]{16}")
+_VERSION = re.compile(r"dhash64/pyvips-\d{1,4}\.\d{1,4}\.\d{1,4}/\d{1,4}")
+
+
+# -- the child -------------------------------------------------------------------------
+
+
+def version(vips: Any) -> str:
+    libvips = ".".join(str(vips.version(i)) for i in range(3))
+    return f"{ALGORITHM}/pyvips-{libvips}/{FORMAT_VERSION}"
+
+
+def dhash(vips: Any, path: str, max_pixels: int) -> str:
+    """The 64-bit dHash of the image at ``path`` as 16 hex digits (see the module doc)."""
+    image._check_input(vips, path, max_pixels)
+    try:
+        small = vips.Image.thumbnail(path, 9, height=8, size="force", fail_on="error")
+        if small.hasalpha():
+            white = 65535 if small.format == "ushort" else 255
+            small = small.flatten(background=[white] * (small.bands - 1))
+        grey = small.colourspace("b-w").extract_band(0).cast("double")
+        raw = grey.write_to_memory()
+    except vips.Error as exc:
+        if "out of memory" in f"{exc.message} {exc.detail}".lower():
+            raise MemoryError from None
+        raise JobError("CORRUPT_INPUT", "the image data is damaged or truncated") from None
+    pixels = memoryview(raw).cast("d")
+    if grey.width != 9 or grey.height != 8 or len(pixels) != 72:
+        raise JobError("CORRUPT_INPUT", "the image could not be reduced for hashing")
+    bits = 0
+    for y in range(8):
+        row = pixels[9 * y : 9 * y + 9]
+        for x in range(8):
+            bits = (bits << 1) | (row[x] > row[x + 1])
+    return f"{bits:016x}"
+
+
+def _sha256(path: str) -> tuple[str, int, bytes]:
+    digest, size, head = hashlib.sha256(), 0, b""
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                if not size:
+                    head = chunk[:HEAD_BYTES]
+                digest.update(chunk)
+                size += len(chunk)
+    except OSError:
+        raise JobError("CORRUPT_INPUT", "the input file could not be read") from None
+    return digest.hexdigest(), size, head
+
+
+def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    if ctx.input_path is None:
+        raise JobError("INVALID_PARAMS", "storage.dedup_check needs an input object")
+    ctx.progress(5, "hashing the content")
+    sha, size, head = _sha256(ctx.input_path)
+    out: dict[str, Any] = {
+        "sha256": sha,
+        "size": size,
+        "algorithm": None,
+        "version": None,
+        "hash": None,
+        "near_skipped": None,
+    }
+    if not params.get("near", True):
+        out["near_skipped"] = "near duplicates were not asked for"
+    elif media_type(head) not in image.ACCEPTED:
+        out["near_skipped"] = "not an image"
+    else:
+        ctx.progress(40, "perceptual hash")
+        vips = image._pyvips()  # DEPENDENCY_FAILED (retryable) without libvips
+        try:
+            max_pixels = int(params.get("max_pixels", image.DEFAULT_MAX_PIXELS))
+            out["hash"] = dhash(vips, ctx.input_path, max_pixels)
+            out["algorithm"], out["version"] = ALGORITHM, version(vips)
+        except JobError as exc:  # a damaged or oversized image: exact duplicates only
+            out["near_skipped"] = exc.reason
+    ctx.progress(90, "hashed")
+    return out
+
+
+# -- the worker ------------------------------------------------------------------------
+
+
+def _checked(result: dict[str, Any]) -> dict[str, Any]:
+    """The child's result, checked: a child that decoded a hostile file is not trusted."""
+    bad = JobError("INVALID_OUTPUT", "the duplicate check produced a malformed result")
+    if not isinstance(result, dict) or not _HEX64.fullmatch(str(result.get("sha256", ""))):
+        raise bad
+    digest = result.get("hash")
+    if digest is not None and not (
+        _HASH.fullmatch(str(digest))
+        and result.get("algorithm") == ALGORITHM
+        and _VERSION.fullmatch(str(result.get("version", "")))
+    ):
+        raise bad
+    skipped = result.get("near_skipped")
+    return {
+        "sha256": result["sha256"],
+        "hash": digest,
+        "algorithm": result.get("algorithm") if digest else None,
+        "version": result.get("version") if digest else None,
+        "near_skipped": str(skipped)[:200] if skipped is not None else None,
+    }
+
+
+def distance(a: str, b: str) -> int:
+    return (int(a, 16) ^ int(b, 16)).bit_count()
+
+
+def _finish(ctx: FinishContext) -> dict[str, Any]:
+    import sqlalchemy as sa  # the worker only: the child never loads the database
+
+    job = ctx.job
+    if job.object_id is None:
+        raise JobError("INVALID_PARAMS", "storage.dedup_check needs an input object")
+    mine = _checked(ctx.result)
+    max_distance = int(job.params.get("max_distance", 8))
+    try:
+        with ctx.storage.db.tx() as tx:
+            obj = tx.object(job.object_id)
+            if obj is None or obj["state"] != "ready":
+                raise JobError("CORRUPT_INPUT", "the input object is no longer available")
+            if obj["checksum"] != f"sha256:{mine['sha256']}":
+                raise JobError("CORRUPT_INPUT", "the input does not match its checksum")
+            project = obj["project_id"]
+            exact = tx.same_checksum(project, obj["checksum"], job.object_id, MAX_LISTED + 1)
+            others: list[tuple[int, str]] = []
+            if mine["hash"] is not None:
+                tx.store_object_hash(
+                    {
+                        "object_id": job.object_id,
+                        "algorithm": mine["algorithm"],
+                        "version": mine["version"],
+                        "hash": mine["hash"],
+                        "project_id": project,
+                    }
+                )
+                others = tx.project_hashes(
+                    project, mine["algorithm"], mine["version"], job.object_id
+                )
+    except sa.exc.SQLAlchemyError:
+        raise JobError(
+            "STORAGE_UNAVAILABLE", "the ledger could not be reached to look for duplicates"
+        ) from None
+    exact_set = set(exact)
+    near: list[dict[str, int]] = []
+    if mine["hash"] is not None:
+        for object_id, other in others:
+            if object_id in exact_set or not _HASH.fullmatch(other):
+                continue
+            d = distance(mine["hash"], other)
+            if d <= max_distance:
+                near.append({"object_id": object_id, "distance": d})
+        near.sort(key=lambda n: (n["distance"], n["object_id"]))
+    truncated = len(exact) > MAX_LISTED or len(near) > MAX_LISTED
+    found = {
+        "exact": exact[:MAX_LISTED],
+        "near": near[:MAX_LISTED],
+        "algorithm": mine["algorithm"],
+        "version": mine["version"],
+    }
+    ctx.output("dedup_result", "application/json", {**found, "truncated": truncated})
+    return {
+        **found,
+        "hash": mine["hash"],
+        "near_skipped": mine["near_skipped"],
+        "truncated": truncated,
+    }
+
+
+def _available() -> str | None:
+    # Found, not imported: importing would start libvips in the worker itself.
+    if importlib.util.find_spec("pyvips") is None:
+        return "pyvips is not installed (needed for the perceptual hash of images)"
+    return None
+
+
+DEDUP_CHECK = register(
+    Pipeline(
+        "storage.dedup_check",
+        "bulk",
+        S.validator(SCHEMA),
+        _run,
+        schema=SCHEMA,
+        available=_available,
+        doc="exact (SHA-256) and near (perceptual dHash) duplicates within the project",
+        finish=_finish,
+        default_profile="dedup-check",
+    )
+)

@@ -1,0 +1,345 @@
+"""libvips for the image pipelines: set up once per child, check, fit, save.
+
+Everything here runs in the worker's child (empty environment, memory and CPU
+limits), except ``probe()``, which the worker may call to tell whether the
+image job types can run on this host at all.
+
+Hostile input (DESIGN §10) is met in layers:
+
+* the file's magic bytes (``storage.sniff``, never its name) must name one of
+  the accepted formats, and libvips must then pick the loader that format
+  implies;
+* every libvips loader is blocked in the process except that allow-list, and
+  so are the "untrusted" operations, so an SVG, a PDF, PostScript or anything
+  through ImageMagick can never be decoded, even by mistake;
+* the header is read before any pixel is decoded and an image over the
+  profile's ``max_pixels`` is refused (pixel floods: a small file claiming
+  enormous dimensions);
+* decoding fails on the first error (``fail_on="error"``) instead of handing on
+  garbage, and a failure's reason never carries a path or libvips' own words.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from hypermedia.errors import JobError
+from hypermedia.storage.sniff import media_type
+
+MIN_LIBVIPS = (8, 13)  # block_untrusted_set / operation_block_set / fail_on
+DEFAULT_MAX_PIXELS = 100_000_000
+
+# Output format → (file extension, media type).
+FORMATS = {
+    "webp": ("webp", "image/webp"),
+    "jpeg": ("jpg", "image/jpeg"),
+    "png": ("png", "image/png"),
+    "avif": ("avif", "image/avif"),
+}
+# What the sniffer may call an input → the loader libvips must then pick for it.
+LOADER_FOR = {
+    "image/jpeg": "jpegload",
+    "image/png": "pngload",
+    "image/webp": "webpload",
+    "image/gif": "gifload",
+    "image/tiff": "tiffload",
+    "image/heic": "heifload",
+    "image/avif": "heifload",
+}
+# The only libvips loader classes left unblocked (their file/buffer/source
+# subclasses follow their base class).
+LOADER_CLASSES = (
+    "VipsForeignLoadJpeg",
+    "VipsForeignLoadPng",
+    "VipsForeignLoadWebp",
+    "VipsForeignLoadNsgif",
+    "VipsForeignLoadTiff",
+    "VipsForeignLoadHeif",
+)
+ACCEPTED_NAMES = "JPEG, PNG, WebP, AVIF, GIF, TIFF, HEIC"
+
+_vips: Any = None
+
+
+def load() -> Any:
+    """Import and configure pyvips once per process (the child)."""
+    global _vips
+    if _vips is not None:
+        return _vips
+    try:
+        import pyvips
+    except Exception:  # ImportError, or OSError when no libvips can be loaded
+        raise JobError("DEPENDENCY_FAILED", "libvips is not installed") from None
+    if not pyvips.at_least_libvips(*MIN_LIBVIPS):
+        raise JobError("DEPENDENCY_FAILED", "libvips is too old (8.13 or newer is needed)")
+    # The operation cache is keyed by file name, and every attempt of a slot
+    # reads the same scratch/input.*: a cache would hand one job another's image.
+    pyvips.cache_set_max(0)
+    pyvips.cache_set_max_mem(0)
+    pyvips.cache_set_max_files(0)
+    # One job, one core: the worker runs one child per slot.
+    pyvips.concurrency_set(1)
+    # Allow-list the decoders: block every loader, then let the few we accept back in.
+    pyvips.block_untrusted_set(True)
+    pyvips.operation_block_set("VipsForeignLoad", True)
+    for cls in LOADER_CLASSES:
+        pyvips.operation_block_set(cls, False)
+    _vips = pyvips
+    return pyvips
+
+
+def probe() -> str | None:
+    """None if libvips can run the image pipelines here, else a short reason.
+
+    Cheap and safe in the worker itself: libvips is not initialised (no
+    threads, no loaders), only found and asked its version.
+    """
+    if importlib.util.find_spec("pyvips") is None:
+        return "pyvips is not installed"
+    version = _bundled_version() or _system_version()
+    if version is None:
+        return "libvips is not installed (pip install pyvips-binary)"
+    if version[:2] < MIN_LIBVIPS:
+        return f"libvips {'.'.join(map(str, version))} is too old (8.13 or newer is needed)"
+    return None
+
+
+def _bundled_version() -> tuple[int, ...] | None:
+    """libvips' version from the pyvips-binary wheel (its own copy of the library)."""
+    if importlib.util.find_spec("_libvips") is None:
+        return None
+    try:
+        text = importlib.metadata.version("pyvips-binary")
+    except importlib.metadata.PackageNotFoundError:
+        return None  # a _libvips built from source against the system library
+    try:
+        return tuple(int(p) for p in text.split(".")[:3])
+    except ValueError:
+        return None
+
+
+def _system_version() -> tuple[int, ...] | None:
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libvips.so.42")
+        return tuple(int(lib.vips_version(i)) for i in range(3))  # no vips_init needed
+    except (OSError, AttributeError):
+        return None
+
+
+# -- checking the input ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Header:
+    width: int
+    height: int
+    loader: str
+    mime: str
+    size: int  # bytes on disk
+    icc: bool  # an embedded colour profile: convert through it to sRGB
+    compression: str = ""  # HEIF containers: "hevc" or "av1"
+    turned: bool = False  # its EXIF orientation swaps width and height (5..8)
+
+    @property
+    def upright(self) -> tuple[int, int]:
+        return (self.height, self.width) if self.turned else (self.width, self.height)
+
+
+def check_input(vips: Any, path: str, max_pixels: int) -> Header:
+    """Refuse what must not be decoded, reading only the magic bytes and the header."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        raise JobError("CORRUPT_INPUT", "the input file could not be read") from None
+    if not head:
+        raise JobError("CORRUPT_INPUT", "the input file is empty")
+    mime = media_type(head)
+    if mime not in LOADER_FOR:
+        raise JobError("UNSUPPORTED_FORMAT", f"not a supported image format ({ACCEPTED_NAMES})")
+    try:
+        header = vips.Image.new_from_file(path, access="sequential", fail_on="error")
+        loader = str(header.get("vips-loader"))
+        width, height = int(header.width), int(header.height)
+        fields = set(header.get_fields())
+        compression = str(header.get("heif-compression")) if "heif-compression" in fields else ""
+        turned = "orientation" in fields and header.get("orientation") in (5, 6, 7, 8)
+    except vips.Error:
+        raise JobError("CORRUPT_INPUT", "the image header is damaged or unreadable") from None
+    if loader != LOADER_FOR[mime]:
+        raise JobError("UNSUPPORTED_FORMAT", "the file's content does not match its image format")
+    if width * height > max_pixels:
+        raise JobError(
+            "LIMIT_EXCEEDED",
+            f"the image is {width}x{height}, over this profile's limit of {max_pixels} pixels",
+        )
+    icc = "icc-profile-data" in fields
+    return Header(width, height, loader, mime, size, icc, compression, turned)
+
+
+def failure(exc: Any, header: Header) -> BaseException:
+    """What a libvips error while decoding or saving means for the job."""
+    text = f"{getattr(exc, 'message', '')} {getattr(exc, 'detail', '')}".lower()
+    if "out of memory" in text or "memory allocation" in text:
+        return MemoryError()
+    if "no space left" in text:
+        return JobError("STORAGE_UNAVAILABLE", "the scratch space is full")
+    if header.loader == "heifload" and ("not been built in" in text or "plugin" in text):
+        kind = (header.compression or "this").upper()
+        return JobError(
+            "UNSUPPORTED_FORMAT", f"{kind}-coded HEIF images cannot be decoded on this server"
+        )
+    return JobError("CORRUPT_INPUT", "the image data is damaged or truncated")
+
+
+# -- resizing ----------------------------------------------------------------------------
+
+
+def fit(vips: Any, path: str, header: Header, width: int, height: int, mode: str) -> Any:
+    """The image at ``path`` fitted to a width x height box, upright and in sRGB.
+
+    ``cover`` fills the box and crops the overflow around the centre; ``fill``
+    stretches to the box; ``inside`` fits inside it, aspect kept, never
+    upscaled; ``contain`` is ``inside`` centred on a transparent box of exactly
+    width x height.  The image shrinks on load where the format allows (JPEG,
+    WebP, HEIF), is turned by its EXIF orientation and, when animated, read
+    for its first frame only.
+    """
+    options: dict[str, Any] = {"height": height}
+    if mode == "cover":
+        options["crop"] = "centre"
+    elif mode == "fill":
+        options["size"] = "force"
+    else:  # inside, contain
+        options["size"] = "down"
+    if header.icc:
+        # Through the embedded profile (Display P3, Adobe RGB, CMYK...) to
+        # sRGB, after the shrink; without one libvips assumes sRGB already.
+        options["export_profile"] = "srgb"
+    shrink = jpeg_shrink(header, width, height, mode) if header.loader == "jpegload" else 1
+    if shrink > 1:
+        # libvips' thumbnail leaves a factor of two for its own resize after a
+        # JPEG's shrink-on-load; decoding straight to the smallest DCT scale
+        # still at least the box (as sharp does by default) saves ~10% of the
+        # work for the same result.
+        loaded = vips.Image.jpegload(path, shrink=shrink, access="sequential", fail_on="error")
+        image = loaded.thumbnail_image(width, **options)
+    else:
+        image = vips.Image.thumbnail(path, width, fail_on="error", **options)
+    image = srgb(image)
+    if mode == "contain" and (image.width, image.height) != (width, height):
+        if not image.hasalpha():
+            image = image.bandjoin(255)
+        image = image.gravity("centre", width, height, extend="background", background=[0] * 4)
+    return image
+
+
+def jpeg_shrink(header: Header, width: int, height: int, mode: str) -> int:
+    """The largest JPEG shrink-on-load (8, 4, 2 or 1) that keeps the box covered."""
+    w, h = header.upright
+    ratios = (w / width, h / height)
+    # cover and fill are limited by the axis that shrinks least; inside and
+    # contain by the one that shrinks most.
+    factor = min(ratios) if mode in ("cover", "fill") else max(ratios)
+    return next((s for s in (8, 4, 2) if factor >= s), 1)
+
+
+def srgb(image: Any) -> Any:
+    """8-bit sRGB (greyscale, 16-bit, CMYK without a profile, LAB...), alpha kept."""
+    if image.interpretation != "srgb" or image.format != "uchar":
+        image = image.colourspace("srgb")
+    if image.format != "uchar":
+        image = image.cast("uchar")
+    return image
+
+
+# -- saving ------------------------------------------------------------------------------
+
+# Header properties of every image; anything else an image carries is metadata.
+_PROPERTIES = {
+    *("width", "height", "bands", "format", "coding", "interpretation"),
+    *("xoffset", "yoffset", "xres", "yres", "filename"),
+}
+# What keep_metadata keeps: never the colour profile (the pixels are sRGB now)
+# nor the orientation (the pixels are upright now: libvips writes 1).  libvips
+# rebuilds EXIF from the ``exif-ifdN-*`` fields when it saves, so those stay too.
+_KEPT = ("exif-data", "xmp-data", "iptc-data")
+_ORIENTATION = ("orientation", "exif-ifd0-Orientation")
+
+
+def _kept(name: str) -> bool:
+    return (name in _KEPT or name.startswith("exif-ifd")) and name not in _ORIENTATION
+
+
+def _bare(image: Any, keep: bool) -> Any:
+    """A copy of ``image`` without its metadata (EXIF, XMP, IPTC, ICC, orientation...)."""
+    image = image.copy()
+    for name in image.get_fields():
+        if name not in _PROPERTIES and not (keep and _kept(name)):
+            image.remove(name)
+    return image
+
+
+def strip_webp(path: str) -> None:
+    """Drop the ICCP, EXIF and XMP chunks from a WebP file we wrote.
+
+    libvips 8.14's webpsave ignores ``strip`` and always writes an EXIF chunk
+    (rebuilt from nothing, but EXIF all the same); this is our own output, so
+    the RIFF container is rewritten here rather than trusted to the saver.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != b"RIFF" or data[8:12] != b"WEBP" or data[12:16] != b"VP8X":
+        return  # a simple (VP8 / VP8L only) file has no room for metadata
+    chunks, i, dropped = [], 12, False
+    while i + 8 <= len(data):
+        kind = data[i : i + 4]
+        size = int.from_bytes(data[i + 4 : i + 8], "little")
+        end = i + 8 + size + (size & 1)
+        if kind == b"VP8X":
+            flags = data[i + 8] & ~(0x20 | 0x08 | 0x04)  # ICC, EXIF, XMP present
+            chunks.append(data[i : i + 8] + bytes([flags]) + data[i + 9 : end])
+        elif kind in (b"ICCP", b"EXIF", b"XMP "):
+            dropped = True
+        else:
+            chunks.append(data[i:end])
+        i = end
+    if not dropped:
+        return
+    body = b"WEBP" + b"".join(chunks)
+    with open(path, "wb") as f:
+        f.write(b"RIFF" + len(body).to_bytes(4, "little") + body)
+
+
+def save(vips: Any, image: Any, path: str, fmt: str, quality: int, keep: bool) -> None:
+    """Encode ``image`` to ``path``; metadata stripped unless ``keep`` (EXIF, XMP, IPTC)."""
+    if vips.at_least_libvips(8, 15):
+        meta: dict[str, Any] = {"keep": "exif|xmp|iptc" if keep else "none"}
+    else:
+        meta = {"strip": not keep}
+    image = _bare(image, keep)
+    if fmt == "jpeg" and image.hasalpha():
+        image = image.flatten(background=[255] * (image.bands - 1))
+    try:
+        if fmt == "webp":
+            image.webpsave(path, Q=quality, **meta)
+            if not keep:
+                strip_webp(path)
+        elif fmt == "jpeg":
+            image.jpegsave(path, Q=quality, optimize_coding=True, **meta)
+        elif fmt == "avif":
+            image.heifsave(path, Q=quality, compression="av1", **meta)
+        else:
+            image.pngsave(path, compression=6, **meta)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # no half-written output left behind
+        raise

@@ -1,0 +1,309 @@
+"""security.virus_scan: ClamAV's verdict on an object, through clamd's INSTREAM.
+
+The child streams the input (already in its scratch directory) to clamd over
+the socket the profile names: ``clamd`` is ``unix:///path/to/clamd.ctl`` or
+``tcp://host:port`` and only a profile sets it, never a job.  The protocol:
+``zINSTREAM\\0``, then chunks each prefixed by its length (4 bytes, big
+endian), then a zero length; clamd answers ``stream: OK``, ``stream: <name>
+FOUND`` or ``<reason> ERROR`` and closes the connection.
+
+Verdicts:
+
+* ``clean``: clamd read every byte and found nothing;
+* ``infected``: clamd named a signature (``signature``);
+* ``not_fully_scanned``: something was not scanned, and the file is never
+  called clean: it is larger than the profile's ``max_bytes`` (only the first
+  ``max_bytes`` are sent; a signature found in them still makes it
+  ``infected``), it exceeded clamd's ``StreamMaxLength`` ("INSTREAM size
+  limit exceeded"), clamd answered ERROR, or clamd stopped at one of its own
+  scan limits and said so with a ``Heuristics.Limits.Exceeded.*`` name
+  (``AlertExceedsMax yes`` in clamd.conf; without it clamd calls such files OK,
+  see docs/pipelines.md).  ``reason`` says which.
+
+clamd not answering (no socket, connection refused, a timeout, a connection
+closed without an answer) is PROVIDER_UNAVAILABLE, which is retried.  The
+result is ``{"verdict", "signature", "engine", "reason", "bytes_sent"}``
+(``engine`` is clamd's VERSION answer, which names its database version) and
+the verdict is also recorded as a data output ``virus_verdict``.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import struct
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from hypermedia.errors import JobError
+from hypermedia.pipelines import schema as S
+from hypermedia.pipelines.registry import Context, Pipeline, register
+
+DEFAULT_CLAMD = "unix:///run/clamav/clamd.ctl"
+CONNECT_TIMEOUT = 5.0
+PING_TIMEOUT = 1.0
+CHUNK = 256 * 1024
+MAX_REPLY = 64 * 1024
+LIMIT_HEURISTIC = "Heuristics.Limits.Exceeded"
+
+SCHEMA: S.Schema = {
+    "clamd": S.Field(
+        str,
+        DEFAULT_CLAMD,
+        overridable=False,
+        doc="clamd's socket: unix:///path or tcp://host:port",
+    ),
+    "max_bytes": S.Field(
+        int,
+        100 * 1024 * 1024,
+        1,
+        4 * 1024**3,
+        overridable=False,
+        doc="larger files are scanned up to this size and reported not_fully_scanned",
+    ),
+    "timeout_seconds": S.Field(
+        int,
+        120,
+        1,
+        3600,
+        overridable=False,
+        doc="how long clamd may take to answer once connected",
+    ),
+}
+
+Address = tuple[str, Any]  # ("unix", path) or ("tcp", (host, port))
+
+
+def parse_address(url: str) -> Address:
+    """``unix:///abs/path`` or ``tcp://host:port``; anything else is INVALID_PARAMS."""
+    bad = JobError("INVALID_PARAMS", "clamd must be unix:///path or tcp://host:port")
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError:
+        raise bad from None
+    if u.query or u.fragment:
+        raise bad
+    if u.scheme == "unix" and not u.netloc and u.path.startswith("/") and len(u.path) > 1:
+        return ("unix", u.path)
+    if u.scheme == "tcp" and u.hostname and port and u.path in ("", "/"):
+        return ("tcp", (u.hostname, port))
+    raise bad
+
+
+def _check(values: dict[str, Any]) -> None:
+    parse_address(values["clamd"])
+
+
+# -- talking to clamd ------------------------------------------------------------------
+
+
+def _unavailable(what: str, exc: BaseException | None = None) -> JobError:
+    if isinstance(exc, TimeoutError):
+        why = "timed out"
+    elif isinstance(exc, ConnectionRefusedError):
+        why = "connection refused"
+    elif isinstance(exc, FileNotFoundError):
+        why = "no socket"
+    elif isinstance(exc, ConnectionError):
+        why = "connection lost"
+    elif isinstance(exc, OSError) and exc.errno:
+        why = os.strerror(exc.errno).lower()
+    else:
+        why = ""
+    return JobError("PROVIDER_UNAVAILABLE", f"clamd {what}" + (f" ({why})" if why else ""))
+
+
+def _connect(address: Address, timeout: float, connect_timeout: float) -> socket.socket:
+    kind, where = address
+    sock: socket.socket | None = None
+    try:
+        if kind == "unix":
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(connect_timeout)
+            sock.connect(where)
+        else:
+            sock = socket.create_connection(where, timeout=connect_timeout)
+    except OSError as exc:
+        if sock is not None:
+            sock.close()
+        raise _unavailable("is not reachable", exc) from None
+    sock.settimeout(timeout)
+    return sock
+
+
+def _read_reply(sock: socket.socket) -> str:
+    """Everything clamd says until it closes the connection (it does after one command)."""
+    parts, n = [], 0
+    try:
+        while n < MAX_REPLY:
+            data = sock.recv(4096)
+            if not data:
+                break
+            parts.append(data)
+            n += len(data)
+    except OSError as exc:
+        if not parts:
+            raise _unavailable("did not answer", exc) from None
+    reply = b"".join(parts)
+    if not reply.strip(b"\0\n "):
+        raise _unavailable("closed the connection without an answer")
+    return reply.decode("utf-8", "replace")
+
+
+def command(address: Address, name: str, timeout: float = CONNECT_TIMEOUT) -> str:
+    """A one-line command (PING, VERSION) and clamd's answer."""
+    with _connect(address, timeout, min(timeout, CONNECT_TIMEOUT)) as sock:
+        try:
+            sock.sendall(b"z" + name.encode() + b"\0")
+        except OSError as exc:
+            raise _unavailable("is not reachable", exc) from None
+        return _clean(_read_reply(sock).strip("\0\n "))
+
+
+def _answered(sock: socket.socket) -> bool:
+    """Whether clamd has already said something (it stops reading at a size limit)."""
+    readable, _, _ = select.select([sock], [], [], 0)
+    return bool(readable)
+
+
+def instream(
+    address: Address,
+    path: str,
+    max_bytes: int,
+    timeout: float,
+    progress: Callable[[float], None] | None = None,
+) -> tuple[str, int]:
+    """Stream up to ``max_bytes`` of ``path`` to clamd; its answer and the bytes sent."""
+    size = os.path.getsize(path)
+    limit = min(size, max_bytes)
+    sent = 0
+    next_report = limit / 10
+    with _connect(address, timeout, CONNECT_TIMEOUT) as sock, open(path, "rb") as f:
+        try:
+            sock.sendall(b"zINSTREAM\0")
+            early = False
+            while sent < limit:
+                try:
+                    chunk = f.read(min(CHUNK, limit - sent))
+                except OSError:
+                    raise JobError("CORRUPT_INPUT", "the input file could not be read") from None
+                if not chunk:
+                    break
+                sock.sendall(struct.pack(">I", len(chunk)) + chunk)
+                sent += len(chunk)
+                if _answered(sock):
+                    early = True  # over StreamMaxLength: the answer is waiting
+                    break
+                if progress is not None and sent >= next_report:
+                    progress(sent / limit)
+                    next_report += limit / 10
+            if not early:
+                sock.sendall(struct.pack(">I", 0))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # clamd stopped reading (a size limit): its answer may be waiting
+        except OSError as exc:
+            raise _unavailable("did not take the file", exc) from None
+        return _read_reply(sock), sent
+
+
+def verdict(reply: str, sent: int, size: int) -> tuple[str, str | None, str | None]:
+    """(verdict, signature, reason) from clamd's INSTREAM answer."""
+    found: list[str] = []
+    limits: list[str] = []
+    errors: list[str] = []
+    ok = False
+    for raw in reply.replace("\0", "\n").splitlines():
+        line = raw.strip()
+        if line.startswith("stream:"):
+            line = line[len("stream:") :].strip()
+        if not line:
+            continue
+        if line.endswith(" FOUND"):
+            name = _clean(line[: -len(" FOUND")].strip())
+            (limits if name.startswith(LIMIT_HEURISTIC) else found).append(name)
+        elif line == "OK":
+            ok = True
+        elif line.endswith("ERROR"):
+            errors.append(_clean(line[: -len("ERROR")].strip().rstrip(".:")))
+        else:
+            raise JobError("PROVIDER_UNAVAILABLE", "clamd gave an unexpected answer")
+    if found:
+        return "infected", found[0], None
+    if limits:
+        limit = limits[0][len(LIMIT_HEURISTIC) :].strip(".") or "a limit"
+        return "not_fully_scanned", None, f"clamd stopped at its scan limit ({limit})"
+    if errors:
+        return "not_fully_scanned", None, f"clamd could not scan it all: {errors[0]}"
+    if not ok:
+        raise JobError("PROVIDER_UNAVAILABLE", "clamd gave an unexpected answer")
+    if sent < size:
+        return "not_fully_scanned", None, f"larger than max_bytes: only {sent} bytes were scanned"
+    return "clean", None, None
+
+
+def _clean(text: str, limit: int = 200) -> str:
+    """Printable ASCII only, and short: clamd's words end up in results."""
+    return "".join(c for c in text if " " <= c <= "~")[:limit]
+
+
+# -- the pipeline ----------------------------------------------------------------------
+
+
+def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    if ctx.input_path is None:
+        raise JobError("INVALID_PARAMS", "security.virus_scan needs an input object")
+    address = parse_address(str(params.get("clamd", DEFAULT_CLAMD)))
+    max_bytes = int(params.get("max_bytes", SCHEMA["max_bytes"].default))
+    timeout = float(params.get("timeout_seconds", SCHEMA["timeout_seconds"].default))
+    try:
+        size = os.path.getsize(ctx.input_path)
+    except OSError:
+        raise JobError("CORRUPT_INPUT", "the input file could not be read") from None
+    ctx.progress(2, "asking clamd")
+    engine = command(address, "VERSION", min(timeout, CONNECT_TIMEOUT))
+    ctx.progress(5, "scanning")
+    reply, sent = instream(
+        address,
+        ctx.input_path,
+        max_bytes,
+        timeout,
+        lambda done: ctx.progress(5 + 90 * done, "scanning"),
+    )
+    result, signature, reason = verdict(reply, sent, size)
+    ctx.progress(100, result)
+    ctx.output("virus_verdict", "application/json", {"verdict": result, "signature": signature})
+    return {
+        "verdict": result,
+        "signature": signature,
+        "engine": engine,
+        "reason": reason,
+        "bytes_sent": sent,
+    }
+
+
+def available() -> str | None:
+    """Whether clamd answers PING on the default socket (a profile may name another)."""
+    try:
+        answer = command(parse_address(DEFAULT_CLAMD), "PING", PING_TIMEOUT)
+    except JobError:
+        answer = ""
+    if answer != "PONG":
+        return f"clamd does not answer on {DEFAULT_CLAMD}"
+    return None
+
+
+VIRUS_SCAN = register(
+    Pipeline(
+        "security.virus_scan",
+        "bulk",
+        S.validator(SCHEMA, _check),
+        _run,
+        schema=SCHEMA,
+        available=available,
+        default_profile="virus-scan",
+        doc="ClamAV verdict through clamd: clean, infected (+ signature) or not_fully_scanned",
+    )
+)

@@ -1,0 +1,262 @@
+"""``hypermedia process``, ``profiles`` and ``credits`` as real subprocesses, with a
+real ``hypermedia worker --burst`` running the jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hypermedia.db.driver import Driver
+from hypermedia.pipelines import registry
+from hypermedia.storage.ledger import Storage
+from tests.harness import cli_env, hypermedia
+from tests.integration._procs import Procs, eventually, sqlite_only, tail
+from tests.media import png
+
+pytestmark = pytest.mark.timeout(180)
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+class Run:
+    """A ``hypermedia process`` running in the background, its stdout and stderr kept apart."""
+
+    def __init__(self, procs: Procs, *args: str) -> None:
+        self.out = procs.home / f"process-{uuid.uuid4().hex[:6]}.out"
+        self.err = self.out.with_suffix(".err")
+        procs.home.mkdir(parents=True, exist_ok=True)
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "hypermedia", "process", *args],
+                env=cli_env(procs.url, procs.home),
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise AssertionError(f"process did not finish:\n{tail(self.err)}") from None
+
+    def records(self) -> list[dict[str, Any]]:
+        lines = self.out.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def _jobs(procs: Procs) -> int:
+    return int(procs.query("SELECT COUNT(*) FROM processing_jobs")[0][0])
+
+
+def _burst(procs: Procs, queues: str) -> None:
+    """Run ``hypermedia worker --burst`` until it exits by itself."""
+    proc = procs.spawn(
+        "worker", "--queues", queues, "--concurrency", "2", "--no-maintenance", "--burst"
+    )
+    code = proc.wait(90)
+    assert code == 0, f"the worker exited with {code}:\n{tail(procs._procs[-1][1])}"
+
+
+def _run_with_worker(procs: Procs, n_jobs: int, queues: str, *args: str) -> Run:
+    run = Run(procs, *args)
+    eventually(lambda: _jobs(procs) >= n_jobs or run.proc.poll() is not None, 60, "jobs enqueued")
+    assert run.proc.poll() is None, tail(run.err)
+    _burst(procs, queues)
+    return run
+
+
+def _stored(storage: Storage, object_id: int) -> bytes:
+    with storage.open(object_id) as f:
+        return f.read()
+
+
+def _has_schema(job_type: str) -> bool:
+    return job_type in registry.known() and registry.get(job_type).schema is not None
+
+
+def _outputs(driver: Driver, job_id: int) -> list[dict[str, Any]]:
+    with driver.read() as tx:
+        return tx.outputs(job_id)
+
+
+def test_process_copies_files_through_a_worker(
+    driver: Driver, storage: Storage, procs: Procs, tmp_path: Path
+) -> None:
+    inputs = []
+    for i, size in enumerate((10, 70_000, 1_500_000)):
+        inputs.append(tmp_path / "in" / f"file{i}.dat")
+        inputs[-1].parent.mkdir(exist_ok=True)
+        inputs[-1].write_bytes(os.urandom(size))
+    out = tmp_path / "out"
+    run = _run_with_worker(
+        procs, 3, "bulk", *map(str, inputs), "--profile", "debug-copy", "--out", str(out), "--json"
+    )
+    assert run.wait() == 0, tail(run.err)
+    records = run.records()
+    assert [r["input"] for r in records] == [str(p) for p in inputs]
+    for path, r in zip(inputs, records, strict=True):
+        assert (r["status"], r["error_code"], r["safe_reason"]) == ("completed", None, None)
+        assert r["outputs"] == [str(out / f"{path.stem}.copy.bin")]
+        written = Path(r["outputs"][0]).read_bytes()
+        assert written == path.read_bytes()
+        [o] = _outputs(driver, r["job_id"])
+        assert o["profile_version"] == "debug-copy:v1"
+        assert written == _stored(storage, o["object_id"])
+    assert not list(out.glob(".*"))  # no temporary files left behind
+
+
+@sqlite_only
+def test_a_failing_input_makes_exit_1_with_its_error_code(
+    driver: Driver, storage: Storage, procs: Procs, tmp_path: Path
+) -> None:
+    try:
+        import pyvips  # noqa: F401
+    except Exception as exc:  # ImportError, or OSError without libvips
+        if IN_CI:
+            raise
+        pytest.skip(f"pyvips/libvips is not available ({exc})")
+    good, bad = tmp_path / "holiday.png", tmp_path / "notes.png"
+    good.write_bytes(png(64, 48))
+    bad.write_bytes(b"these are not pixels\n" * 20)
+    out = tmp_path / "thumbs"
+    args = (str(good), str(bad), "--profile", "image-thumbnail", "--out", str(out), "--json")
+    run = _run_with_worker(procs, 2, "images", *args)
+    assert run.wait() == 1, tail(run.err)
+    ok, failed = run.records()
+    assert (ok["input"], ok["status"], ok["error_code"]) == (str(good), "completed", None)
+    [o] = _outputs(driver, ok["job_id"])
+    ext = Path(o["output_key"]).suffix
+    assert ok["outputs"] == [str(out / f"holiday.{o['output_type']}{ext}")]
+    assert Path(ok["outputs"][0]).read_bytes() == _stored(storage, o["object_id"])
+    assert (failed["input"], failed["status"]) == (str(bad), "failed")
+    assert failed["error_code"] == "UNSUPPORTED_FORMAT" and failed["safe_reason"]
+    assert failed["outputs"] == []
+    assert str(tmp_path) not in json.dumps(failed["safe_reason"])
+
+
+@sqlite_only
+def test_without_a_worker_the_timeout_ends_the_wait(procs: Procs, tmp_path: Path) -> None:
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"x" * 100)
+    started = time.monotonic()
+    done = hypermedia(
+        "process",
+        str(src),
+        "--profile",
+        "debug-copy",
+        "--timeout",
+        "1.5",
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
+        url=procs.url,
+        home=procs.home,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert time.monotonic() - started < 30
+    [r] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert (r["status"], r["error_code"], r["outputs"]) == ("queued", None, [])
+    assert "not finished within 1.5s" in r["safe_reason"]
+    assert f"hypermedia jobs show {r['job_id']}" in r["safe_reason"]
+    # Without --json: one line per input, the status in words.
+    plain = hypermedia(
+        "process", str(src), "--profile", "debug-copy", "--timeout", "0",
+        "--out", str(tmp_path / "out"), url=procs.url, home=procs.home, timeout=60,
+    )  # fmt: skip
+    assert plain.returncode == 1 and "queued" in plain.stdout and "Traceback" not in plain.stderr
+
+
+@sqlite_only
+def test_process_refusals_exit_nonzero_with_a_clear_message(procs: Procs, tmp_path: Path) -> None:
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"x" * 100)
+
+    def process(*args: str) -> subprocess.CompletedProcess[str]:
+        return hypermedia("process", str(src), *args, url=procs.url, home=procs.home)
+
+    missing = process("--profile", "no-such-profile")
+    assert missing.returncode == 2 and "no profile no-such-profile" in missing.stderr
+    bad_params = process("--profile", "debug-copy", "--params", "[1]")
+    assert bad_params.returncode == 1 and "JSON object" in bad_params.stderr
+    wrong = process("--profile", "debug-copy", "--params", '{"bogus": 1}')
+    assert wrong.returncode == 1 and "unknown parameters: bogus" in wrong.stderr
+    # A budget the request does not fit in: refused before any job exists.
+    key = f"paid-{uuid.uuid4().hex[:8]}"
+    procs.cli("profiles", "create", key, "--type", "debug.copy", "--credits-base", "5")
+    procs.cli("credits", "set-budget", "tight", "4")
+    broke = process("--profile", key, "--project", "tight")
+    assert broke.returncode == 1
+    assert "credit budget exceeded: 0 of 4 used, this request needs 5" in broke.stderr
+    assert _jobs(procs) == 0
+    assert "Traceback" not in missing.stderr + wrong.stderr + broke.stderr
+
+
+@sqlite_only
+def test_profiles_and_credits_commands(procs: Procs) -> None:
+    key = f"cli-{uuid.uuid4().hex[:8]}"
+
+    def js(*args: str) -> Any:
+        return json.loads(procs.cli(*args, "--json"))
+
+    v1 = js("profiles", "create", key, "--type", "debug.sleep", "--settings", '{"max_ms": 50}')
+    assert (v1["ref"], v1["settings"], v1["queue_name"]) == (f"{key}:v1", {"max_ms": 50}, "bulk")
+    v2 = js(
+        "profiles", "create", key, "--type", "debug.sleep", "--settings", '{"max_ms": 80}',
+        "--queue", "images", "--credits-base", "2", "--credits-per-mb", "1",
+        "--credits-per-page", "3", "--credits-per-minute", "4", "--timeout", "30",
+    )  # fmt: skip
+    assert v2["ref"] == f"{key}:v2" and v2["timeout_seconds"] == 30
+    assert [v2[f"credit_cost_{u}"] for u in ("base", "per_mb", "per_page", "per_minute")] == [
+        2,
+        1,
+        3,
+        4,
+    ]
+    assert js("profiles", "show", key)["ref"] == f"{key}:v2"
+    with_schema = [p["ref"] for p in js("profiles", "ls") if _has_schema(p["job_type"])]
+    if with_schema:  # the settings schema is shown with the version
+        assert js("profiles", "show", with_schema[0])["settings_schema"]
+    assert js("profiles", "show", key)["settings_schema"] is None  # debug.sleep has none
+    listed = [p["ref"] for p in js("profiles", "ls", "--type", "debug.sleep")]
+    assert f"{key}:v1" in listed and f"{key}:v2" in listed
+    gone = js("profiles", "deactivate", f"{key}:v2")
+    assert gone["is_active"] is False
+    assert f"{key}:v2" not in [p["ref"] for p in js("profiles", "ls")]
+    assert f"{key}:v2" in [p["ref"] for p in js("profiles", "ls", "--all")]
+    assert "deactivated" in procs.cli("profiles", "deactivate", f"{key}:v1")
+    human = procs.cli("profiles", "ls", "--all", "--type", "debug.sleep")
+    assert f"{key}:v1" in human
+
+    refused = hypermedia(
+        "profiles", "create", key, "--type", "debug.sleep", "--settings", '{"max_ms": "x"}',
+        url=procs.url, home=procs.home,
+    )  # fmt: skip
+    assert refused.returncode == 1 and "settings refused" in refused.stderr
+    nothing = hypermedia("jobs", "submit", "debug.sleep", "--profile", key, url=procs.url,
+                         home=procs.home)  # fmt: skip
+    assert nothing.returncode == 1 and "has no active version" in nothing.stderr
+
+    assert js("credits", "set-budget", "acme", "100") == {
+        "project_id": "acme",
+        "budget": 100,
+        "used": 0,
+        "remaining": 100,
+    }
+    procs.cli("jobs", "submit", "debug.noop", "--project", "acme")
+    assert js("credits", "show", "--project", "acme")["used"] == 0
+    assert js("credits", "set-budget", "acme", "none")["budget"] is None
+    assert {r["project_id"] for r in js("credits", "show")} >= {"acme"}
+    assert "unlimited" in procs.cli("credits", "show", "--project", "acme")
+    bad = hypermedia("credits", "set-budget", "acme", "lots", url=procs.url, home=procs.home)
+    assert bad.returncode == 1 and "whole number" in bad.stderr

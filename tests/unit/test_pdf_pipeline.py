@@ -1,0 +1,524 @@
+"""pdf.preview on real pdfium and libvips, with PDFs written in code (tests/pdfs.py).
+
+The pipeline is called directly through ``registry.Context`` (the worker's
+child does the same); the end-to-end path through a worker is in
+tests/integration/test_pdf_jobs.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hypermedia.errors import JobError
+from hypermedia.pipelines import pdf, registry
+from hypermedia.pipelines.schema import clean_settings
+from tests import pdfs
+from tests.media import png
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+try:
+    import pypdfium2
+    import pyvips
+except Exception as exc:  # ImportError, or OSError without libpdfium / libvips
+    if IN_CI:
+        raise
+    pytest.skip(f"pypdfium2 or pyvips is not available ({exc})", allow_module_level=True)
+
+PREVIEW = pdf.PREVIEW
+MIGRATION = (
+    Path(__file__).resolve().parents[2]
+    / "hypermedia/db/migrations/versions/0005_credits_hashes_profiles.py"
+)
+
+
+def _profile_settings() -> dict[str, Any]:
+    """The pdf-preview:v1 settings the migration installs."""
+    spec = importlib.util.spec_from_file_location("migration_0005", MIGRATION)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (row,) = [p for p in module.PROFILES if p[0] == "pdf-preview"]
+    assert (row[1], row[2], row[3]) == ("v1", "pdf.preview", "documents")
+    return dict(row[4])
+
+
+SETTINGS = _profile_settings()
+
+
+@dataclass
+class Run:
+    ctx: registry.Context
+    result: dict[str, Any]
+    reports: list[dict[str, Any]]
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    d = tmp_path / "scratch"
+    d.mkdir()
+    return d
+
+
+def put(scratch: Path, data: bytes, name: str = "input.pdf") -> Path:
+    path = scratch / name
+    path.write_bytes(data)
+    return path
+
+
+def run(
+    scratch: Path,
+    input_file: Path | None,
+    params: dict[str, Any] | None = None,
+    settings: dict[str, Any] | None = None,
+) -> Run:
+    validated = PREVIEW.validate(
+        dict(params or {}), dict(SETTINGS if settings is None else settings)
+    )
+    reports: list[dict[str, Any]] = []
+    ctx = registry.Context(str(scratch), reports.append, str(input_file) if input_file else None)
+    result = PREVIEW.run(validated, ctx)
+    assert result is not None
+    return Run(ctx, result, reports)
+
+
+def failure(scratch: Path, input_file: Path, **params: Any) -> JobError:
+    """Run expecting a JobError; check its reason is safe and nothing was written."""
+    settings = params.pop("settings", None)
+    with pytest.raises(JobError) as info:
+        run(scratch, input_file, params, settings)
+    reason = info.value.reason
+    assert str(scratch) not in reason and input_file.name not in reason, reason
+    assert "/" not in reason and "pdfium" not in reason.lower(), reason
+    assert not [p for p in scratch.iterdir() if p != input_file], "no output on failure"
+    return info.value
+
+
+def decoded(scratch: Path, out: dict[str, Any]) -> Any:
+    return pyvips.Image.new_from_file(str(scratch / out["path"]))
+
+
+def centre(img: Any) -> tuple[int, ...]:
+    return tuple(int(v) for v in img(img.width // 2, img.height // 2)[:3])
+
+
+def close_to(a: tuple[int, ...], b: tuple[int, ...], tol: int = 12) -> bool:
+    return all(abs(x - y) <= tol for x, y in zip(a, b, strict=True))
+
+
+# -- the pipeline and its settings -------------------------------------------------------
+
+
+def test_registered_on_import_with_its_schema() -> None:
+    assert registry.get("pdf.preview") is PREVIEW
+    assert PREVIEW.queue == "documents"
+    assert PREVIEW.schema is pdf.SCHEMA
+    assert PREVIEW.available() is None
+    assert (pdf.versions() or "").startswith("pypdfium2 ")
+    fixed = {k for k, f in pdf.SCHEMA.items() if not f.overridable}
+    assert fixed == {"max_pages", "max_page_pixels", "max_rendered_pages"}
+
+
+def test_the_migration_profile_is_valid_and_completed_by_defaults() -> None:
+    settings = clean_settings(pdf.SCHEMA, SETTINGS)
+    assert settings == {
+        "first_page": 1,
+        "last_page": 1,
+        "width": 1280,
+        "dpi": 0,
+        "format": "webp",
+        "quality": 85,
+        "max_pages": 5000,
+        "max_page_pixels": 50_000_000,
+        "max_rendered_pages": 50,
+    }
+    assert PREVIEW.validate({}, SETTINGS) == settings
+    assert PREVIEW.validate({"last_page": 3, "format": "png"}, SETTINGS)["last_page"] == 3
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"first_page": 3, "last_page": 2}, "last_page must not be before first_page"),
+        ({"first_page": 0}, "first_page must be from 1"),
+        ({"last_page": 51}, "at most 50 pages may be rendered by one job"),
+        ({"width": 8193}, "width must be from 16 to 8192"),
+        ({"width": 15}, "width must be from 16 to 8192"),
+        ({"dpi": 1201}, "dpi must be from 0 to 1200"),
+        ({"format": "tiff"}, "format must be one of webp, png, jpeg"),
+        ({"quality": 0}, "quality must be from 1 to 100"),
+        ({"width": "640"}, "width must be an integer"),
+        ({"max_pages": 10**6}, "set by the profile, not by a job: max_pages"),
+        ({"max_page_pixels": 10**9}, "set by the profile"),
+        ({"max_rendered_pages": 1000}, "set by the profile"),
+        ({"password": "x"}, "unknown parameters: password"),
+    ],
+)
+def test_bad_params_are_refused(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(JobError) as info:
+        PREVIEW.validate(params, SETTINGS)
+    assert info.value.code == "INVALID_PARAMS" and message in info.value.reason
+
+
+def test_a_profile_may_lower_the_limits() -> None:
+    settings = {**SETTINGS, "max_rendered_pages": 2}
+    assert PREVIEW.validate({"last_page": 2}, settings)["max_rendered_pages"] == 2
+    with pytest.raises(JobError, match="at most 2 pages"):
+        PREVIEW.validate({"last_page": 3}, settings)
+
+
+# -- rendering ---------------------------------------------------------------------------
+
+
+def test_one_page_at_the_profile_width(scratch: Path) -> None:
+    src = put(scratch, pdfs.document(1))
+    r = run(scratch, src)
+    (out,) = r.ctx.outputs
+    meta = {"page": 1, "width": 1280, "height": 1656, "format": "webp"}
+    size = (scratch / "page-1.webp").stat().st_size
+    assert out == {
+        "output_type": "page_preview_1",
+        "mime_type": "image/webp",
+        "metadata": {**meta, "bytes": size},
+        "path": "page-1.webp",
+    }
+    assert r.result == {
+        "pages": 1,
+        "rendered": [{**meta, "bytes": size}],
+        "usage": {"pages": 1},
+        "input_facts": {"pages": 1},
+    }
+    img = decoded(scratch, out)
+    assert (img.width, img.height) == (1280, 1656)  # Letter: 612 x 792 pt
+    assert img.get("vips-loader") == "webpload"
+    assert close_to(centre(img), pdfs.page_color(1))
+    assert img(2, 2)[:3] == [255, 255, 255]  # the margin: white, not transparent
+    assert not {"exif-data", "xmp-data", "icc-profile-data"} & set(img.get_fields())
+    data = (scratch / "page-1.webp").read_bytes()
+    assert not {b"EXIF", b"XMP ", b"ICCP"} & {data[i : i + 4] for i in range(12, len(data) - 4)}
+    assert r.reports[0]["step"] == "checking the file"
+    assert r.reports[-1] == {"percent": 100, "step": "1 page rendered"}
+
+
+def test_a_page_range_is_chosen_and_clamped_to_the_document(scratch: Path) -> None:
+    src = put(scratch, pdfs.document(3))
+    r = run(scratch, src, {"first_page": 2, "last_page": 9, "width": 300})
+    assert [o["metadata"]["page"] for o in r.ctx.outputs] == [2, 3]
+    assert [o["path"] for o in r.ctx.outputs] == ["page-2.webp", "page-3.webp"]
+    assert [o["output_type"] for o in r.ctx.outputs] == ["page_preview_2", "page_preview_3"]
+    for out in r.ctx.outputs:
+        img = decoded(scratch, out)
+        assert (img.width, img.height) == (300, 388)
+        assert close_to(centre(img), pdfs.page_color(out["metadata"]["page"]))
+    assert r.result["pages"] == 3
+    assert r.result["usage"] == {"pages": 2}
+    assert r.result["input_facts"] == {"pages": 3}
+    steps = [rep["step"] for rep in r.reports]
+    assert "rendering page 2 of 3" in steps and "rendering page 3 of 3" in steps
+    assert steps[-1] == "2 pages rendered"
+    percents = [rep["percent"] for rep in r.reports]
+    assert percents == sorted(percents)
+
+
+def test_a_first_page_past_the_end_is_refused(scratch: Path) -> None:
+    src = put(scratch, pdfs.document(3))
+    err = failure(scratch, src, first_page=4, last_page=5)
+    assert err.code == "INVALID_PARAMS"
+    assert err.reason == "first_page is 4 but the document has 3 pages"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "loader", "mime"),
+    [("png", "pngload", "image/png"), ("jpeg", "jpegload", "image/jpeg")],
+)
+def test_other_formats(scratch: Path, fmt: str, loader: str, mime: str) -> None:
+    src = put(scratch, pdfs.document(1))
+    r = run(scratch, src, {"format": fmt, "width": 200, "quality": 90})
+    (out,) = r.ctx.outputs
+    assert out["mime_type"] == mime and out["path"] == f"page-1.{pdf.FORMATS[fmt][0]}"
+    img = decoded(scratch, out)
+    assert img.get("vips-loader") == loader
+    assert (img.width, img.height, img.bands) == (200, 259, 3)
+    assert close_to(centre(img), pdfs.page_color(1))
+    assert not {"exif-data", "xmp-data", "icc-profile-data"} & set(img.get_fields())
+
+
+def test_dpi_renders_the_page_at_its_own_size(scratch: Path) -> None:
+    src = put(scratch, pdfs.document([(612, 792), (200, 100)]))
+    r = run(scratch, src, {"dpi": 36, "last_page": 2})
+    sizes = [(o["metadata"]["width"], o["metadata"]["height"]) for o in r.ctx.outputs]
+    assert sizes == [(306, 396), (100, 50)]
+    assert [(decoded(scratch, o).width, decoded(scratch, o).height) for o in r.ctx.outputs] == sizes
+
+
+def test_a_rotated_page_renders_upright(scratch: Path) -> None:
+    src = put(scratch, pdfs.document(1, rotate=90))
+    r = run(scratch, src, {"width": 792})
+    assert (r.result["rendered"][0]["width"], r.result["rendered"][0]["height"]) == (792, 612)
+
+
+def test_quality_changes_the_encoding(scratch: Path) -> None:
+    src = put(scratch, pdfs.realistic(1))
+    low = run(scratch, src, {"quality": 20}).result["rendered"][0]["bytes"]
+    high = run(scratch, src, {"quality": 95}).result["rendered"][0]["bytes"]
+    assert low < high
+
+
+def test_no_input_object(scratch: Path) -> None:
+    with pytest.raises(JobError) as info:
+        run(scratch, None)
+    assert info.value.code == "INVALID_PARAMS"
+
+
+# -- hostile input ---------------------------------------------------------------------
+
+
+def test_thousands_of_pages_are_refused_before_any_page_is_read(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = pdfs.many_pages(5001)
+    src = put(scratch, data)
+    monkeypatch.setattr(pdf, "_render", _must_not_render)
+    t = time.monotonic()
+    err = failure(scratch, src)
+    assert err.code == "LIMIT_EXCEEDED"
+    assert err.reason == "the document has 5001 pages, over this profile's limit of 5000"
+    assert time.monotonic() - t < 5
+    monkeypatch.undo()
+    # A profile may allow more; the count still comes back as the input's page count.
+    r = run(scratch, src, settings={**SETTINGS, "max_pages": 6000})
+    assert r.result["input_facts"] == {"pages": 5001} and r.result["usage"] == {"pages": 1}
+
+
+def _must_not_render(*args: Any) -> None:
+    raise AssertionError("rendered a page that is over a limit")
+
+
+def test_a_huge_page_is_refused_before_rendering(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pdf, "_render", _must_not_render)
+    # 200,000 x 200,000 points: at 72 dpi, 40 billion pixels.
+    src = put(scratch, pdfs.document([(200_000, 200_000)]))
+    err = failure(scratch, src, dpi=72)
+    assert err.code == "LIMIT_EXCEEDED"
+    assert err.reason == (
+        "page 1 would render at 200000x200000 pixels, over this profile's limit of 50000000 pixels"
+    )
+    # 1 x 200,000 points at a width of 1280: a 256-million-pixel strip.
+    src = put(scratch, pdfs.document([(1, 200_000)]))
+    err = failure(scratch, src)
+    assert (err.code, "1280x256000000" in err.reason) == ("LIMIT_EXCEEDED", True)
+    # Under the pixel cap but longer than WebP can be; PNG can.
+    src = put(scratch, pdfs.document([(100, 10_000)]))
+    err = failure(scratch, src, width=200)
+    assert err.code == "LIMIT_EXCEEDED" and "webp images are at most 16383 pixels" in err.reason
+    # A later page over the limit fails the job before the first page is rendered.
+    src = put(scratch, pdfs.document([(612, 792), (200_000, 200_000)]))
+    assert failure(scratch, src, dpi=72, last_page=2).code == "LIMIT_EXCEEDED"
+
+
+def test_a_huge_page_at_a_width_renders_at_that_width(scratch: Path) -> None:
+    """A width fixes the pixel size whatever the page's size in points."""
+    src = put(scratch, pdfs.document([(200_000, 200_000)]))
+    r = run(scratch, src, {"width": 640})
+    (out,) = r.ctx.outputs
+    img = decoded(scratch, out)
+    assert (img.width, img.height) == (640, 640)
+    assert close_to(centre(img), pdfs.page_color(1))
+
+
+def test_the_profile_pixel_cap_applies(scratch: Path) -> None:
+    src = put(scratch, pdfs.document(1))  # 1280 x 1656 = 2,119,680 pixels
+    settings = {**SETTINGS, "max_page_pixels": 2_119_679}
+    assert failure(scratch, src, settings=settings).code == "LIMIT_EXCEEDED"
+    ok = run(scratch, src, settings={**settings, "max_page_pixels": 2_119_680})
+    assert ok.result["usage"] == {"pages": 1}
+
+
+def test_a_password_protected_pdf_is_unsupported(scratch: Path) -> None:
+    data = pdfs.encrypted(user_password="secret", owner_password="owner")
+    # The file is really encrypted: pdfium asks for the password, and with it
+    # (user's or owner's) decrypts the page to its colour.
+    with pytest.raises(pypdfium2.PdfiumError) as info:
+        pypdfium2.PdfDocument(data)
+    assert info.value.err_code == pypdfium2.raw.FPDF_ERR_PASSWORD
+    for password in ("secret", "owner"):
+        doc = pypdfium2.PdfDocument(data, password=password)
+        page = doc[0].render(scale=0.25, rev_byteorder=True)
+        pixel = pyvips.Image.new_from_memory(
+            bytes(page.buffer), page.width, page.height, 3, "uchar"
+        )
+        assert close_to(centre(pixel), pdfs.page_color(1))
+        page.close()
+        doc.close()
+    src = put(scratch, data)
+    err = failure(scratch, src)
+    assert (err.code, err.reason) == ("UNSUPPORTED_FORMAT", "encrypted PDFs are not supported")
+
+
+def test_an_unknown_security_handler_is_unsupported(scratch: Path) -> None:
+    data = pdfs.encrypted().replace(b"/Filter /Standard", b"/Filter /Custom9")
+    err = failure(scratch, put(scratch, data))
+    assert (err.code, err.reason) == (
+        "UNSUPPORTED_FORMAT",
+        "this PDF's encryption is not supported",
+    )
+
+
+def test_a_broken_content_stream_renders_what_it_can(scratch: Path) -> None:
+    """Like every viewer: the damage is only met while drawing, and drawing goes on."""
+    data = pdfs.document(1).replace(b" re f Q", b" re f Q\n<<<< garbage ] ) ( 1 2 3 Tz q q")
+    r = run(scratch, put(scratch, data), {"width": 200})
+    assert close_to(centre(decoded(scratch, r.ctx.outputs[0])), pdfs.page_color(1))
+
+
+def test_a_pdf_encrypted_with_an_owner_password_only_renders(scratch: Path) -> None:
+    """Permissions-only encryption (no user password) opens without asking."""
+    src = put(scratch, pdfs.encrypted(user_password="", owner_password="owner"))
+    r = run(scratch, src, {"width": 200})
+    assert close_to(centre(decoded(scratch, r.ctx.outputs[0])), pdfs.page_color(1))
+
+
+def test_an_empty_file_is_corrupt(scratch: Path) -> None:
+    err = failure(scratch, put(scratch, b""))
+    assert (err.code, err.reason) == ("CORRUPT_INPUT", "the input file is empty")
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        pytest.param(lambda d: d[: len(d) // 2], id="truncated in the middle"),
+        pytest.param(lambda d: d[:40], id="header only"),
+        pytest.param(lambda d: d[:-120], id="no xref or trailer"),
+        pytest.param(lambda d: b"%PDF-1.7\n" + os.urandom(20_000), id="garbage after the header"),
+        pytest.param(lambda d: pdfs.document(0), id="no pages"),
+    ],
+)
+def test_damaged_pdfs_are_corrupt(scratch: Path, cut: Any) -> None:
+    src = put(scratch, cut(pdfs.document(3)))
+    err = failure(scratch, src)
+    assert err.code == "CORRUPT_INPUT", err.reason
+    assert err.reason in ("the PDF is damaged or unreadable", "the PDF has no pages")
+
+
+def test_a_png_named_pdf_is_unsupported(scratch: Path) -> None:
+    err = failure(scratch, put(scratch, png(64, 64), "input.pdf"))
+    assert (err.code, err.reason) == ("UNSUPPORTED_FORMAT", "not a PDF document")
+
+
+def test_a_pdf_named_png_is_rendered(scratch: Path) -> None:
+    """The type comes from the content, never from the name."""
+    r = run(scratch, put(scratch, pdfs.document(1), "input.png"), {"width": 100})
+    assert r.result["rendered"][0]["width"] == 100
+
+
+def test_the_magic_must_be_within_the_first_kilobyte(scratch: Path) -> None:
+    ok = put(scratch, b"\x00" * 1000 + pdfs.document(1))  # readers skip leading junk
+    assert run(scratch, ok, {"width": 100}).result["pages"] == 1
+    ok.unlink()
+    for f in scratch.iterdir():
+        f.unlink()
+    late = put(scratch, b"\x00" * 1024 + pdfs.document(1))
+    assert failure(scratch, late).code == "UNSUPPORTED_FORMAT"
+
+
+# -- the module and the child's sandbox ------------------------------------------------
+
+
+def test_importing_the_module_loads_neither_pdfium_nor_libvips() -> None:
+    code = (
+        "import sys, hypermedia.pipelines.pdf as m; "
+        "assert m.available() is None; "
+        "assert not {'pypdfium2', 'pyvips'} & set(sys.modules), sorted(sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_missing_pdfium_is_a_dependency_failure(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pdf, "_pdfium", None)
+    monkeypatch.setitem(sys.modules, "pypdfium2", None)  # import pypdfium2 -> ImportError
+    src = put(scratch, pdfs.document(1))
+    with pytest.raises(JobError) as info:
+        run(scratch, src)
+    assert info.value.code == "DEPENDENCY_FAILED"
+    monkeypatch.setattr(pdf.importlib.util, "find_spec", lambda name: None)
+    assert pdf.available() == "pdfium (pypdfium2) is not installed"
+
+
+def test_an_old_pypdfium2_is_not_available(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pdf.metadata, "version", lambda name: "4.29.0")
+    assert pdf.available() == "pypdfium2 4.29.0 is too old (4.30 or newer is needed)"
+
+
+_CHILD = """
+import json, resource, sys
+from hypermedia.errors import JobError
+from hypermedia.pipelines import pdf, registry
+
+def vm(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) // 1024
+
+def attempt(name, params):
+    ctx = registry.Context(sys.argv[1], lambda p: None, sys.argv[1] + "/" + name)
+    try:
+        r = pdf.PREVIEW.run(pdf.PREVIEW.validate(params, {}), ctx)
+        return [o["width"] * o["height"] for o in r["rendered"]]
+    except JobError as exc:
+        return exc.code
+    except MemoryError:
+        return "OOM"
+
+out = {"small": attempt("report.pdf", {"width": 200})}
+# The attempt's limit, as the child sets it: {limit} MB of address space.
+_, hard = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, ({limit} * 2**20, hard))
+out["big"] = attempt("report.pdf", {"dpi": 700, "format": "png"})
+out["pages"] = attempt("pages.pdf", {})
+out["huge"] = attempt("huge.pdf", {"dpi": 300})
+# Less room than the big page needs: OOM, and the process carries on.
+resource.setrlimit(resource.RLIMIT_AS, ((vm("VmSize") + 64) * 2**20, hard))
+out["tight"] = attempt("report.pdf", {"dpi": 700, "format": "png"})
+out["after"] = attempt("report.pdf", {"width": 200})
+out["peak_mb"] = vm("VmHWM")
+print(json.dumps(out))
+"""
+
+
+def test_memory_stays_under_the_attempt_limit_in_an_empty_environment(tmp_path: Path) -> None:
+    """As the worker's child runs it: ``python -I``, env={}, RLIMIT_AS set per attempt."""
+    (tmp_path / "report.pdf").write_bytes(pdfs.realistic(1))
+    (tmp_path / "pages.pdf").write_bytes(pdfs.many_pages(6000))
+    (tmp_path / "huge.pdf").write_bytes(pdfs.document([(200_000, 200_000)]))
+    limit = 1024
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _CHILD.replace("{limit}", str(limit)), str(tmp_path)],
+        env={},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["small"] == [200 * 283]
+    assert out["big"] == [5785 * 8186]  # A4 at 700 dpi: 47 million pixels, under the cap
+    assert (out["pages"], out["huge"]) == ("LIMIT_EXCEEDED", "LIMIT_EXCEEDED")
+    assert out["tight"] == "OOM"
+    assert out["after"] == [200 * 283]
+    assert out["peak_mb"] < limit
