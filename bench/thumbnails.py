@@ -294,7 +294,7 @@ def main() -> None:
     ap.add_argument(
         "--inputs", type=Path, default=Path(tempfile.gettempdir()) / "hypermedia-bench-thumbnails"
     )
-    ap.add_argument("--time-limit", type=float, default=3600)
+    ap.add_argument("--time-limit", type=float, default=10800)
     args = ap.parse_args()
     C.set_time_limit(args.time_limit)
     C.note_code_version()
