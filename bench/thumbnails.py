@@ -252,6 +252,39 @@ def ensure_sharp() -> None:
     )
 
 
+# The pipeline alone, as a warm worker child runs it: the reference for what
+# libvips costs on each side without the service around it.
+INPROCESS = """
+import json, sys, time
+from hypermedia.pipelines import image, imaging, registry
+out, files = sys.argv[1], sys.argv[2:]
+params = image.THUMBNAIL.validate({}, {})
+imaging.load()
+t = time.perf_counter()
+for f in files:
+    image.THUMBNAIL.run(params, registry.Context(out, lambda p: None, f))
+print(json.dumps({"seconds": time.perf_counter() - t, "images": len(files)}))
+"""
+
+
+def run_inprocess(files: list[Path], workdir: Path) -> dict[str, Any]:
+    out = Path(tempfile.mkdtemp(prefix="pipeline-", dir=workdir))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", INPROCESS, str(out), *map(str, files)],
+            env={},
+            cwd=out,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"the pipeline exited with {done.returncode}: {done.stderr[-2000:]}")
+        return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def run_sharp(files: list[Path], workdir: Path, parallel: int) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="sharp-", dir=workdir))
     try:
@@ -310,7 +343,7 @@ def main() -> None:
     groups.append((f"all ({args.sizes} MP)", [p for mp in sizes for p in inputs[mp]]))
 
     load_start = os.getloadavg()[0]
-    rows, verdict_rows, loads, others = [], [], [], []
+    rows, verdict_rows, one_lane, loads, others = [], [], [], [], []
     work = Path(tempfile.mkdtemp(prefix="hm-bench-thumbs-"))
     try:
         for name, files in groups:
@@ -342,7 +375,22 @@ def main() -> None:
                     if system not in best or res["seconds"] < best[system]["seconds"]:
                         best[system] = res
             # sharp one image at a time: what one hypermedia attempt compares with.
-            serial = run_sharp(files, work, 1)
+            serial = measured(run_sharp, files, work, 1)
+            alone = min(
+                (measured(run_inprocess, files, work) for _ in range(args.repeat)),
+                key=lambda r: r["seconds"],
+            )
+            one_lane.append(
+                [
+                    name,
+                    f"{alone['images'] / alone['seconds']:.1f}",
+                    f"{serial['images'] / serial['seconds']:.1f}",
+                    f"{serial['seconds'] / alone['seconds']:.2f}x",
+                    f"{1000 * alone['seconds'] / alone['images']:.1f}",
+                    f"{1000 * serial['seconds'] / serial['images']:.1f}",
+                    f"{alone['others']:.2f} / {serial['others']:.2f}",
+                ]
+            )
             hm, sh = best["hypermedia"], best["sharp"]
             hm_rate, sh_rate = hm["images"] / hm["seconds"], sh["images"] / sh["seconds"]
             rows.append(
@@ -407,6 +455,23 @@ def main() -> None:
                 "other procs (cores) hm / sharp",
             ],
             rows,
+        )
+    )
+    print()
+    print("reference, one image at a time, no service: the pipeline called in one process")
+    print("(image.THUMBNAIL.run, as a warm child runs it) against sharp with one lane:")
+    print(
+        C.table(
+            [
+                "JPEGs",
+                "pipeline img/s",
+                "sharp img/s",
+                "pipeline / sharp",
+                "pipeline ms/img",
+                "sharp ms/img",
+                "other procs (cores)",
+            ],
+            one_lane,
         )
     )
     print()
