@@ -618,9 +618,10 @@ def test_keep_metadata_keeps_exif_and_xmp_but_not_the_orientation(scratch: Path)
 
 def test_quality_changes_the_encoding(scratch: Path) -> None:
     src = write(scratch, "input.png", photo(1200, 900))
+    box = {"width": 400, "height": 400}
     for fmt in ("jpeg", "webp", "avif"):
-        low = run(PREVIEW, scratch, src, {"format": fmt, "quality": 5}).result
-        high = run(PREVIEW, scratch, src, {"format": fmt, "quality": 100}).result
+        low = run(PREVIEW, scratch, src, {**box, "format": fmt, "quality": 5}).result
+        high = run(PREVIEW, scratch, src, {**box, "format": fmt, "quality": 100}).result
         assert low is not None and high is not None
         assert low["bytes"] < high["bytes"], fmt
 
