@@ -11,6 +11,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+# The project of everything made without naming one (CLI, embedded default).
+DEFAULT_PROJECT = "default"
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -43,6 +46,11 @@ class Settings:
     gc_unreferenced_seconds: float = 86400.0
     gc_pending_seconds: float = 21600.0
     photo_bridge_interval_seconds: float = 2.0
+    # HTTP API: requests per second per token (0: no limit) and the bucket's
+    # burst; uploads larger than max_upload_bytes are refused with 413.
+    api_rate_per_second: float = 100.0
+    api_rate_burst: int = 200
+    max_upload_bytes: int = 2 * 1024**3
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -82,6 +90,9 @@ _ENV_NAMES = {
     "gc_unreferenced_seconds": "GC_UNREFERENCED_SECONDS",
     "gc_pending_seconds": "GC_PENDING_SECONDS",
     "photo_bridge_interval_seconds": "PHOTO_BRIDGE_INTERVAL_SECONDS",
+    "api_rate_per_second": "API_RATE_PER_SECOND",
+    "api_rate_burst": "API_RATE_BURST",
+    "max_upload_bytes": "MAX_UPLOAD_BYTES",
 }
 
 

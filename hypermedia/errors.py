@@ -98,3 +98,11 @@ class IdempotencyConflict(HypermediaError):
 
 class Conflict(HypermediaError):
     """A unique key refused the write (the database said so, not our guess)."""
+
+
+class Unauthorized(HypermediaError):
+    """No token, or one that is unknown, expired or revoked (one answer for all four)."""
+
+
+class Forbidden(HypermediaError):
+    """The token is valid but lacks the scope this action needs."""

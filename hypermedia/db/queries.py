@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from hypermedia.db import dialects
+from hypermedia.db.auth_queries import AuthQueries
 from hypermedia.db.bulk import update_many
 from hypermedia.db.dedup_queries import DedupQueries
 from hypermedia.db.photo_queries import PhotoQueries
@@ -54,7 +55,7 @@ def _rows(result: sa.CursorResult[Any]) -> list[Row]:
     return [dict(r._mapping) for r in result]
 
 
-class Tx(WorkerQueries, StorageQueries, PhotoQueries, DedupQueries):
+class Tx(WorkerQueries, StorageQueries, PhotoQueries, DedupQueries, AuthQueries):
     def __init__(self, conn: sa.Connection, dialect: str, *, autocommit: bool = False) -> None:
         self.conn = conn
         self.dialect = dialect

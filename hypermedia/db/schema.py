@@ -275,5 +275,7 @@ queue_states = sa.Table(
     sa.Column("updated_at", Timestamp, nullable=False, server_default=NOW),
 )
 
-# Seed 002's tables live in their own module; importing it registers them here.
+# Seed 002's tables and the auth tables live in their own modules; importing
+# them registers them here.
+from hypermedia.db import schema_auth as _schema_auth  # noqa: E402, F401
 from hypermedia.db import schema_storage as _schema_storage  # noqa: E402, F401

@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from hypermedia.config import DEFAULT_PROJECT
 from hypermedia.errors import HypermediaError, InvalidRequest, JobError, NotFound, StaleTransition
 from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
@@ -37,7 +38,6 @@ JobIds = list[int]
 
 # role → engine job type (its profile is the job type with dashes, queue "images").
 VARIANTS: dict[str, str] = {"thumb": "image.thumbnail", "preview": "image.preview"}
-DEFAULT_PROJECT = "default"
 BATCH = 100
 MAX_ERROR = 500
 

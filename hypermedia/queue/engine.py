@@ -203,7 +203,7 @@ class Engine:
         pool_id, input_key, input_size = job.pool_id, job.input_key, job.input_size_bytes
         pages = duration_ms = None
         if job.object_id is not None:
-            obj = _input_object(tx, job.object_id)
+            obj = _input_object(tx, job.object_id, job.project_id)
             pool_id, input_key, input_size = obj["pool_id"], obj["storage_key"], obj["size"]
             pages, duration_ms = obj.get("pages"), obj.get("duration_ms")
         if input_size > profile["max_input_bytes"]:
@@ -712,11 +712,26 @@ class Engine:
         with self.db.read() as tx:
             return list(tx.jobs(**filters))
 
+    def events_since(self, job_id: int, after_id: int = 0) -> tuple[str, Sequence[Row]]:
+        """The job's status, then its events after ``after_id``.
 
-def _input_object(tx: Any, object_id: int) -> Row:
-    """The job's input, locked so GC cannot mark it while the job is being created."""
+        Status first: if it is terminal, the events read next include the one
+        that made it so, so a follower that sees both can stop.
+        """
+        with self.db.read() as tx:
+            job = tx.job(job_id)
+            if job is None:
+                raise NotFound(f"job {job_id} not found")
+            return job["status"], tx.events(job_id, after_id)
+
+
+def _input_object(tx: Any, object_id: int, project_id: str) -> Row:
+    """The job's input, locked so GC cannot mark it while the job is being created.
+
+    Another project's object answers like a missing one: nothing to probe.
+    """
     obj = tx.object(object_id, lock=True)
-    if obj is None:
+    if obj is None or obj["project_id"] != project_id:
         raise InvalidRequest(f"object {object_id} does not exist")
     if obj["state"] != "ready":
         raise InvalidRequest(f"object {object_id} is {obj['state']}, not ready")

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from hypermedia.config import DEFAULT_PROJECT
+
 
 @dataclass
 class NewJob:
@@ -16,7 +18,7 @@ class NewJob:
     priority: int = 5
     max_attempts: int = 3
     timeout_seconds: int | None = None
-    project_id: str = "default"
+    project_id: str = DEFAULT_PROJECT
     owner_id: str = "system"
     idempotency_key: str | None = None
     object_id: int | None = None

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 from urllib.parse import quote
 
-from hypermedia.config import Settings
+from hypermedia.config import DEFAULT_PROJECT, Settings
 from hypermedia.db.driver import Driver
-from hypermedia.errors import InvalidRequest, NotFound
+from hypermedia.errors import HypermediaError, InvalidRequest, NotFound
 from hypermedia.queue.engine import utcnow
 from hypermedia.storage import local, sniff
 from hypermedia.storage.backends import open_backend, parse_pool_url
@@ -100,7 +100,7 @@ class Storage:
         pool: str | None = None,
         filename: str = "",
         mime: str | None = None,
-        project_id: str = "",
+        project_id: str = DEFAULT_PROJECT,
         role: str = "original",
     ) -> Row:
         """Store a stream as a new ``ready`` object and return its row."""
@@ -124,7 +124,7 @@ class Storage:
         pool: str | None = None,
         filename: str | None = None,
         mime: str | None = None,
-        project_id: str = "",
+        project_id: str = DEFAULT_PROJECT,
         role: str = "original",
     ) -> Row:
         """Store a file as a new ``ready`` object (backends may copy it in the kernel)."""
@@ -145,7 +145,7 @@ class Storage:
             return dict(tx.object(obj["object_id"]) or {})
 
     def put_files(
-        self, paths: list[Path], *, pool: str | None = None, project_id: str = ""
+        self, paths: list[Path], *, pool: str | None = None, project_id: str = DEFAULT_PROJECT
     ) -> list[Row]:
         """Store many files at once: one transaction to register them, one to make
         them ready, and (on local pools) one file-system sync for all the bytes."""
@@ -344,6 +344,15 @@ class Storage:
         expires = int(time.time()) + ttl
         sig = local.sign(self.secret(), object_id, expires)
         return f"{base_url}/v1/objects/{object_id}/content?expires={expires}&sig={quote(sig)}"
+
+    def reachable(self) -> bool:
+        """Whether every pool's backend answers (for /readyz)."""
+        try:
+            for row in self.pools():
+                self.backend(row["pool_id"]).exists("objects/readyz-probe")
+        except (HypermediaError, OSError):
+            return False
+        return True
 
     def check_signature(self, object_id: int, expires: int, sig: str) -> bool:
         return local.verify(self.secret(), object_id, expires, sig)

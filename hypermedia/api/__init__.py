@@ -1,0 +1,1 @@
+"""The HTTP API (FastAPI) and the server that runs it."""

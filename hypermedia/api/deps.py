@@ -1,0 +1,96 @@
+"""What endpoints depend on: the services, the caller's principal, its scopes.
+
+``scoped("jobs:read")`` authenticates the bearer token (or the dashboard's
+cookie), applies the per-token rate limit, and checks the scope; endpoints
+then filter every query by ``principal.project_id``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
+
+from hypermedia.api.errors import ApiError
+from hypermedia.auth.tokens import Principal
+from hypermedia.errors import Forbidden, NotFound, Unauthorized
+from hypermedia.services import Services
+
+COOKIE = "hm_token"
+
+
+def services(request: Request) -> Services:
+    return request.app.state.services
+
+
+class RateLimiter:
+    """A token bucket per API token, in this process (``rate`` 0: no limit)."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = max(1, burst)
+        self._buckets: dict[int, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: int) -> float:
+        """0 if allowed, else the seconds until a request would be."""
+        if self.rate <= 0:
+            return 0.0
+        now = time.monotonic()
+        with self._lock:
+            level, at = self._buckets.get(key, (float(self.burst), now))
+            level = min(float(self.burst), level + (now - at) * self.rate)
+            if level >= 1:
+                self._buckets[key] = (level - 1, now)
+                return 0.0
+            self._buckets[key] = (level, now)
+            return (1 - level) / self.rate
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return None
+
+
+async def authenticate(request: Request, *, cookie: bool = False) -> Principal:
+    cached = getattr(request.state, "principal", None)
+    if cached is not None:
+        return cached
+    token = _bearer(request) or (request.cookies.get(COOKIE) if cookie else None)
+    if not token:
+        raise Unauthorized("a bearer token is required")
+    svc = services(request)
+    principal = await run_in_threadpool(svc.tokens.authenticate, token)
+    wait = request.app.state.rate_limiter.take(principal.token_id)
+    if wait:
+        raise ApiError(
+            429, "too many requests for this token", headers={"Retry-After": str(math.ceil(wait))}
+        )
+    request.state.principal = principal
+    return principal
+
+
+def scoped(scope: str) -> Any:
+    """A dependency: the caller's principal, which must hold ``scope``."""
+
+    async def dependency(request: Request) -> Principal:
+        principal = await authenticate(request)
+        if not principal.allows(scope):
+            raise Forbidden(f"this token lacks the {scope} scope")
+        return principal
+
+    dependency.__name__ = f"scope_{scope.replace(':', '_')}"
+    return Depends(dependency)
+
+
+def owned(row: dict[str, object], principal: Principal, what: str, ident: object) -> None:
+    """Another project's row answers exactly like a missing one."""
+    if row.get("project_id") != principal.project_id:
+        raise NotFound(f"{what} {ident} not found")

@@ -1,0 +1,141 @@
+"""One error shape for every 4xx and 5xx: ``{"code", "message", "request_id"}``.
+
+Messages come from our own exceptions, whose ``str()`` is written to be safe,
+and pass through ``redact`` once more; anything unexpected becomes a bare
+``internal`` with the request id to find it in the log.  Nothing here echoes
+paths, SQL, stack traces or tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hypermedia.errors import (
+    Conflict,
+    Forbidden,
+    HypermediaError,
+    IdempotencyConflict,
+    InvalidRequest,
+    NotFound,
+    StaleTransition,
+    Unauthorized,
+)
+from hypermedia.redact import redact
+from hypermedia.storage.base import StorageUnavailable
+
+log = logging.getLogger(__name__)
+
+# Our exceptions -> (HTTP status, code).  Order matters: first match wins.
+STATUS_OF: list[tuple[type[Exception], int, str]] = [
+    (NotFound, 404, "not_found"),
+    (Unauthorized, 401, "unauthorized"),
+    (Forbidden, 403, "forbidden"),
+    (IdempotencyConflict, 422, "idempotency_conflict"),
+    (InvalidRequest, 422, "invalid_request"),
+    (StaleTransition, 409, "conflict"),
+    (Conflict, 409, "conflict"),
+    (StorageUnavailable, 503, "storage_unavailable"),
+    (HypermediaError, 400, "bad_request"),
+]
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    411: "length_required",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "rate_limited",
+}
+
+
+class ApiError(Exception):
+    """An HTTP answer decided by the API layer itself (413, 429, …)."""
+
+    def __init__(self, status: int, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+
+
+def request_id(request: Request) -> str:
+    rid = getattr(request.state, "request_id", None)
+    if rid is None:
+        rid = request.state.request_id = uuid.uuid4().hex
+    return str(rid)
+
+
+def error_response(
+    request: Request,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    headers: dict[str, str] | None = None,
+    details: list[dict[str, Any]] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "code": code,
+        "message": redact(message, 500),
+        "request_id": request_id(request),
+    }
+    if details:
+        body["details"] = details
+    headers = {**(headers or {}), "X-Request-ID": body["request_id"]}
+    if status == 401:
+        headers.setdefault("WWW-Authenticate", "Bearer")
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
+    # Location and reason only: pydantic's "input" could echo what was sent.
+    return [
+        {"loc": [str(p) for p in e.get("loc", ())], "msg": redact(str(e.get("msg", "")), 200)}
+        for e in exc.errors()[:20]
+    ]
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        details = _validation_details(exc)
+        return error_response(
+            request, 422, "invalid_request", "the request is not valid", details=details
+        )
+
+    @app.exception_handler(ApiError)
+    async def _api(request: Request, exc: ApiError) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status, "error")
+        return error_response(request, exc.status, code, str(exc), headers=exc.headers)
+
+    @app.exception_handler(HypermediaError)
+    async def _ours(request: Request, exc: HypermediaError) -> JSONResponse:
+        for kind, status, code in STATUS_OF:
+            if isinstance(exc, kind):
+                return error_response(request, status, code, str(exc))
+        raise AssertionError("HypermediaError is in STATUS_OF")  # pragma: no cover
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "error")
+        message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+        if exc.status_code == 404:
+            message = "no such resource"
+        headers = dict(exc.headers or {})
+        return error_response(request, exc.status_code, code, message, headers=headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("request %s failed", request_id(request))
+        return error_response(request, 500, "internal", "internal error; quote the request id")

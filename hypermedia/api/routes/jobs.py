@@ -1,0 +1,210 @@
+"""``/v1/jobs``: create (idempotent), list, show, cancel, retry, events and SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+from typing import Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from hypermedia.api.deps import owned, scoped, services
+from hypermedia.auth.tokens import Principal
+from hypermedia.errors import InvalidRequest
+from hypermedia.queue.models import NewJob
+from hypermedia.queue.states import STATUSES, TERMINAL
+from hypermedia.services import Services
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+Row = dict[str, Any]
+# What a job row shows of itself; storage keys and soft-delete columns stay inside.
+_HIDDEN = {"input_key", "deleted_at", "deleted_by"}
+SSE_POLL_SECONDS = 0.25
+SSE_KEEPALIVE_SECONDS = 15.0
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    job_type: str | None = Field(None, min_length=1, max_length=50, examples=["image.thumbnail"])
+    profile: str | None = Field(
+        None, min_length=1, max_length=80, description="`key` (newest active) or `key:vN`"
+    )
+    object_id: int | None = Field(None, ge=1, le=2**62, description="the input object")
+    params: dict[str, Any] = Field(default_factory=dict)
+    priority: int = Field(5, ge=1, le=10, description="1 highest … 10 lowest")
+    queue: str | None = Field(None, min_length=1, max_length=50)
+    max_attempts: int = Field(3, ge=1, le=100)
+    timeout_seconds: int | None = Field(None, ge=1, le=7 * 86400)
+
+
+def public_job(row: Row) -> Row:
+    return {k: v for k, v in row.items() if k not in _HIDDEN}
+
+
+def encode_cursor(last_id: int) -> str:
+    return base64.urlsafe_b64encode(f"j{last_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        if raw.startswith("j") and raw[1:].isdigit() and len(raw) < 20:
+            return int(raw[1:])
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        pass
+    raise InvalidRequest("cursor is not valid; use next_cursor from a previous page")
+
+
+def _new_job(svc: Services, body: JobCreate, principal: Principal, key: str | None) -> NewJob:
+    job_type = body.job_type
+    if job_type is None:
+        if body.profile is None:
+            raise InvalidRequest("give job_type, profile, or both")
+        job_type = str(svc.profiles.show(body.profile)["job_type"])
+    return NewJob(
+        job_type=job_type,
+        params=body.params,
+        profile=body.profile,
+        queue=body.queue,
+        priority=body.priority,
+        max_attempts=body.max_attempts,
+        timeout_seconds=body.timeout_seconds,
+        project_id=principal.project_id,
+        owner_id=principal.actor,
+        created_by=principal.actor,
+        idempotency_key=key,
+        object_id=body.object_id,
+    )
+
+
+def owned_job(svc: Services, job_id: int, principal: Principal) -> Row:
+    job = svc.engine.get(job_id)
+    owned(job, principal, "job", job_id)
+    return job
+
+
+@router.post("", status_code=201, summary="Create a job")
+def create_job(
+    body: JobCreate,
+    request: Request,
+    idempotency_key: str | None = Header(
+        None,
+        max_length=255,
+        description="same key + same body returns the first job; a different body is a 422",
+    ),
+    principal: Principal = scoped("jobs:write"),
+) -> Row:
+    svc = services(request)
+    job_id = svc.engine.enqueue(_new_job(svc, body, principal, idempotency_key))
+    return public_job(owned_job(svc, job_id, principal))
+
+
+@router.get("", summary="List jobs, newest first")
+def list_jobs(
+    request: Request,
+    status: str | None = Query(None, max_length=20, description=", ".join(STATUSES)),
+    job_type: str | None = Query(None, max_length=50),
+    queue: str | None = Query(None, max_length=50),
+    limit: int = Query(50, ge=1, le=500),
+    cursor: str | None = Query(None, max_length=40),
+    principal: Principal = scoped("jobs:read"),
+) -> Row:
+    if status is not None and status not in STATUSES:
+        raise InvalidRequest(f"status must be one of {', '.join(STATUSES)}")
+    rows = services(request).engine.list(
+        status=status,
+        job_type=job_type,
+        queue=queue,
+        project_id=principal.project_id,
+        before_id=decode_cursor(cursor) if cursor else None,
+        limit=limit + 1,
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "items": [public_job(r) for r in rows],
+        "next_cursor": encode_cursor(rows[-1]["job_id"]) if more else None,
+    }
+
+
+@router.get("/{job_id}", summary="A job with its attempts, outputs, progress and events")
+def show_job(job_id: int, request: Request, principal: Principal = scoped("jobs:read")) -> Row:
+    return public_job(owned_job(services(request), job_id, principal))
+
+
+@router.post("/{job_id}/cancel", summary="Cancel a job (a running one is stopped within 2 s)")
+def cancel_job(job_id: int, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
+    svc = services(request)
+    owned_job(svc, job_id, principal)
+    svc.engine.cancel(job_id, actor=principal.actor)
+    return public_job(owned_job(svc, job_id, principal))
+
+
+@router.post("/{job_id}/retry", summary="Run a failed or cancelled job again, as a new attempt")
+def retry_job(job_id: int, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
+    svc = services(request)
+    owned_job(svc, job_id, principal)
+    svc.engine.retry(job_id, actor=principal.actor)
+    return public_job(owned_job(svc, job_id, principal))
+
+
+@router.get(
+    "/{job_id}/events",
+    summary="A job's events: JSON, or a Server-Sent Events stream",
+    description=(
+        "With `Accept: text/event-stream` the answer is a stream: one SSE message per "
+        "state change and progress report, in order, each with its event id; it ends "
+        "after the job's terminal event. Reconnect with `Last-Event-ID` to resume."
+    ),
+)
+async def job_events(
+    job_id: int,
+    request: Request,
+    after: int = Query(0, ge=0, le=2**62, description="only events after this event id"),
+    last_event_id: str | None = Header(None, max_length=20),
+    principal: Principal = scoped("jobs:read"),
+) -> Any:
+    svc = services(request)
+    await run_in_threadpool(owned_job, svc, job_id, principal)
+    if "text/event-stream" not in request.headers.get("accept", ""):
+        _, events = await run_in_threadpool(svc.engine.events_since, job_id, after)
+        return {"items": events}
+    if last_event_id and last_event_id.isdigit():
+        after = max(after, int(last_event_id))
+    return StreamingResponse(
+        _stream(svc, request, job_id, after),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def sse_message(row: Row) -> str:
+    data = json.dumps(row, default=str, sort_keys=True)
+    return f"id: {row['event_id']}\nevent: {row['kind']}\ndata: {data}\n\n"
+
+
+async def _stream(svc: Services, request: Request, job_id: int, after: int) -> Any:
+    loop = asyncio.get_running_loop()
+    quiet_since = loop.time()
+    yield "retry: 1000\n\n"
+    while not await request.is_disconnected():
+        status, rows = await run_in_threadpool(svc.engine.events_since, job_id, after)
+        for row in rows:
+            yield sse_message(row)
+            after = row["event_id"]
+        if status in TERMINAL:
+            yield f"event: end\ndata: {json.dumps({'status': status})}\n\n"
+            return
+        if rows:
+            quiet_since = loop.time()
+        elif loop.time() - quiet_since > SSE_KEEPALIVE_SECONDS:
+            yield ": keep-alive\n\n"
+            quiet_since = loop.time()
+        await asyncio.sleep(SSE_POLL_SECONDS)

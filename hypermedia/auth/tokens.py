@@ -1,0 +1,175 @@
+"""Projects and per-project API tokens: create, list, revoke, authenticate.
+
+A token reads ``hm_<10 public chars>_<32 secret chars>``.  The public part is
+stored as ``prefix`` (how a token is found, listed and recognised in a leak
+scanner); the database keeps only the SHA-256 of the whole token, compared in
+constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from hypermedia.config import DEFAULT_PROJECT
+from hypermedia.db.driver import Driver
+from hypermedia.errors import InvalidRequest, NotFound, Unauthorized
+
+Row = dict[str, Any]
+
+SCOPES = ("objects:read", "objects:write", "jobs:read", "jobs:write", "admin")
+_ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
+# last_used_at is written at most this often per token: not one write per request.
+_TOUCH_EVERY = timedelta(seconds=60)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a token of one project with some scopes."""
+
+    token_id: int
+    project_id: str
+    scopes: frozenset[str]
+
+    def allows(self, scope: str) -> bool:
+        return "admin" in self.scopes or scope in self.scopes
+
+    @property
+    def actor(self) -> str:
+        return f"token:{self.token_id}"
+
+
+def parse_scopes(value: str | Iterable[str]) -> list[str]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    scopes = sorted({s.strip() for s in items if s.strip()})
+    unknown = [s for s in scopes if s not in SCOPES]
+    if unknown or not scopes:
+        raise InvalidRequest(f"scopes must be a non-empty subset of {', '.join(SCOPES)}")
+    return scopes
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _public(row: Row) -> Row:
+    """A token row as shown to people: never the hash."""
+    out = {k: v for k, v in row.items() if k != "token_hash"}
+    out["scopes"] = list(row["scopes"])
+    return out
+
+
+class Tokens:
+    def __init__(self, db: Driver, *, clock: Callable[[], datetime] = utcnow) -> None:
+        self.db = db
+        self.clock = clock
+
+    def ensure_project(self, project_id: str, owner_id: str = "admin", name: str = "") -> Row:
+        if not project_id or len(project_id) > 64 or not project_id.isprintable():
+            raise InvalidRequest("a project id is 1 to 64 printable characters")
+        with self.db.tx() as tx:
+            row = tx.project(project_id)
+            if row is None:
+                tx.insert_project(
+                    {
+                        "project_id": project_id,
+                        "name": name or project_id,
+                        "owner_id": owner_id,
+                        "created_at": self.clock(),
+                    }
+                )
+                row = tx.project(project_id)
+            return dict(row or {})
+
+    def projects(self) -> list[Row]:
+        with self.db.read() as tx:
+            return tx.projects()
+
+    def create(
+        self,
+        project_id: str,
+        scopes: str | Iterable[str],
+        *,
+        name: str = "",
+        expires_in: timedelta | None = None,
+        owner_id: str = "admin",
+        created_by: str | None = None,
+    ) -> tuple[Row, str]:
+        """A new token for ``project_id`` (created if new); returns (row, token)."""
+        wanted = parse_scopes(scopes)
+        self.ensure_project(project_id, owner_id)
+        public = "".join(secrets.choice(_ALPHABET) for _ in range(10))
+        token = f"hm_{public}_{secrets.token_urlsafe(24)}"
+        now = self.clock()
+        with self.db.tx() as tx:
+            token_id = tx.insert_token(
+                {
+                    "project_id": project_id,
+                    "name": name[:100],
+                    "prefix": f"hm_{public}",
+                    "token_hash": _digest(token),
+                    "scopes": wanted,
+                    "created_by": created_by,
+                    "created_at": now,
+                    "expires_at": now + expires_in if expires_in else None,
+                }
+            )
+            row = tx.token(token_id)
+        return _public(dict(row or {})), token
+
+    def list(self, project_id: str | None = None) -> list[Row]:
+        with self.db.read() as tx:
+            return [_public(r) for r in tx.tokens(project_id)]
+
+    def revoke(self, token_id: int, project_id: str | None = None) -> Row:
+        with self.db.tx() as tx:
+            row = tx.token(token_id)
+            if row is None or (project_id is not None and row["project_id"] != project_id):
+                raise NotFound(f"token {token_id} not found")
+            tx.revoke_token(token_id, self.clock())
+            return _public(dict(tx.token(token_id) or {}))
+
+    def authenticate(self, token: str) -> Principal:
+        """The principal behind ``token``; Unauthorized for anything else."""
+        parts = token.split("_", 2)
+        if len(parts) != 3 or parts[0] != "hm" or len(parts[1]) != 10:
+            raise Unauthorized("invalid or expired token")
+        now = self.clock()
+        with self.db.read() as tx:
+            row = tx.token_by_prefix(f"hm_{parts[1]}")
+        if (
+            row is None
+            or not hmac.compare_digest(row["token_hash"], _digest(token))
+            or row["revoked_at"] is not None
+            or (row["expires_at"] is not None and row["expires_at"] <= now)
+        ):
+            raise Unauthorized("invalid or expired token")
+        if row["last_used_at"] is None or now - row["last_used_at"] > _TOUCH_EVERY:
+            with self.db.tx() as tx:
+                tx.touch_token(row["token_id"], now)
+        return Principal(row["token_id"], row["project_id"], frozenset(row["scopes"]))
+
+    def first_admin(self, home: Path) -> str | None:
+        """On a database without tokens: make an admin token of the default
+        project, write it to ``home/admin-token`` (mode 0600) and return it."""
+        with self.db.read() as tx:
+            if tx.count_tokens():
+                return None
+        _, token = self.create(DEFAULT_PROJECT, ["admin"], name="first admin token")
+        path = home / "admin-token"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.chmod(path, 0o600)  # an older file may have had wider permissions
+        return token

@@ -1,0 +1,56 @@
+"""Queries over projects and API tokens (mixed into ``Tx``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from hypermedia.db.schema_auth import api_tokens as T
+from hypermedia.db.schema_auth import projects as PR
+
+Row = dict[str, Any]
+
+
+class AuthQueries:
+    conn: sa.Connection
+
+    def project(self, project_id: str) -> Row | None:
+        row = self.conn.execute(sa.select(PR).where(PR.c.project_id == project_id)).first()
+        return dict(row._mapping) if row else None
+
+    def projects(self) -> list[Row]:
+        return [dict(r._mapping) for r in self.conn.execute(sa.select(PR).order_by(PR.c.name))]
+
+    def insert_project(self, values: Row) -> None:
+        self.conn.execute(PR.insert().values(**values))
+
+    def insert_token(self, values: Row) -> int:
+        key = self.conn.execute(T.insert().values(**values)).inserted_primary_key
+        assert key is not None
+        return int(key[0])
+
+    def token(self, token_id: int) -> Row | None:
+        row = self.conn.execute(sa.select(T).where(T.c.token_id == token_id)).first()
+        return dict(row._mapping) if row else None
+
+    def token_by_prefix(self, prefix: str) -> Row | None:
+        row = self.conn.execute(sa.select(T).where(T.c.prefix == prefix)).first()
+        return dict(row._mapping) if row else None
+
+    def tokens(self, project_id: str | None = None) -> list[Row]:
+        q = sa.select(T).order_by(T.c.token_id)
+        if project_id is not None:
+            q = q.where(T.c.project_id == project_id)
+        return [dict(r._mapping) for r in self.conn.execute(q)]
+
+    def count_tokens(self) -> int:
+        return int(self.conn.execute(sa.select(sa.func.count()).select_from(T)).scalar_one())
+
+    def revoke_token(self, token_id: int, now: datetime) -> bool:
+        q = T.update().where(T.c.token_id == token_id, T.c.revoked_at.is_(None))
+        return self.conn.execute(q.values(revoked_at=now)).rowcount == 1
+
+    def touch_token(self, token_id: int, now: datetime) -> None:
+        self.conn.execute(T.update().where(T.c.token_id == token_id).values(last_used_at=now))

@@ -1,0 +1,46 @@
+"""The use cases one process serves, built once from settings.
+
+The API, the dashboard and the CLI all hold one of these and call its parts;
+none of them touches SQL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypermedia.auth.tokens import Tokens
+from hypermedia.config import Settings, load_settings
+from hypermedia.db.driver import connect
+from hypermedia.photos.service import Photos
+from hypermedia.queue.engine import Engine
+from hypermedia.queue.profiles import Credits, Profiles
+from hypermedia.storage.ledger import Storage
+
+
+@dataclass
+class Services:
+    settings: Settings
+    engine: Engine
+    storage: Storage
+    photos: Photos
+    profiles: Profiles
+    credits: Credits
+    tokens: Tokens
+
+    @classmethod
+    def from_engine(cls, engine: Engine) -> Services:
+        storage = Storage(engine.db, engine.settings)
+        return cls(
+            settings=engine.settings,
+            engine=engine,
+            storage=storage,
+            photos=Photos(engine, storage),
+            profiles=Profiles(engine),
+            credits=Credits(engine),
+            tokens=Tokens(engine.db, clock=engine.clock),
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> Services:
+        s = settings or load_settings()
+        return cls.from_engine(Engine(connect(s.url), s))

@@ -1,0 +1,1 @@
+"""The dashboard at ``/ui``: server-rendered pages over the same use cases."""

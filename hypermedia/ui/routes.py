@@ -1,0 +1,7 @@
+"""Dashboard pages (being written)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter()

@@ -1,0 +1,129 @@
+"""/v1/jobs on every database: create, idempotency, list, show, cancel, retry, events."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from hypermedia.services import Services
+from tests.api.conftest import Project, bearer
+
+NOOP = {"job_type": "debug.noop"}
+
+
+def test_create_then_show_a_job(client: TestClient, a: Project) -> None:
+    r = client.post("/v1/jobs", json={**NOOP, "priority": 2}, headers=bearer(a.admin))
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert (job["status"], job["priority"], job["project_id"]) == ("queued", 2, "proj-a")
+    assert "input_key" not in job
+    shown = client.get(f"/v1/jobs/{job['job_id']}", headers=bearer(a.admin)).json()
+    assert shown["job_uuid"] == job["job_uuid"]
+    assert [e["to_status"] for e in shown["events"]] == ["queued"]
+    assert shown["attempts"] == [] and shown["outputs"] == []
+
+
+def test_idempotency_key_returns_the_first_job_or_422(client: TestClient, a: Project) -> None:
+    h = {**bearer(a.admin), "Idempotency-Key": "order-17"}
+    first = client.post("/v1/jobs", json=NOOP, headers=h)
+    again = client.post("/v1/jobs", json=NOOP, headers=h)
+    assert first.status_code == again.status_code == 201
+    assert again.json()["job_id"] == first.json()["job_id"]
+    other = client.post("/v1/jobs", json={**NOOP, "priority": 9}, headers=h)
+    assert other.status_code == 422
+    assert other.json()["code"] == "idempotency_conflict"
+    assert set(other.json()) == {"code", "message", "request_id"}
+
+
+def test_profile_alone_names_the_job_type(client: TestClient, a: Project) -> None:
+    r = client.post("/v1/jobs", json={"profile": "debug-noop"}, headers=bearer(a.admin))
+    assert r.status_code in (201, 404, 422), r.text
+    if r.status_code == 201:
+        assert r.json()["job_type"] == "debug.noop"
+
+
+def test_unknown_fields_and_bad_values_are_422(client: TestClient, a: Project) -> None:
+    h = bearer(a.admin)
+    assert client.post("/v1/jobs", json={**NOOP, "colour": "red"}, headers=h).status_code == 422
+    assert client.post("/v1/jobs", json={**NOOP, "priority": 0}, headers=h).status_code == 422
+    r = client.post("/v1/jobs", json={"job_type": "no.such"}, headers=h)
+    assert r.status_code == 422 and r.json()["code"] == "invalid_request"
+    r = client.post("/v1/jobs", json={"params": {}}, headers=h)
+    assert r.status_code == 422
+
+
+def test_list_filters_and_pages_with_a_cursor(client: TestClient, a: Project) -> None:
+    h = bearer(a.admin)
+    ids = [client.post("/v1/jobs", json=NOOP, headers=h).json()["job_id"] for _ in range(5)]
+    seen, cursor = [], None
+    while True:
+        params: dict[str, str | int] = {"limit": 2, "status": "queued"}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.get("/v1/jobs", params=params, headers=h).json()
+        seen += [j["job_id"] for j in page["items"]]
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert seen == sorted(ids, reverse=True)
+    assert client.get("/v1/jobs", params={"status": "done"}, headers=h).status_code == 422
+    assert client.get("/v1/jobs", params={"cursor": "!!"}, headers=h).status_code == 422
+    empty = client.get("/v1/jobs", params={"status": "failed"}, headers=h).json()
+    assert empty == {"items": [], "next_cursor": None}
+
+
+def test_cancel_then_retry(client: TestClient, a: Project) -> None:
+    h = bearer(a.admin)
+    job_id = client.post("/v1/jobs", json=NOOP, headers=h).json()["job_id"]
+    r = client.post(f"/v1/jobs/{job_id}/cancel", headers=h)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    r = client.post(f"/v1/jobs/{job_id}/retry", headers=h)
+    assert r.status_code == 200 and r.json()["status"] == "queued"
+    # Retrying a queued job is a conflict, not a 500.
+    r = client.post(f"/v1/jobs/{job_id}/retry", headers=h)
+    assert r.status_code == 409 and r.json()["code"] == "conflict"
+
+
+def test_events_as_json_and_after(client: TestClient, a: Project) -> None:
+    h = bearer(a.admin)
+    job_id = client.post("/v1/jobs", json=NOOP, headers=h).json()["job_id"]
+    client.post(f"/v1/jobs/{job_id}/cancel", headers=h)
+    items = client.get(f"/v1/jobs/{job_id}/events", headers=h).json()["items"]
+    assert [e["to_status"] for e in items] == ["queued", "cancelled"]
+    later = client.get(
+        f"/v1/jobs/{job_id}/events", params={"after": items[0]["event_id"]}, headers=h
+    ).json()["items"]
+    assert [e["to_status"] for e in later] == ["cancelled"]
+
+
+def test_sse_streams_each_change_in_order_and_resumes(
+    client: TestClient, a: Project, svc: Services
+) -> None:
+    h = {**bearer(a.admin), "Accept": "text/event-stream"}
+    job_id = client.post("/v1/jobs", json=NOOP, headers=bearer(a.admin)).json()["job_id"]
+    svc.engine.cancel(job_id)
+    with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=h) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        body = "".join(r.iter_text())
+    messages = [m for m in body.split("\n\n") if m.startswith("id:")]
+    ids = [int(m.split("\n")[0][4:]) for m in messages]
+    assert ids == sorted(ids) and len(ids) == 2
+    assert '"to_status": "cancelled"' in messages[-1]
+    assert body.rstrip().endswith('data: {"status": "cancelled"}')
+    # Resume after the first event: only the second comes again.
+    resumed = {**h, "Last-Event-ID": str(ids[0])}
+    with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=resumed) as r:
+        again = [m for m in "".join(r.iter_text()).split("\n\n") if m.startswith("id:")]
+    assert [int(m.split("\n")[0][4:]) for m in again] == ids[1:]
+
+
+def test_errors_have_one_shape_and_a_request_id(client: TestClient, a: Project) -> None:
+    r = client.get("/v1/jobs/999999", headers=bearer(a.admin))
+    assert r.status_code == 404
+    body = r.json()
+    assert set(body) == {"code", "message", "request_id"}
+    assert r.headers["X-Request-ID"] == body["request_id"]
+    r = client.get("/v1/nothing-here", headers=bearer(a.admin))
+    assert r.status_code == 404 and set(r.json()) == {"code", "message", "request_id"}
+    r = client.get("/v1/jobs")
+    assert r.status_code == 401 and r.json()["code"] == "unauthorized"
+    assert r.headers["WWW-Authenticate"] == "Bearer"
