@@ -6,7 +6,17 @@ import threading
 
 import typer
 
-from hypermedia.cli import credits, jobs, objects, photos, process, profiles
+from hypermedia.cli import (
+    credits,
+    jobs,
+    objects,
+    photos,
+    process,
+    profiles,
+    queues,
+    tokens,
+    workers,
+)
 from hypermedia.cli.common import console, engine, settings, setup_logging, user_errors
 from hypermedia.db import migrate
 from hypermedia.pipelines import registry
@@ -21,6 +31,9 @@ app.add_typer(objects.gc_app, name="gc")
 app.add_typer(photos.app, name="photos")
 app.add_typer(profiles.app, name="profiles")
 app.add_typer(credits.app, name="credits")
+app.add_typer(queues.app, name="queues")
+app.add_typer(workers.app, name="workers")
+app.add_typer(tokens.app, name="tokens")
 app.command("process")(process.run)
 
 ALL_QUEUES = "images,documents,ocr,media,bulk"
