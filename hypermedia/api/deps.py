@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from starlette.concurrency import run_in_threadpool
 
 from hypermedia.api.errors import ApiError
@@ -21,6 +21,8 @@ from hypermedia.errors import Forbidden, NotFound, Unauthorized
 from hypermedia.services import Services
 
 COOKIE = "hm_token"
+# A database id in a path: bounded, so a huge number is a 422, not a driver overflow.
+Id = Annotated[int, Path(ge=1, le=2**62)]
 
 
 def services(request: Request) -> Services:

@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from hypermedia.api.deps import owned, scoped, services
+from hypermedia.api.deps import Id, owned, scoped, services
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import InvalidRequest
 from hypermedia.queue.models import NewJob
@@ -135,12 +135,12 @@ def list_jobs(
 
 
 @router.get("/{job_id}", summary="A job with its attempts, outputs, progress and events")
-def show_job(job_id: int, request: Request, principal: Principal = scoped("jobs:read")) -> Row:
+def show_job(job_id: Id, request: Request, principal: Principal = scoped("jobs:read")) -> Row:
     return public_job(owned_job(services(request), job_id, principal))
 
 
 @router.post("/{job_id}/cancel", summary="Cancel a job (a running one is stopped within 2 s)")
-def cancel_job(job_id: int, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
+def cancel_job(job_id: Id, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
     svc = services(request)
     owned_job(svc, job_id, principal)
     svc.engine.cancel(job_id, actor=principal.actor)
@@ -148,7 +148,7 @@ def cancel_job(job_id: int, request: Request, principal: Principal = scoped("job
 
 
 @router.post("/{job_id}/retry", summary="Run a failed or cancelled job again, as a new attempt")
-def retry_job(job_id: int, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
+def retry_job(job_id: Id, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
     svc = services(request)
     owned_job(svc, job_id, principal)
     svc.engine.retry(job_id, actor=principal.actor)
@@ -165,7 +165,7 @@ def retry_job(job_id: int, request: Request, principal: Principal = scoped("jobs
     ),
 )
 async def job_events(
-    job_id: int,
+    job_id: Id,
     request: Request,
     after: int = Query(0, ge=0, le=2**62, description="only events after this event id"),
     last_event_id: str | None = Header(None, max_length=20),

@@ -1,0 +1,88 @@
+"""Tokens: stored hashed, recognisable, scoped, revocable, expiring, rate limited."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from hypermedia.api.app import create_app
+from hypermedia.errors import InvalidRequest, NotFound, Unauthorized
+from hypermedia.services import Services
+from tests.api.conftest import bearer
+
+
+def test_a_token_is_stored_as_a_hash_with_a_public_prefix(svc: Services) -> None:
+    row, token = svc.tokens.create("p1", "jobs:read, jobs:write", name="ci")
+    assert token.startswith(row["prefix"] + "_") and row["prefix"].startswith("hm_")
+    assert "token_hash" not in row and token not in str(row)
+    with svc.engine.db.read() as tx:
+        stored = tx.token(row["token_id"])
+    assert stored is not None
+    assert stored["token_hash"] == hashlib.sha256(token.encode()).hexdigest()
+    assert sorted(stored["scopes"]) == ["jobs:read", "jobs:write"]
+    principal = svc.tokens.authenticate(token)
+    assert (principal.project_id, principal.scopes) == ("p1", {"jobs:read", "jobs:write"})
+    assert [p["project_id"] for p in svc.tokens.projects()] == ["p1"]
+
+
+def test_bad_scopes_are_refused(svc: Services) -> None:
+    for scopes in ("", "jobs:delete", "admin,root"):
+        with pytest.raises(InvalidRequest):
+            svc.tokens.create("p1", scopes)
+
+
+def test_revoked_expired_and_forged_tokens_fail_alike(svc: Services) -> None:
+    _, token = svc.tokens.create("p1", ["admin"])
+    row, short = svc.tokens.create("p1", ["admin"], expires_in=timedelta(seconds=-1))
+    forged = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
+    for bad in (short, forged, "hm_nope", "", "hm_" + "a" * 10 + "_x", token + "x"):
+        with pytest.raises(Unauthorized) as err:
+            svc.tokens.authenticate(bad)
+        assert str(err.value) == "invalid or expired token"
+    svc.tokens.authenticate(token)
+    revoked = svc.tokens.revoke(svc.tokens.list("p1")[0]["token_id"])
+    assert revoked["revoked_at"] is not None
+    with pytest.raises(Unauthorized):
+        svc.tokens.authenticate(token)
+    with pytest.raises(NotFound):
+        svc.tokens.revoke(row["token_id"], project_id="other")
+
+
+def test_first_admin_token_is_written_once_with_mode_0600(svc: Services, tmp_path: Path) -> None:
+    token = svc.tokens.first_admin(tmp_path)
+    assert token is not None
+    path = tmp_path / "admin-token"
+    assert path.read_text().strip() == token
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert svc.tokens.authenticate(token).allows("jobs:write")
+    assert svc.tokens.first_admin(tmp_path) is None  # tokens exist: nothing new
+
+
+def test_api_refuses_missing_revoked_and_wrong_scheme(client: TestClient, svc: Services) -> None:
+    row, token = svc.tokens.create("p1", ["jobs:read"])
+    assert client.get("/v1/jobs", headers=bearer(token)).status_code == 200
+    assert client.get("/v1/jobs", headers={"Authorization": f"Basic {token}"}).status_code == 401
+    svc.tokens.revoke(row["token_id"])
+    r = client.get("/v1/jobs", headers=bearer(token))
+    assert r.status_code == 401 and token not in r.text
+
+
+def test_rate_limit_answers_429_with_retry_after(svc: Services) -> None:
+    limited = Services.from_engine(svc.engine)
+    limited.settings = svc.settings.with_(api_rate_per_second=0.5, api_rate_burst=3)
+    _, token = svc.tokens.create("p1", ["jobs:read"])
+    _, other = svc.tokens.create("p1", ["jobs:read"])
+    with TestClient(create_app(limited)) as c:
+        codes = [c.get("/v1/jobs", headers=bearer(token)).status_code for _ in range(5)]
+        assert codes == [200, 200, 200, 429, 429]
+        r = c.get("/v1/jobs", headers=bearer(token))
+        assert r.json()["code"] == "rate_limited" and int(r.headers["Retry-After"]) >= 1
+        # The bucket is per token: another token of the same project is not slowed.
+        assert c.get("/v1/jobs", headers=bearer(other)).status_code == 200
+

@@ -1,0 +1,150 @@
+"""The isolation and scope matrices, over every route the app has.
+
+Routes are read from the application itself, so an endpoint added later is
+covered without editing this file: it must declare a scope, refuse every
+token without it, and answer another project's resource with a 404.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass
+
+import pytest
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+
+from hypermedia.auth.tokens import SCOPES
+from hypermedia.queue.models import NewJob
+from hypermedia.services import Services
+from tests.api.conftest import Project, bearer
+from tests.media import png
+
+# Reachable without a token: the signed link is the capability.
+PUBLIC = {("GET", "/v1/objects/{object_id}/content")}
+
+
+@dataclass
+class Route:
+    method: str
+    path: str
+    scope: str | None
+
+
+def _flat(routes: list, prefix: str = "") -> list[tuple[str, APIRoute]]:  # type: ignore[type-arg]
+    """(full path, route) pairs; FastAPI keeps included routers nested."""
+    out: list[tuple[str, APIRoute]] = []
+    for r in routes:
+        if isinstance(r, APIRoute):
+            out.append((prefix + r.path, r))
+        elif hasattr(r, "original_router"):
+            out += _flat(r.original_router.routes, prefix + r.include_context.prefix)
+    return out
+
+
+def api_routes(client: TestClient) -> list[Route]:
+    out = []
+    for path, r in _flat(client.app.routes):  # type: ignore[attr-defined]
+        if not path.startswith(("/v1/", "/v0/")):
+            continue
+        names = [d.call.__name__ for d in r.dependant.dependencies if d.call]
+        scopes = [n.removeprefix("scope_").replace("_", ":", 1) for n in names]
+        scope = next((s for s in scopes if s in SCOPES), None)
+        out += [Route(m, path, scope) for m in sorted(r.methods or ())]
+    return out
+
+
+@dataclass
+class Owned:
+    """Project A's resources, by the path parameter that names them."""
+
+    values: dict[str, str]
+
+    def fill(self, path: str) -> str:
+        def one(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if path.startswith("/v0/") and name in ("id", "job_id", "job_uuid"):
+                return self.values["job_uuid"]
+            return self.values.get(name, "1")
+
+        return re.sub(r"\{(\w+)\}", one, path)
+
+
+@pytest.fixture
+def owned_by_a(svc: Services, a: Project) -> Owned:
+    obj = svc.storage.put(io.BytesIO(png(8, 8)), filename="a.png", project_id=a.id)
+    job_id = svc.engine.enqueue(NewJob("debug.noop", project_id=a.id, object_id=obj["object_id"]))
+    photo = svc.photos.add_stream(io.BytesIO(png(8, 8)), project_id=a.id) if hasattr(
+        svc.photos, "add_stream"
+    ) else None
+    job = svc.engine.get(job_id)
+    values = {
+        "job_id": str(job_id),
+        "job_uuid": job["job_uuid"],
+        "object_id": str(obj["object_id"]),
+        "name": "images",
+        "ref": "image-thumbnail",
+        "worker_id": "no-such-worker",
+    }
+    if photo is not None:
+        values["photo_id"] = str(photo["photo_id"])
+    return Owned(values)
+
+
+def _call(client: TestClient, route: Route, url: str, token: str):  # type: ignore[no-untyped-def]
+    headers = {**bearer(token), "Accept": "application/json"}
+    body = None if route.method in ("GET", "DELETE") else {}
+    return client.request(route.method, url, headers=headers, json=body)
+
+
+def test_every_route_declares_one_scope(client: TestClient) -> None:
+    routes = api_routes(client)
+    assert len(routes) >= 5
+    missing = [f"{r.method} {r.path}" for r in routes if r.scope is None]
+    assert sorted(missing) == sorted(f"{m} {p}" for m, p in PUBLIC)
+
+
+def test_scope_matrix(client: TestClient, a: Project, owned_by_a: Owned) -> None:
+    for route in api_routes(client):
+        if route.scope is None:
+            continue
+        url = owned_by_a.fill(route.path)
+        for scope, token in a.scoped.items():
+            r = _call(client, route, url, token)
+            if scope == route.scope:
+                assert r.status_code not in (401, 403), f"{route} with {scope}: {r.text}"
+            else:
+                assert r.status_code == 403, f"{route} with {scope}: {r.status_code}"
+                assert r.json()["code"] == "forbidden"
+
+
+def test_isolation_matrix(
+    client: TestClient, svc: Services, a: Project, b: Project, owned_by_a: Owned
+) -> None:
+    own = {"job_id", "object_id", "photo_id", "id", "job_uuid"}
+    before = svc.engine.get(int(owned_by_a.values["job_id"]))
+    for route in api_routes(client):
+        params = set(re.findall(r"\{(\w+)\}", route.path))
+        if route.scope == "admin" and not params & own:
+            continue  # operator endpoints over shared resources (queues, workers, profiles)
+        url = owned_by_a.fill(route.path)
+        r = _call(client, route, url, b.admin)
+        if params & own:
+            assert r.status_code == 404, f"{route}: B got {r.status_code} {r.text[:200]}"
+            assert r.json()["code"] == "not_found"
+        elif route.method == "GET":
+            assert r.status_code == 200, f"{route}: {r.status_code}"
+            for key in ("job_uuid", "object_id", "photo_id", "job_id"):
+                value = owned_by_a.values.get(key)
+                if value and key.endswith("uuid"):
+                    assert value not in r.text, f"{route} shows A's {key}"
+            for item in r.json().get("items", []):
+                assert item.get("project_id") in (None, b.id), f"{route} leaks {item}"
+    # SSE too: B cannot follow A's job.
+    job_id = owned_by_a.values["job_id"]
+    sse = {**bearer(b.admin), "Accept": "text/event-stream"}
+    assert client.get(f"/v1/jobs/{job_id}/events", headers=sse).status_code == 404
+    after = svc.engine.get(int(job_id))
+    assert (after["status"], after["attempt_count"]) == (before["status"], before["attempt_count"])
+    assert len(after["events"]) == len(before["events"])
