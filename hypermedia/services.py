@@ -13,8 +13,11 @@ from hypermedia.config import Settings, load_settings
 from hypermedia.db.driver import connect
 from hypermedia.photos.service import Photos
 from hypermedia.queue.engine import Engine
+from hypermedia.queue.legacy import LegacyJobs
 from hypermedia.queue.profiles import Credits, Profiles
+from hypermedia.queue.queues import Queues
 from hypermedia.storage.ledger import Storage
+from hypermedia.worker.fleet import Fleet
 
 
 @dataclass
@@ -26,6 +29,9 @@ class Services:
     profiles: Profiles
     credits: Credits
     tokens: Tokens
+    queues: Queues
+    fleet: Fleet
+    legacy: LegacyJobs
 
     @classmethod
     def from_engine(cls, engine: Engine) -> Services:
@@ -38,6 +44,9 @@ class Services:
             profiles=Profiles(engine),
             credits=Credits(engine),
             tokens=Tokens(engine.db, clock=engine.clock),
+            queues=Queues(engine),
+            fleet=Fleet(engine),
+            legacy=LegacyJobs(engine),
         )
 
     @classmethod

@@ -1,12 +1,14 @@
-"""hypermedia jobs submit|ls|show|cancel|retry."""
+"""hypermedia jobs submit|ls|show|cancel|retry|tail."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
 import typer
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from hypermedia.cli.common import console, engine, print_json, user_errors
@@ -14,7 +16,9 @@ from hypermedia.errors import InvalidRequest
 from hypermedia.queue.models import NewJob
 from hypermedia.queue.states import TERMINAL
 
-app = typer.Typer(help="Submit, list, inspect, cancel and retry jobs.", no_args_is_help=True)
+app = typer.Typer(
+    help="Submit, list, inspect, follow, cancel and retry jobs.", no_args_is_help=True
+)
 
 LIST_COLUMNS = (
     "job_id",
@@ -211,3 +215,125 @@ def retry(job_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
             print_json({"job_id": job_id, "status": "queued"})
         else:
             console.print(f"job {job_id}: queued again")
+
+
+TAIL_POLL_SECONDS = 0.25
+# A determinate progress event's message starts with its percent ("42.5% step").
+_PERCENT = re.compile(r"^(\d{1,3}(?:\.\d+)?)%\s*(.*)$")
+
+
+def _percent(row: dict[str, Any]) -> tuple[float, str] | None:
+    if row["kind"] != "progress":
+        return None
+    match = _PERCENT.match(row["message"] or "")
+    if match is None:
+        return None
+    return min(100.0, float(match.group(1))), match.group(2)
+
+
+def _event_line(row: dict[str, Any]) -> str:
+    at = row["created_at"]
+    stamp = at.strftime("%H:%M:%S") if hasattr(at, "strftime") else str(at)
+    attempt = f" [attempt {row['attempt_number']}]" if row["attempt_number"] else ""
+    if row["to_status"]:
+        line = f"{stamp}  {row['from_status'] or '-'} -> {row['to_status']}{attempt}"
+    else:
+        line = f"{stamp}  {row['kind']}{attempt}"
+    if row["code"] and not (row["message"] or "").startswith(row["code"]):
+        line += f"  {row['code']}"
+    if row["message"]:
+        line += f"  {row['message']}"
+    return line
+
+
+class _Follower:
+    """Prints events as lines; determinate progress drives a bar on a terminal."""
+
+    def __init__(self, job_id: int, as_json: bool) -> None:
+        self.job_id = job_id
+        self.as_json = as_json
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
+
+    def event(self, row: dict[str, Any]) -> None:
+        if self.as_json:
+            print_json(row)
+            return
+        pct = _percent(row)
+        if pct is not None and console.is_terminal:
+            self._bar(*pct)
+            return
+        if row["to_status"] and self.progress is not None and row["to_status"] != "processing":
+            self.close()  # the attempt is over: the bar goes, the lines go on
+        console.print(_event_line(row), highlight=False, markup=False, soft_wrap=True)
+
+    def _bar(self, percent: float, step: str) -> None:
+        if self.progress is None:
+            self.progress = Progress(
+                TextColumn(f"job {self.job_id}"),
+                BarColumn(),
+                TextColumn("{task.percentage:>5.1f}%"),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                console=console,
+                transient=False,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task(step, total=100)
+        assert self.task is not None
+        self.progress.update(self.task, completed=percent, description=step)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+            self.task = None
+
+
+@app.command()
+def tail(
+    job_id: int,
+    as_json: bool = typer.Option(False, "--json", help="one JSON object per line"),
+) -> None:
+    """Follow a job live until it ends: its past events, then each new one as it happens.
+
+    Exits 0 when the job completed, 1 when it failed or was cancelled.
+    """
+    follower = _Follower(job_id, as_json)
+    try:
+        with user_errors():
+            eng = engine()
+            after = 0
+            while True:
+                # Status first: if terminal, the events read with it include
+                # the one that made it so, and the loop may stop.
+                status, rows = eng.events_since(job_id, after)
+                for row in rows:
+                    follower.event(row)
+                    after = max(after, int(row["event_id"]))
+                if status in TERMINAL:
+                    break
+                time.sleep(TAIL_POLL_SECONDS)
+            follower.close()
+            job = eng.get(job_id)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    finally:
+        follower.close()
+    end = {
+        "kind": "end",
+        "job_id": job_id,
+        "status": job["status"],
+        "error_code": job["error_code"],
+        "safe_reason": job["safe_reason"],
+        "result": job["result"],
+    }
+    if as_json:
+        print_json(end)
+    elif job["status"] == "completed":
+        result = "" if job["result"] is None else f": {json.dumps(job['result'])}"
+        console.print(f"job {job_id} [green]completed[/]{result}", highlight=False)
+    else:
+        reason = f": {job['error_code']}: {job['safe_reason']}" if job["error_code"] else ""
+        console.print(f"job {job_id} [red]{job['status']}[/]{reason}", highlight=False)
+    raise typer.Exit(0 if job["status"] == "completed" else 1)

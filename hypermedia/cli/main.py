@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import threading
 
 import typer
@@ -34,6 +35,7 @@ app.add_typer(credits.app, name="credits")
 app.add_typer(queues.app, name="queues")
 app.add_typer(workers.app, name="workers")
 app.add_typer(tokens.app, name="tokens")
+app.add_typer(tokens.projects_app, name="projects")
 app.command("process")(process.run)
 
 ALL_QUEUES = "images,documents,ocr,media,bulk"
@@ -106,17 +108,42 @@ def scheduler(verbose: bool = typer.Option(False, "--verbose", "-v")) -> None:
     leader.join(5)
 
 
+def _base_url(host: str, port: int) -> str:
+    """Where a person on this machine reaches a server bound to HOST."""
+    shown = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    if ":" in shown:
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}"
+
+
+def _print_where(base: str, token_file: str) -> None:
+    console.print(f"API        {base}/v1", soft_wrap=True, highlight=False)
+    console.print(f"API docs   {base}/docs", soft_wrap=True, highlight=False)
+    console.print(f"dashboard  {base}/ui", soft_wrap=True, highlight=False)
+    console.print(f"probes     {base}/healthz  {base}/readyz", soft_wrap=True, highlight=False)
+    console.print("submit a job:", highlight=False)
+    console.print(
+        f"  curl -sS -X POST {base}/v1/jobs "
+        f'-H "Authorization: Bearer $(cat {shlex.quote(token_file)})" '
+        "-H 'Content-Type: application/json' -d '{\"job_type\": \"debug.noop\"}'",
+        soft_wrap=True,
+        highlight=False,
+        markup=False,
+    )
+
+
 @app.command()
 def serve(
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port"),
+    port: int = typer.Option(8000, "--port", min=1, max=65535),
     concurrency: int = typer.Option(2, "--concurrency", "-c", min=1, max=127),
     queues: str = typer.Option(ALL_QUEUES, "--queues", "-q"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """The embedded service: migrations, workers and maintenance in one process."""
-    from hypermedia import health
-    from hypermedia.storage.ledger import Storage
+    """The embedded service: migrations, the API and dashboard, workers and maintenance."""
+    from hypermedia.api import server
+    from hypermedia.api.app import create_app
+    from hypermedia.services import Services
     from hypermedia.worker.runner import Worker
 
     setup_logging(verbose)
@@ -124,21 +151,69 @@ def serve(
         s = settings()
         s.home.mkdir(parents=True, exist_ok=True)
         migrate.upgrade(s.url)
-        eng = engine(s)
-        w = Worker(eng, _queues(queues), concurrency=concurrency)
-        server = health.start(host, port, eng.db, Storage(eng.db, s))
-    leader = _start_leader(eng, w.worker_id, w.stopped)
+        svc = Services.from_settings(s)
+        token = svc.tokens.first_admin(s.home)
+    token_file = s.home.resolve() / "admin-token"
+    if token:
+        # Shown before anything else can fail: it is never shown again.
+        console.print(
+            "[bold]first start: an admin token of project 'default' was created.[/] "
+            "It is shown only this once:",
+            soft_wrap=True,
+            highlight=False,
+        )
+        console.print(f"  {token}", soft_wrap=True, highlight=False, markup=False)
+        console.print(f"and written to {token_file} (mode 0600)", soft_wrap=True, highlight=False)
+    elif token_file.exists():
+        console.print(f"admin token: in {token_file}", soft_wrap=True, highlight=False)
+    else:
+        console.print(
+            "admin token: none kept in this home; make one with "
+            "`hypermedia tokens create --project default --scopes admin`",
+            soft_wrap=True,
+            highlight=False,
+        )
+    with user_errors():
+        w = Worker(svc.engine, _queues(queues), concurrency=concurrency)
+        http = server.start_in_thread(create_app(svc), host, port, access_log=verbose)
+    leader = _start_leader(svc.engine, w.worker_id, w.stopped)
     console.print(
-        f"hypermedia serving: data in {s.home.resolve()}, health at "
-        f"http://{host}:{port}/healthz, queues {queues}, job types "
-        f"{', '.join(registry.known())}"
+        f"hypermedia serving: data in {s.home.resolve()}, queues {queues}, job types "
+        f"{', '.join(registry.known())}",
+        soft_wrap=True,
+        highlight=False,
     )
-    console.print("try: hypermedia jobs submit debug.sleep --params '{\"ms\": 500}' --wait")
+    _print_where(_base_url(host, port), str(token_file))
     try:
         w.run()
     finally:
-        server.shutdown()
+        http.stop()
         leader.join(5)
+
+
+@app.command()
+def api(
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port", min=1, max=65535),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """The HTTP API and dashboard only: no workers, no maintenance (run those apart)."""
+    from hypermedia.api import server
+    from hypermedia.api.app import create_app
+    from hypermedia.services import Services
+
+    setup_logging(verbose)
+    with user_errors():
+        s = settings()
+        svc = Services.from_settings(s)
+        app_ = create_app(svc)
+        base = _base_url(host, port)
+        console.print(
+            f"hypermedia API at {base}/v1, docs {base}/docs, dashboard {base}/ui",
+            soft_wrap=True,
+            highlight=False,
+        )
+        server.run(app_, host, port, access_log=verbose)
 
 
 def _start_leader(eng, node_id: str, stop: threading.Event):

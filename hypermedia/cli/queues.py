@@ -1,7 +1,45 @@
-"""`hypermedia queues` (being written)."""
+"""``hypermedia queues ls|pause|resume``."""
 
 from __future__ import annotations
 
 import typer
+from rich.table import Table
 
-app = typer.Typer(help="queues", no_args_is_help=True)
+from hypermedia.cli.common import console, print_json, user_errors
+from hypermedia.services import Services
+
+app = typer.Typer(help="See queues; pause and resume them.", no_args_is_help=True)
+
+COLUMNS = ("queue_name", "paused", "queued", "running", "retry_wait", "completed_1h", "failed_1h")
+
+
+@app.command("ls")
+def ls(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Every known queue with its switch and job counts."""
+    with user_errors():
+        rows = Services.from_settings().queues.summary()
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(*COLUMNS)
+    for r in rows:
+        table.add_row(
+            *("yes" if r[c] is True else "" if r[c] is False else str(r[c]) for c in COLUMNS)
+        )
+    console.print(table)
+
+
+@app.command()
+def pause(name: str = typer.Argument(..., help="the queue, e.g. images")) -> None:
+    """Stop workers claiming from NAME; jobs already running finish."""
+    with user_errors():
+        Services.from_settings().queues.pause(name, actor="cli")
+    console.print(f"queue {name} paused")
+
+
+@app.command()
+def resume(name: str = typer.Argument(..., help="the queue, e.g. images")) -> None:
+    """Let workers claim from NAME again."""
+    with user_errors():
+        Services.from_settings().queues.resume(name, actor="cli")
+    console.print(f"queue {name} resumed")

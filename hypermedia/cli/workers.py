@@ -1,7 +1,55 @@
-"""`hypermedia workers` (being written)."""
+"""``hypermedia workers ls|drain``."""
 
 from __future__ import annotations
 
-import typer
+from typing import Any
 
-app = typer.Typer(help="workers", no_args_is_help=True)
+import typer
+from rich.table import Column, Table
+
+from hypermedia.cli.common import console, print_json, user_errors
+from hypermedia.services import Services
+
+app = typer.Typer(help="See workers; drain one.", no_args_is_help=True)
+
+COLUMNS = ("worker_id", "status", "healthy", "queues", "jobs", "last_heartbeat", "cpu", "mem")
+
+
+def _cells(w: dict[str, Any]) -> list[str]:
+    m = w["last_metrics"] or {}
+    return [
+        w["worker_id"],
+        w["status"],
+        "yes" if w["healthy"] else "no",
+        ",".join(w["queues"] or []),
+        f"{w['current_jobs']}/{w['max_concurrency']}",
+        f"{w['last_heartbeat']:%Y-%m-%d %H:%M:%S}",
+        f"{m['cpu_percent']}%" if m else "",
+        f"{m['memory_percent']}%" if m else "",
+    ]
+
+
+@app.command("ls")
+def ls(
+    as_json: bool = typer.Option(False, "--json"),
+    all_: bool = typer.Option(False, "--all", help="terminated workers too"),
+) -> None:
+    """Workers, newest first, with health and their latest metrics."""
+    with user_errors():
+        rows = Services.from_settings().fleet.list(include_terminated=all_)
+    if as_json:
+        print_json(rows)
+        return
+    # No wrapping of ids: they are copied from here into `workers drain`.
+    table = Table(Column(COLUMNS[0], no_wrap=True), *COLUMNS[1:])
+    for w in rows:
+        table.add_row(*_cells(w))
+    console.print(table)
+
+
+@app.command()
+def drain(worker_id: str = typer.Argument(..., help="from `hypermedia workers ls`")) -> None:
+    """Ask a worker to stop claiming, finish its running jobs and exit."""
+    with user_errors():
+        Services.from_settings().fleet.drain(worker_id, actor="cli")
+    console.print(f"worker {worker_id} draining")

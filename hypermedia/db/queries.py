@@ -17,6 +17,7 @@ from hypermedia.db.auth_queries import AuthQueries
 from hypermedia.db.bulk import update_many
 from hypermedia.db.dedup_queries import DedupQueries
 from hypermedia.db.photo_queries import PhotoQueries
+from hypermedia.db.queue_queries import QueueQueries
 from hypermedia.db.schema import job_attempts as A
 from hypermedia.db.schema import job_events as E
 from hypermedia.db.schema import job_outputs as O
@@ -55,7 +56,7 @@ def _rows(result: sa.CursorResult[Any]) -> list[Row]:
     return [dict(r._mapping) for r in result]
 
 
-class Tx(WorkerQueries, StorageQueries, PhotoQueries, DedupQueries, AuthQueries):
+class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries, AuthQueries):
     def __init__(self, conn: sa.Connection, dialect: str, *, autocommit: bool = False) -> None:
         self.conn = conn
         self.dialect = dialect

@@ -84,9 +84,16 @@ class StorageQueries:
         return [dict(r._mapping) for r in self.conn.execute(q)]
 
     def objects(
-        self, *, state: str | None = None, before_id: int | None = None, limit: int = 50
+        self,
+        *,
+        state: str | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+        project_id: str | None = None,
     ) -> list[Row]:
         q = sa.select(OB)
+        if project_id is not None:
+            q = q.where(OB.c.project_id == project_id)
         if state is not None:
             q = q.where(OB.c.state == state)
         if before_id is not None:

@@ -26,8 +26,28 @@ class WorkerQueries:
         self.conn.execute(sa.insert(W).values(values))
 
     def update_worker(self, worker_id: str, values: Row) -> bool:
+        values = dict(values)
+        if values.get("status") in ("active", "idle"):
+            # An operator's drain is sticky: the heartbeat writes active/idle
+            # and must not undo a drain the worker has not yet seen.
+            values["status"] = sa.case(
+                (W.c.status == "draining", W.c.status), else_=values["status"]
+            )
         q = sa.update(W).where(W.c.worker_id == worker_id).values(values)
         return self.conn.execute(q).rowcount == 1
+
+    def set_worker_status(self, worker_id: str, from_statuses: Sequence[str], status: str) -> bool:
+        """Guarded status change; False when the worker was not in an allowed status."""
+        q = (
+            sa.update(W)
+            .where(W.c.worker_id == worker_id, W.c.status.in_(list(from_statuses)))
+            .values(status=status)
+        )
+        return self.conn.execute(q).rowcount == 1
+
+    def worker_status(self, worker_id: str) -> str | None:
+        q = sa.select(W.c.status).where(W.c.worker_id == worker_id)
+        return self.conn.execute(q).scalar()
 
     def worker(self, worker_id: str) -> Row | None:
         row = self.conn.execute(sa.select(W).where(W.c.worker_id == worker_id)).first()
@@ -57,6 +77,18 @@ class WorkerQueries:
 
     def insert_metric(self, values: Row) -> None:
         self.conn.execute(sa.insert(M).values(values))
+
+    def latest_metrics(self, worker_ids: Sequence[str]) -> dict[str, Row]:
+        """Each worker's newest worker_metrics row (the highest metric_id), by worker id."""
+        if not worker_ids:
+            return {}
+        newest = (
+            sa.select(sa.func.max(M.c.metric_id))
+            .where(M.c.worker_id.in_(list(worker_ids)))
+            .group_by(M.c.worker_id)
+        )
+        q = sa.select(M).where(M.c.metric_id.in_(newest.scalar_subquery()))
+        return {r.worker_id: dict(r._mapping) for r in self.conn.execute(q)}
 
     def oldest_metric_before(self, cutoff: datetime) -> datetime | None:
         q = sa.select(sa.func.min(M.c.recorded_at)).where(M.c.recorded_at < cutoff)

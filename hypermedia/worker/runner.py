@@ -1,4 +1,4 @@
-"""The worker process: claims jobs, feeds slots, drains on SIGTERM.
+"""The worker process: claims jobs, feeds slots, drains on SIGTERM or when drained.
 
 Threads: the claim loop (the caller's thread, which also owns the signal
 handlers), one thread per concurrency slot, the flusher (batched writes), the
@@ -64,6 +64,7 @@ class Worker:
         self.stopped = threading.Event()
         self._paused: set[str] = set()
         self._paused_at = 0.0
+        self._status_at = 0.0
         self._signals = 0
         # Jobs one worker may hold at once: running, buffered, or finished
         # with the result not yet written.
@@ -133,6 +134,10 @@ class Worker:
     def _claim_loop(self) -> None:
         delay = 0.1
         while not self.stop_claiming.is_set():
+            if self._drain_requested():
+                log.info("worker %s: drain requested; draining", self.worker_id)
+                self.request_stop()
+                break
             # Held jobs include finished ones whose results are not written
             # yet: when the database is slow, claiming slows down with it
             # instead of hoarding jobs other workers could run.
@@ -174,6 +179,19 @@ class Worker:
                 self._paused = tx.paused_queues()
             self._paused_at = time.monotonic()
         return self._paused
+
+    def _drain_requested(self) -> bool:
+        """Whether an operator marked our row draining (``Fleet.drain``); read at
+        most once per poll interval, like the paused queues."""
+        if time.monotonic() - self._status_at <= self.settings.poll_interval_seconds:
+            return False
+        self._status_at = time.monotonic()
+        try:
+            with self.engine.db.read() as tx:
+                return tx.worker_status(self.worker_id) == "draining"
+        except Exception as exc:  # database away: the claim below backs off
+            log.warning("could not read worker status (%s)", type(exc).__name__)
+            return False
 
     def _idle(self) -> bool:
         with self._lock:

@@ -85,4 +85,3 @@ def test_rate_limit_answers_429_with_retry_after(svc: Services) -> None:
         assert r.json()["code"] == "rate_limited" and int(r.headers["Retry-After"]) >= 1
         # The bucket is per token: another token of the same project is not slowed.
         assert c.get("/v1/jobs", headers=bearer(other)).status_code == 200
-

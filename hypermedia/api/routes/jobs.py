@@ -25,6 +25,8 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 Row = dict[str, Any]
 # What a job row shows of itself; storage keys and soft-delete columns stay inside.
 _HIDDEN = {"input_key", "deleted_at", "deleted_by"}
+# Job types and queue names: plain lower-case names (a NUL byte would reach the driver).
+NAME = r"^[a-z0-9_.-]+$"
 SSE_POLL_SECONDS = 0.25
 SSE_KEEPALIVE_SECONDS = 15.0
 
@@ -110,8 +112,8 @@ def create_job(
 def list_jobs(
     request: Request,
     status: str | None = Query(None, max_length=20, description=", ".join(STATUSES)),
-    job_type: str | None = Query(None, max_length=50),
-    queue: str | None = Query(None, max_length=50),
+    job_type: str | None = Query(None, max_length=50, pattern=NAME),
+    queue: str | None = Query(None, max_length=50, pattern=NAME),
     limit: int = Query(50, ge=1, le=500),
     cursor: str | None = Query(None, max_length=40),
     principal: Principal = scoped("jobs:read"),

@@ -1,7 +1,438 @@
-"""Routes of /v1/objects (being written)."""
+"""``/v1/objects``: upload, list, show, signed URLs, and the signed download itself.
+
+An upload streams the request body to a temp file under ``HOME/tmp``, counting
+bytes against ``max_upload_bytes`` (never the whole body in memory), then hands
+the file to the ledger.  The download (``/content``) takes no token: its HMAC
+signature is the capability, and a bad, expired or forged one gets one answer.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+from urllib.parse import parse_qs, quote, urlsplit
 
-router = APIRouter()
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+
+from hypermedia.api.deps import Id, owned, scoped, services
+from hypermedia.api.errors import ApiError
+from hypermedia.api.routes.jobs import decode_cursor, encode_cursor
+from hypermedia.auth.tokens import Principal
+from hypermedia.config import Settings
+from hypermedia.db.schema_storage import OBJECT_STATES
+from hypermedia.errors import Forbidden, HypermediaError, InvalidRequest, NotFound
+from hypermedia.services import Services
+from hypermedia.storage.base import StorageUnavailable
+from hypermedia.storage.ledger import Storage
+
+if TYPE_CHECKING:
+    from python_multipart.multipart import MultipartCallbacks
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1/objects", tags=["objects"])
+
+Row = dict[str, Any]
+PUBLIC_FIELDS = (
+    "object_id",
+    "filename",
+    "mime_type",
+    "size",
+    "width",
+    "height",
+    "pages",
+    "duration_ms",
+    "checksum",
+    "state",
+    "created_at",
+    "project_id",
+)
+CHUNK = 1024 * 1024
+# A multipart body carries boundaries, part headers and small text fields
+# besides the file: the declared length may pass the cap by this much.
+FORM_OVERHEAD = 64 * 1024
+MAX_FIELD_BYTES = 4096
+
+
+def public_object(row: Row) -> Row:
+    """What an object shows of itself: no storage key, no pool."""
+    return {k: row.get(k) for k in PUBLIC_FIELDS}
+
+
+def owned_object(svc: Services, object_id: int, principal: Principal) -> Row:
+    row = svc.storage.get(object_id)
+    owned(row, principal, "object", object_id)
+    return row
+
+
+# -- receiving an upload -------------------------------------------------------------
+
+
+@dataclass
+class Upload:
+    """A received body: the file on disk, its name, and the form's text fields."""
+
+    path: Path
+    size: int = 0
+    filename: str = ""
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the upload is larger than the {limit}-byte limit")
+
+
+def _declared_length(request: Request) -> int | None:
+    raw = request.headers.get("content-length")
+    if raw is None:
+        return None
+    if not raw.isdigit() or len(raw) > 19:
+        raise ApiError(400, "Content-Length is not a number")
+    return int(raw)
+
+
+def _is_multipart(request: Request) -> bool:
+    return request.headers.get("content-type", "").lower().startswith("multipart/form-data")
+
+
+@contextlib.asynccontextmanager
+async def receive_upload(
+    request: Request, settings: Settings, text_fields: frozenset[str] = frozenset()
+) -> AsyncIterator[Upload]:
+    """The body (raw, or the ``file`` part of a multipart form) in a temp file.
+
+    The file is removed on the way out, whatever happened; ``text_fields``
+    names the small form fields a multipart body may carry besides ``file``.
+    """
+    limit = settings.max_upload_bytes
+    multipart = _is_multipart(request)
+    declared = _declared_length(request)
+    if multipart and declared is None:
+        # A form's length is known to any client that builds one; requiring
+        # it lets an oversized form be refused before a byte of it is read.
+        raise ApiError(411, "a multipart upload needs a Content-Length header")
+    if declared is not None and declared > limit + (FORM_OVERHEAD if multipart else 0):
+        raise _too_large(limit)
+    upload = Upload(_temp_file(settings.home / "tmp"))
+    try:
+        try:
+            with open(upload.path, "wb") as out:
+                if multipart:
+                    await _receive_form(request, out, upload, limit, text_fields)
+                else:
+                    await _receive_raw(request, out, upload, limit)
+        except ClientDisconnect:
+            raise ApiError(400, "the upload was interrupted") from None
+        except OSError as exc:
+            raise _disk_error(exc) from None
+        yield upload
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            upload.path.unlink()
+
+
+def _temp_file(tmp_dir: Path) -> Path:
+    try:
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix="upload-", suffix=".part", dir=tmp_dir)
+        os.close(fd)
+    except OSError as exc:
+        raise _disk_error(exc) from None
+    return Path(name)
+
+
+def _disk_error(exc: OSError) -> StorageUnavailable:
+    # A full or failing disk: say so, never the path.
+    return StorageUnavailable(f"could not receive the upload ({exc.strerror or 'I/O error'})")
+
+
+async def _receive_raw(request: Request, out: BinaryIO, upload: Upload, limit: int) -> None:
+    async for chunk in request.stream():
+        upload.size += len(chunk)
+        if upload.size > limit:
+            raise _too_large(limit)
+        if chunk:
+            await run_in_threadpool(out.write, chunk)
+
+
+async def _receive_form(
+    request: Request, out: BinaryIO, upload: Upload, limit: int, text_fields: frozenset[str]
+) -> None:
+    # python-multipart's streaming parser rather than ``request.form()``: the
+    # file part goes straight to our temp file, counted as it arrives, so the
+    # cap holds mid-stream and nothing is spooled to a second file first.
+    _, options = parse_options_header(request.headers["content-type"])
+    boundary = options.get(b"boundary", b"")
+    if not 0 < len(boundary) <= 200:
+        raise InvalidRequest("a multipart body needs a boundary")
+    form = _Form(upload, limit, text_fields)
+    parser = MultipartParser(boundary, form.callbacks())
+    received = 0
+    try:
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > limit + FORM_OVERHEAD:
+                raise _too_large(limit)
+            parser.write(chunk)
+            if form.pending:  # the file bytes of this chunk, written off the event loop
+                data = b"".join(form.pending)
+                form.pending.clear()
+                await run_in_threadpool(out.write, data)
+        parser.finalize()
+    except FormParserError:
+        raise InvalidRequest("the multipart body is malformed") from None
+    if not form.ended:
+        raise InvalidRequest("the multipart body is incomplete")
+    if not form.has_file:
+        raise InvalidRequest("a multipart upload needs a 'file' part")
+
+
+class _Form:
+    """python-multipart callbacks: the ``file`` part to ``pending``, text fields to memory."""
+
+    def __init__(self, upload: Upload, limit: int, text_fields: frozenset[str]) -> None:
+        self.upload = upload
+        self.limit = limit
+        self.text_fields = text_fields
+        self.pending: list[bytes] = []
+        self.has_file = False
+        self.ended = False
+        self._headers: dict[bytes, bytes] = {}
+        self._name = b""
+        self._value = b""
+        self._part: str | None = None  # "file", or the name of a text field
+        self._text = bytearray()
+
+    def callbacks(self) -> MultipartCallbacks:
+        return {
+            "on_part_begin": self._begin,
+            "on_header_field": self._header_field,
+            "on_header_value": self._header_value,
+            "on_header_end": self._header_end,
+            "on_headers_finished": self._headers_finished,
+            "on_part_data": self._data,
+            "on_part_end": self._end,
+            "on_end": self._form_end,
+        }
+
+    def _begin(self) -> None:
+        self._headers, self._part, self._text = {}, None, bytearray()
+
+    def _header_field(self, data: bytes, start: int, end: int) -> None:
+        self._name += data[start:end]
+
+    def _header_value(self, data: bytes, start: int, end: int) -> None:
+        self._value += data[start:end]
+
+    def _header_end(self) -> None:
+        self._headers[self._name.lower()] = self._value
+        self._name, self._value = b"", b""
+
+    def _headers_finished(self) -> None:
+        _, options = parse_options_header(self._headers.get(b"content-disposition", b""))
+        name = options.get(b"name", b"").decode("utf-8", "replace")
+        if name == "file" and not self.has_file:
+            self.has_file, self._part = True, "file"
+            self.upload.filename = options.get(b"filename", b"").decode("utf-8", "replace")
+        elif name in self.text_fields and name not in self.upload.fields:
+            self._part = name
+        else:
+            # The name is not echoed: it is whatever the client sent.
+            allowed = ", ".join(["file", *sorted(self.text_fields)])
+            raise InvalidRequest(f"unexpected or repeated form field; expected {allowed}")
+
+    def _data(self, data: bytes, start: int, end: int) -> None:
+        if self._part == "file":
+            self.upload.size += end - start
+            if self.upload.size > self.limit:
+                raise _too_large(self.limit)
+            self.pending.append(data[start:end])
+        else:
+            self._text += data[start:end]
+            if len(self._text) > MAX_FIELD_BYTES:
+                raise InvalidRequest(f"a form field has at most {MAX_FIELD_BYTES} bytes")
+
+    def _end(self) -> None:
+        if self._part is not None and self._part != "file":
+            try:
+                self.upload.fields[self._part] = self._text.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidRequest("form fields must be UTF-8 text") from None
+
+    def _form_end(self) -> None:
+        self.ended = True
+
+
+# -- routes ------------------------------------------------------------------------
+
+
+@router.post(
+    "",
+    status_code=201,
+    summary="Upload an object (raw body, or multipart with a `file` part)",
+    description=(
+        "Send the bytes as the body (any content type but multipart; name them with "
+        "`?filename=`), or as the `file` part of a `multipart/form-data` form, which "
+        "needs a Content-Length. Larger than the server's upload limit: 413. An "
+        "empty body stores an empty object."
+    ),
+)
+async def upload_object(
+    request: Request,
+    filename: str | None = Query(None, max_length=255, description="for a raw body"),
+    principal: Principal = scoped("objects:write"),
+) -> Row:
+    svc = services(request)
+    async with receive_upload(request, svc.settings) as upload:
+        row = await run_in_threadpool(
+            svc.storage.put_file,
+            upload.path,
+            # Never the temp file's own name: "" when the client gave none.
+            filename=upload.filename or filename or "",
+            project_id=principal.project_id,
+        )
+    return public_object(row)
+
+
+@router.get("", summary="List the project's objects, newest first")
+def list_objects(
+    request: Request,
+    state: str | None = Query(None, max_length=10, description=", ".join(OBJECT_STATES)),
+    limit: int = Query(50, ge=1, le=500),
+    cursor: str | None = Query(None, max_length=40),
+    principal: Principal = scoped("objects:read"),
+) -> Row:
+    if state is not None and state not in OBJECT_STATES:
+        raise InvalidRequest(f"state must be one of {', '.join(OBJECT_STATES)}")
+    rows = services(request).storage.list(
+        project_id=principal.project_id,
+        state=state,
+        before_id=decode_cursor(cursor) if cursor else None,
+        limit=limit + 1,
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "items": [public_object(r) for r in rows],
+        "next_cursor": encode_cursor(rows[-1]["object_id"]) if more else None,
+    }
+
+
+@router.get("/{object_id}", summary="An object's metadata")
+def show_object(
+    object_id: Id, request: Request, principal: Principal = scoped("objects:read")
+) -> Row:
+    return public_object(owned_object(services(request), object_id, principal))
+
+
+@router.get(
+    "/{object_id}/url",
+    summary="A download URL that expires",
+    description="Presigned by S3 for S3 pools; signed by this service (`/content`) otherwise.",
+)
+def object_url(
+    object_id: Id, request: Request, principal: Principal = scoped("objects:read")
+) -> Row:
+    svc = services(request)
+    owned_object(svc, object_id, principal)
+    # Read the clock first: the URL expires no earlier than what we announce.
+    expires_at = int(time.time()) + svc.settings.signed_url_seconds
+    url = svc.storage.signed_url(object_id, str(request.base_url).rstrip("/"))
+    ours = parse_qs(urlsplit(url).query).get("expires", [""])[0]
+    if url.startswith(str(request.base_url)) and ours.isdigit():
+        expires_at = int(ours)
+    return {"url": url, "expires_at": datetime.fromtimestamp(expires_at, UTC)}
+
+
+@router.get(
+    "/{object_id}/content",
+    summary="Download through a signed URL (no token: the signature is the capability)",
+    description=(
+        "A bad, expired or forged signature answers 403, all three alike. The bytes are "
+        "checked against the object's checksum as they stream; on a mismatch the body "
+        "ends short of its Content-Length."
+    ),
+    response_class=StreamingResponse,
+)
+async def object_content(
+    object_id: int,
+    request: Request,
+    expires: str = Query(""),
+    sig: str = Query(""),
+) -> StreamingResponse:
+    st = services(request).storage
+    at = int(expires) if expires.isdigit() and len(expires) <= 12 else 0
+    if len(sig) > 128 or not await run_in_threadpool(st.check_signature, object_id, at, sig):
+        raise Forbidden("invalid or expired link")
+    stack = contextlib.ExitStack()
+    try:
+        row, src, first = await run_in_threadpool(_start, st, object_id, stack)
+    except StorageUnavailable:
+        stack.close()
+        raise
+    except HypermediaError:
+        # Gone since the link was made, not ready, blob missing: one answer.
+        stack.close()
+        raise NotFound("object not available") from None
+    return StreamingResponse(
+        _held_back(stack, src, first, object_id),
+        media_type=str(row["mime_type"] or "application/octet-stream"),
+        headers=_download_headers(row),
+    )
+
+
+def _start(st: Storage, object_id: int, stack: contextlib.ExitStack) -> tuple[Row, BinaryIO, bytes]:
+    """The row, the open blob and its first chunk: what must work before the headers go."""
+    row = st.get(object_id)
+    src = stack.enter_context(st.open(object_id))
+    return row, src, src.read(CHUNK)
+
+
+def _download_headers(row: Row) -> dict[str, str]:
+    # Always an attachment, never sniffed: these bytes are served from the
+    # API's own origin, where the dashboard's cookie lives.
+    disposition = "attachment"
+    if row["filename"]:
+        disposition += f"; filename*=UTF-8''{quote(str(row['filename']), safe='')}"
+    return {
+        "Content-Length": str(row["size"]),
+        "Content-Disposition": disposition,
+        "X-Content-Type-Options": "nosniff",
+        "Cache-Control": "private, no-store",
+    }
+
+
+class DownloadCutShort(Exception):
+    """Raised mid-stream so the server drops the connection: the only signal left."""
+
+
+async def _held_back(
+    stack: contextlib.ExitStack, src: BinaryIO, chunk: bytes, object_id: int
+) -> AsyncIterator[bytes]:
+    """The blob's chunks, each sent only once the next has been read.
+
+    The checksum is known after the last read: holding one chunk back means
+    a mismatch leaves the body short of its Content-Length, never complete.
+    """
+    try:
+        while chunk:
+            following = await run_in_threadpool(src.read, CHUNK)
+            yield chunk
+            chunk = following
+    except HypermediaError as exc:
+        log.error("object %s: download cut short (%s)", object_id, exc)
+        raise DownloadCutShort(f"object {object_id}") from None
+    finally:
+        await run_in_threadpool(stack.close)

@@ -1,7 +1,94 @@
-"""Routes of /v1/profiles (being written)."""
+"""``/v1/profiles``: versioned job settings, shared by every project.
+
+Anyone with ``jobs:read`` may see them (jobs name them); creating a version
+and deactivating one is for ``admin`` tokens.  Versions are never changed or
+deleted: a new one is created instead.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Any
 
-router = APIRouter()
+from fastapi import APIRouter, Query, Request
+from fastapi import Path as PathParam
+from pydantic import BaseModel, ConfigDict, Field
+
+from hypermedia.api.deps import scoped, services
+from hypermedia.auth.tokens import Principal
+from hypermedia.queue.profiles import parse_ref
+
+router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
+
+Row = dict[str, Any]
+Ref = PathParam(min_length=1, max_length=120, description="`key` (newest active) or `key:vN`")
+
+
+class CreditPrices(BaseModel):
+    """Credit prices; what is left out carries over from the key's newest version."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: int | None = Field(None, ge=0, le=1_000_000)
+    per_mb: int | None = Field(None, ge=0, le=1_000_000)
+    per_page: int | None = Field(None, ge=0, le=1_000_000)
+    per_minute: int | None = Field(None, ge=0, le=1_000_000)
+
+
+class ProfileCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(..., min_length=1, max_length=100, examples=["image-thumbnail"])
+    job_type: str = Field(..., min_length=1, max_length=50, examples=["image.thumbnail"])
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="checked against the job type's schema"
+    )
+    queue: str | None = Field(None, min_length=1, max_length=50)
+    credits: CreditPrices | None = None
+    timeout_seconds: int | None = Field(None, ge=1, le=7 * 86400)
+    max_input_bytes: int | None = Field(None, ge=1, le=2**62)
+
+
+@router.get("", summary="List profile versions (active ones unless told otherwise)")
+def list_profiles(
+    request: Request,
+    job_type: str | None = Query(None, max_length=50, pattern=r"^[a-z0-9._-]+$"),
+    include_inactive: bool = Query(False),
+    principal: Principal = scoped("jobs:read"),
+) -> Row:
+    return {"items": services(request).profiles.list(job_type, include_inactive=include_inactive)}
+
+
+@router.get("/{ref}", summary="A profile version, with every version of its key")
+def show_profile(
+    request: Request, ref: str = Ref, principal: Principal = scoped("jobs:read")
+) -> Row:
+    profiles = services(request).profiles
+    profile = profiles.show(ref)
+    key, _ = parse_ref(ref)
+    versions = [p for p in profiles.list(include_inactive=True) if p["profile_key"] == key]
+    return {**profile, "versions": versions}
+
+
+@router.post("", status_code=201, summary="Create the next version of a profile (admin)")
+def create_profile(
+    body: ProfileCreate, request: Request, principal: Principal = scoped("admin")
+) -> Row:
+    return services(request).profiles.create(
+        body.key,
+        body.job_type,
+        body.settings,
+        queue=body.queue,
+        credits=body.credits.model_dump() if body.credits else None,
+        timeout_seconds=body.timeout_seconds,
+        max_input_bytes=body.max_input_bytes,
+    )
+
+
+@router.post(
+    "/{ref}/deactivate",
+    summary="Stop new jobs from using a version (admin); jobs that have it keep it",
+)
+def deactivate_profile(
+    request: Request, ref: str = Ref, principal: Principal = scoped("admin")
+) -> Row:
+    return services(request).profiles.deactivate(ref)

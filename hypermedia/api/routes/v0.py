@@ -1,7 +1,140 @@
-"""Routes of /v1/v0 (being written)."""
+"""``/v0/processing-jobs``: seed 001's ProcessingJob API over our jobs.
+
+A ProcessingJob is exactly the seed's fields; each maps onto a column of
+``processing_jobs`` (the mapping itself is in ``hypermedia.queue.legacy``):
+
+* ``id`` is ``job_uuid``; ``file_id`` is ``object_id`` (our objects have
+  integer ids, so ``file_id`` is an integer, not a uuid).
+* ``job_type`` uses the seed's names: thumbnail_generation → image.thumbnail,
+  document_preview → pdf.preview, compression → image.compress, virus_scan →
+  security.virus_scan, deduplication_check → storage.dedup_check,
+  video_thumbnail → video.thumbnail (no such pipeline ships: creating one is a
+  422).  Jobs of other types (debug.*, image.preview…) are not part of this
+  view: they are not listed and answer 404.
+* ``status`` is ``states.LEGACY_STATUS``: pending = created, queued,
+  retry_wait, claimed, paused; running = processing, cancel_requested.
+* ``priority``: the seed's is "higher = more important", 0 by default; ours is
+  1 (highest) … 10 (lowest), 5 by default.  ours = 5 - seed, clamped to 1..10,
+  so seed 4 and above are our 1, -5 and below our 10; seed = 5 - ours.
+* ``input_data`` is ``params``; ``result_data`` is ``result``;
+  ``error_message`` is the last error's safe reason (null for a cancel).
+* ``max_retries`` = max_attempts - 1 and ``retry_count`` = attempts made - 1:
+  both count the attempts after the first, so retry_count ≤ max_retries.
+* ``metadata`` is the audit metadata object: created_at, updated_at,
+  deleted_at, created_by, updated_by, deleted_by.
+
+Seed methods: ``cancel`` and the retry that ``can_retry``/``increment_retry``
+imply are endpoints (a retry is allowed from failed or cancelled, else 409);
+``mark_started``/``mark_completed``/``mark_failed`` are the workers' business.
+Scopes: jobs:write creates, cancels and retries; jobs:read lists and reads.
+Another project's job is a 404.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Any, Literal
 
-router = APIRouter()
+from fastapi import APIRouter, Header, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from hypermedia.api.deps import scoped, services
+from hypermedia.api.routes.jobs import decode_cursor, encode_cursor
+from hypermedia.auth.tokens import Principal
+from hypermedia.queue.legacy import our_job_type, processing_job, to_priority
+from hypermedia.queue.models import NewJob
+
+router = APIRouter(prefix="/v0/processing-jobs", tags=["v0 (seed 001)"])
+
+Row = dict[str, Any]
+SeedJobType = Literal[
+    "thumbnail_generation",
+    "video_thumbnail",
+    "document_preview",
+    "compression",
+    "virus_scan",
+    "deduplication_check",
+]
+SeedStatus = Literal["pending", "running", "completed", "failed", "cancelled"]
+Uuid = str
+
+
+class ProcessingJobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    file_id: int = Field(..., ge=1, le=2**62, description="the input object's id")
+    job_type: SeedJobType
+    priority: int = Field(0, ge=-1000, le=1000, description="higher = more important")
+    input_data: dict[str, Any] | None = None
+    max_retries: int = Field(3, ge=1, le=99)
+
+
+@router.post("", status_code=201, summary="Create a processing job")
+def create(
+    body: ProcessingJobCreate,
+    request: Request,
+    idempotency_key: str | None = Header(None, max_length=255),
+    principal: Principal = scoped("jobs:write"),
+) -> Row:
+    svc = services(request)
+    job_id = svc.engine.enqueue(
+        NewJob(
+            job_type=our_job_type(body.job_type),
+            params=body.input_data or {},
+            priority=to_priority(body.priority),
+            max_attempts=body.max_retries + 1,
+            project_id=principal.project_id,
+            owner_id=principal.actor,
+            created_by=principal.actor,
+            idempotency_key=idempotency_key,
+            object_id=body.file_id,
+        )
+    )
+    return processing_job(svc.engine.get(job_id))
+
+
+@router.get("", summary="List processing jobs, newest first")
+def list_jobs(
+    request: Request,
+    status: SeedStatus | None = Query(None),
+    job_type: SeedJobType | None = Query(None),
+    file_id: int | None = Query(None, ge=1, le=2**62),
+    limit: int = Query(50, ge=1, le=500),
+    cursor: str | None = Query(None, max_length=40),
+    principal: Principal = scoped("jobs:read"),
+) -> Row:
+    rows = services(request).legacy.list(
+        principal.project_id,
+        status=status,
+        job_type=job_type,
+        file_id=file_id,
+        before_id=decode_cursor(cursor) if cursor else None,
+        limit=limit + 1,
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "items": [processing_job(r) for r in rows],
+        "next_cursor": encode_cursor(rows[-1]["job_id"]) if more else None,
+    }
+
+
+@router.get("/{job_id}", summary="One processing job")
+def show(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:read")) -> Row:
+    svc = services(request)
+    return processing_job(svc.legacy.find(job_id, principal.project_id))
+
+
+@router.post("/{job_id}/cancel", summary="Cancel a job (a running one is stopped within 2 s)")
+def cancel(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
+    svc = services(request)
+    row = svc.legacy.find(job_id, principal.project_id)
+    svc.engine.cancel(row["job_id"], actor=principal.actor)
+    return processing_job(svc.legacy.find(job_id, principal.project_id))
+
+
+@router.post("/{job_id}/retry", summary="Run a failed or cancelled job again")
+def retry(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
+    svc = services(request)
+    row = svc.legacy.find(job_id, principal.project_id)
+    svc.engine.retry(row["job_id"], actor=principal.actor)
+    return processing_job(svc.legacy.find(job_id, principal.project_id))

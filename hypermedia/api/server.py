@@ -1,0 +1,102 @@
+"""Run the FastAPI application with uvicorn: in a thread (``serve``) or blocking (``api``).
+
+``serve`` keeps the main thread for the worker, which owns the signal handlers
+and drains on SIGTERM; the HTTP server then runs in a daemon thread and is
+stopped after the drain.  ``api`` runs nothing else, so uvicorn takes the
+main thread and handles the signals itself.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI
+
+from hypermedia.errors import HypermediaError
+
+STARTUP_TIMEOUT_SECONDS = 30.0
+
+
+class ServerHandle:
+    """A uvicorn server running in a daemon thread."""
+
+    def __init__(self, server: uvicorn.Server, thread: threading.Thread) -> None:
+        self.server = server
+        self.thread = thread
+
+    @property
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask uvicorn to finish (open requests get ``timeout`` seconds) and join."""
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            # Requests still open (an SSE stream, say): cut them.
+            self.server.force_exit = True
+            self.thread.join(5)
+
+
+def _config(app: FastAPI, host: str, port: int, access_log: bool) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        # Our own logging setup (``setup_logging``) stays: uvicorn's loggers
+        # propagate to the root logger instead of getting a config of their own.
+        log_config=None,
+        access_log=access_log,
+        timeout_graceful_shutdown=5,
+        server_header=False,
+    )
+
+
+def start_in_thread(
+    app: FastAPI, host: str, port: int, *, access_log: bool = False
+) -> ServerHandle:
+    """Start serving ``app`` in a daemon thread; return once it listens.
+
+    Raises HypermediaError if it cannot start (the port is taken, say).
+    """
+    server = uvicorn.Server(_config(app, host, port, access_log))
+    failed: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            server.run()
+        except BaseException as exc:  # uvicorn exits with SystemExit on a bind error
+            failed.append(exc)
+
+    thread = threading.Thread(target=target, name="api", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            thread.join(5)
+            why = f": {failed[0]!r}" if failed and not isinstance(failed[0], SystemExit) else ""
+            raise HypermediaError(f"the HTTP server could not start on {host}:{port}{why}")
+        time.sleep(0.02)
+    return ServerHandle(server, thread)
+
+
+def run(app: FastAPI, host: str, port: int, *, access_log: bool = True) -> None:
+    """Serve ``app`` until SIGTERM or SIGINT (uvicorn's own graceful shutdown)."""
+    # uvicorn restores the handlers it found and re-raises the signal it caught
+    # once it has shut down; with these no-op handlers in place that re-raise
+    # is harmless and the process exits 0 instead of dying by the signal.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    server = uvicorn.Server(_config(app, host, port, access_log))
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's answer to a bind error, already logged
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not server.started:
+        raise HypermediaError(f"the HTTP server could not start on {host}:{port}")

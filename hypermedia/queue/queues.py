@@ -1,0 +1,92 @@
+"""Queues as operators see them: depth, a summary per queue, pause and resume.
+
+Pausing is a switch in ``queue_states``: workers skip paused queues when they
+claim (see ``worker.runner``); jobs already claimed run on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from hypermedia.errors import InvalidRequest
+from hypermedia.queue.engine import Engine
+
+Row = dict[str, Any]
+QUEUE_NAME = re.compile(r"[a-z0-9_.-]{1,50}")
+COUNTS = ("queued", "running", "retry_wait", "completed_1h", "failed_1h")
+
+
+def check_queue_name(name: str) -> str:
+    if not QUEUE_NAME.fullmatch(name):
+        raise InvalidRequest("a queue name has 1 to 50 characters among a-z 0-9 _ . -")
+    return name
+
+
+class Queues:
+    def __init__(self, engine: Engine) -> None:
+        self.db = engine.db
+        self.clock = engine.clock
+
+    def depth(self, project_id: str | None = None) -> list[Row]:
+        """Open jobs by queue, status and priority: rows queue_name, status, priority, count."""
+        with self.db.read() as tx:
+            rows = tx.queue_depth(project_id)
+        return [{**r, "count": int(r["count"])} for r in rows]
+
+    def summary(self, project_id: str | None = None) -> list[Row]:
+        """One row per known queue (named by a profile, a job or a switch), by name.
+
+        running = claimed + processing + cancel_requested; completed_1h and
+        failed_1h count jobs that ended in the last hour.
+        """
+        since = self.clock() - timedelta(hours=1)
+        with self.db.read() as tx:
+            counts = {r["queue_name"]: r for r in tx.queue_counts(since, project_id)}
+            switches = {r["queue_name"]: bool(r["paused"]) for r in tx.queue_states()}
+            names = tx.profile_queue_names() | set(counts) | set(switches)
+        return [_summary_row(n, switches.get(n, False), counts.get(n)) for n in sorted(names)]
+
+    def pause(self, name: str, actor: str | None = None) -> Row:
+        """Workers stop claiming from ``name``; running jobs finish."""
+        return self._switch(name, True)
+
+    def resume(self, name: str, actor: str | None = None) -> Row:
+        return self._switch(name, False)
+
+    def figures(self, bounds_ms: Sequence[float]) -> Row:
+        """What /metrics shows of jobs and queues, across every project: jobs by
+        status and type, queued jobs by queue and priority, the attempt duration
+        histogram (cumulative ``le_<i>`` counts for ``bounds_ms``), paused queues."""
+        with self.db.read() as tx:
+            return {
+                "jobs": tx.job_counts_by_status_type(),
+                "queued": [r for r in tx.queue_depth() if r["status"] == "queued"],
+                "durations": tx.attempt_duration_histogram(bounds_ms),
+                "switches": tx.queue_states(),
+            }
+
+    def paused(self) -> set[str]:
+        with self.db.read() as tx:
+            return tx.paused_queues()
+
+    def _switch(self, name: str, paused: bool) -> Row:
+        check_queue_name(name)
+        # The switch has no actor column; who flipped it is the caller's to log.
+        with self.db.tx() as tx:
+            tx.set_queue_paused(name, paused, self.clock())
+            state = tx.queue_state(name)
+        assert state is not None
+        return {
+            "queue_name": name,
+            "paused": bool(state["paused"]),
+            "updated_at": state["updated_at"],
+        }
+
+
+def _summary_row(name: str, paused: bool, counts: Row | None) -> Row:
+    row: Row = {"queue_name": name, "paused": paused}
+    row.update({k: int(counts[k]) if counts else 0 for k in COUNTS})
+    return row

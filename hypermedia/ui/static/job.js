@@ -1,0 +1,53 @@
+// Live job page: follow /ui/jobs/{id}/stream (Server-Sent Events), update the
+// status and progress, append events, and reload once the job has ended.
+(function () {
+  "use strict";
+  var root = document.getElementById("job");
+  if (!root || root.dataset.terminal === "1" || !window.EventSource) return;
+  var statusEl = document.getElementById("status");
+  var bar = document.getElementById("progress");
+  var barText = document.getElementById("progress-text");
+  var body = document.getElementById("events-body");
+  var source = new EventSource(root.dataset.stream);
+
+  function cell(tr, text) {
+    var td = document.createElement("td");
+    td.textContent = text === null || text === undefined ? "" : String(text);
+    tr.appendChild(td);
+  }
+
+  function setStatus(status) {
+    statusEl.textContent = status;
+    statusEl.className = "status s-" + status.replace(/[^a-z_]/g, "");
+    root.dataset.status = status;
+  }
+
+  function onEvent(e) {
+    var row = JSON.parse(e.data);
+    var tr = document.createElement("tr");
+    tr.className = "live";
+    cell(tr, String(row.created_at || "").replace("T", " ").slice(0, 19));
+    cell(tr, row.kind);
+    cell(tr, row.to_status ? (row.from_status || "∅") + " → " + row.to_status : "");
+    cell(tr, row.attempt_number);
+    cell(tr, (row.code ? row.code + " " : "") + (row.message || ""));
+    cell(tr, row.actor);
+    body.appendChild(tr);
+    if (row.to_status) setStatus(row.to_status);
+    if (row.kind === "progress" && bar && barText) {
+      barText.textContent = row.message || "";
+      var m = /(\d+(?:\.\d+)?)%/.exec(row.message || "");
+      if (m) bar.value = parseFloat(m[1]);
+    }
+  }
+
+  ["event", "progress", "log", "warning", "error"].forEach(function (kind) {
+    source.addEventListener(kind, onEvent);
+  });
+  source.addEventListener("end", function (e) {
+    source.close();
+    setStatus(JSON.parse(e.data).status);
+    root.dataset.ended = "1";
+    window.setTimeout(function () { window.location.reload(); }, 400);
+  });
+})();

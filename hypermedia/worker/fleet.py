@@ -1,0 +1,62 @@
+"""Workers as operators see them: the list, one worker, and drain.
+
+Drain marks the worker's row ``draining``; the worker reads its own row every
+poll interval, stops claiming, finishes what it runs and exits (see
+``worker.runner``).  The heartbeat never overwrites a drain it has not seen.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from hypermedia.errors import Conflict, NotFound
+from hypermedia.queue.engine import Engine
+
+Row = dict[str, Any]
+DRAINABLE = ("active", "idle")
+LIVE = ("active", "idle", "draining")
+
+
+class Fleet:
+    def __init__(self, engine: Engine) -> None:
+        self.db = engine.db
+        self.clock = engine.clock
+        self.settings = engine.settings
+
+    def list(self, *, include_terminated: bool = False) -> list[Row]:
+        """Workers, newest first, each with ``last_metrics`` and ``healthy``."""
+        with self.db.read() as tx:
+            rows = tx.workers(include_terminated=include_terminated)
+            metrics = tx.latest_metrics([r["worker_id"] for r in rows])
+        return [self._shown(r, metrics.get(r["worker_id"])) for r in rows]
+
+    def get(self, worker_id: str) -> Row:
+        with self.db.read() as tx:
+            row = tx.worker(worker_id)
+            if row is None:
+                raise NotFound(f"worker {worker_id} not found")
+            metrics = tx.latest_metrics([worker_id])
+        return self._shown(row, metrics.get(worker_id))
+
+    def counts(self) -> dict[str, int]:
+        """Workers by status, terminated ones included."""
+        with self.db.read() as tx:
+            return tx.worker_counts_by_status()
+
+    def drain(self, worker_id: str, actor: str | None = None) -> Row:
+        """active/idle → draining; draining again is a no-op, any other status a Conflict."""
+        with self.db.tx() as tx:
+            if not tx.set_worker_status(worker_id, DRAINABLE, "draining"):
+                status = tx.worker_status(worker_id)
+                if status is None:
+                    raise NotFound(f"worker {worker_id} not found")
+                if status != "draining":
+                    raise Conflict(f"cannot drain worker {worker_id}: it is {status}")
+        return self.get(worker_id)
+
+    def _shown(self, row: Row, metrics: Row | None) -> Row:
+        # Healthy: alive by its own account and heard from within the stale window.
+        cutoff = self.clock() - timedelta(seconds=self.settings.worker_stale_seconds)
+        healthy = row["status"] in LIVE and row["last_heartbeat"] >= cutoff
+        return {**row, "last_metrics": metrics, "healthy": healthy}

@@ -1,0 +1,289 @@
+"""/v1/objects on every database: uploads (raw, multipart, capped), list, show,
+signed URLs and the signed download."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from fastapi.testclient import TestClient
+
+from hypermedia.api.app import create_app
+from hypermedia.api.routes.objects import PUBLIC_FIELDS
+from hypermedia.queue.engine import Engine
+from hypermedia.services import Services
+from hypermedia.storage import local
+from tests.api.conftest import Project, bearer
+from tests.media import png
+
+LIMIT = 1000
+BOUNDARY = "hm-test-boundary"
+
+
+@pytest.fixture
+def small(svc: Services) -> Iterator[TestClient]:
+    """An app over the same database whose uploads are capped at LIMIT bytes."""
+    capped = Services.from_engine(Engine(svc.engine.db, svc.settings.with_(max_upload_bytes=LIMIT)))
+    with TestClient(create_app(capped), raise_server_exceptions=False) as c:
+        yield c
+
+
+def upload(client: TestClient, token: str, data: bytes, **params: str) -> dict[str, object]:
+    r = client.post("/v1/objects", content=data, params=params, headers=bearer(token))
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def download(client: TestClient, token: str, object_id: object) -> bytes:
+    r = client.get(f"/v1/objects/{object_id}/url", headers=bearer(token))
+    assert r.status_code == 200, r.text
+    got = client.get(r.json()["url"])  # no token: the signature is enough
+    assert got.status_code == 200, got.text
+    return got.content
+
+
+def form(parts: list[tuple[str, str | None, bytes]]) -> bytes:
+    """A multipart body by hand: (name, filename or None, value)."""
+    out = b""
+    for name, filename, value in parts:
+        disposition = f'form-data; name="{name}"'
+        if filename is not None:
+            disposition += f'; filename="{filename}"'
+        out += f"--{BOUNDARY}\r\nContent-Disposition: {disposition}\r\n\r\n".encode()
+        out += value + b"\r\n"
+    return out + f"--{BOUNDARY}--\r\n".encode()
+
+
+FORM = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+
+
+def leftovers(svc: Services) -> list[str]:
+    tmp = svc.settings.home / "tmp"
+    return sorted(p.name for p in tmp.iterdir()) if tmp.exists() else []
+
+
+def test_raw_upload_round_trips_through_the_signed_url(
+    client: TestClient, a: Project, svc: Services
+) -> None:
+    data = png(5, 4)
+    obj = upload(client, a.scoped["objects:write"], data, filename="red.png")
+    assert set(obj) == set(PUBLIC_FIELDS)
+    assert obj["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert (obj["size"], obj["width"], obj["height"]) == (len(data), 5, 4)
+    assert (obj["mime_type"], obj["filename"], obj["state"]) == ("image/png", "red.png", "ready")
+    assert obj["project_id"] == "proj-a"
+    assert download(client, a.scoped["objects:read"], obj["object_id"]) == data
+    shown = client.get(f"/v1/objects/{obj['object_id']}", headers=bearer(a.admin)).json()
+    assert shown == obj
+    assert leftovers(svc) == []
+
+
+def test_the_signed_url_and_its_download_headers(client: TestClient, a: Project) -> None:
+    obj = upload(client, a.admin, b"some bytes", filename="n\u00f8tes v1.txt")
+    before = time.time()
+    r = client.get(f"/v1/objects/{obj['object_id']}/url", headers=bearer(a.admin))
+    body = r.json()
+    assert set(body) == {"url", "expires_at"}
+    url = urlsplit(body["url"])
+    assert (url.scheme, url.netloc, url.path) == (
+        "http",
+        "testserver",
+        f"/v1/objects/{obj['object_id']}/content",
+    )
+    expires = datetime.fromisoformat(body["expires_at"].replace("Z", "+00:00")).timestamp()
+    assert before + 890 <= expires <= time.time() + 900
+    assert f"expires={int(expires)}" in url.query
+    got = client.get(body["url"])
+    assert got.content == b"some bytes"
+    assert got.headers["content-length"] == "10"
+    assert got.headers["content-disposition"] == "attachment; filename*=UTF-8''n%C3%B8tes%20v1.txt"
+    assert got.headers["x-content-type-options"] == "nosniff"
+
+
+def test_multipart_upload_round_trips(client: TestClient, a: Project, svc: Services) -> None:
+    data = bytes(range(256)) * 50
+    r = client.post(
+        "/v1/objects",
+        files={"file": ("blob.bin", data, "application/octet-stream")},
+        headers=bearer(a.admin),
+    )
+    assert r.status_code == 201, r.text
+    obj = r.json()
+    assert (obj["filename"], obj["size"]) == ("blob.bin", len(data))
+    assert obj["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert download(client, a.admin, obj["object_id"]) == data
+    assert leftovers(svc) == []
+
+
+def test_malformed_forms_are_422(client: TestClient, a: Project, svc: Services) -> None:
+    h = {**bearer(a.admin), **FORM}
+    bad = {
+        "no file part": form([("note", None, b"hi")]),
+        "two file parts": form([("file", "a", b"1"), ("file", "b", b"2")]),
+        "truncated": form([("file", "a", b"1")])[:-20],
+    }
+    for what, body in bad.items():
+        r = client.post("/v1/objects", content=body, headers=h)
+        assert r.status_code == 422, what
+        assert set(r.json()) == {"code", "message", "request_id"}
+    no_boundary = {**bearer(a.admin), "Content-Type": "multipart/form-data"}
+    assert client.post("/v1/objects", content=b"x", headers=no_boundary).status_code == 422
+    assert svc.storage.list(state="ready") == []
+    assert leftovers(svc) == []
+
+
+def test_an_empty_upload_is_an_empty_object(client: TestClient, a: Project) -> None:
+    obj = upload(client, a.admin, b"")
+    assert (obj["size"], obj["filename"]) == (0, "")
+    assert obj["checksum"] == "sha256:" + hashlib.sha256(b"").hexdigest()
+    assert download(client, a.admin, obj["object_id"]) == b""
+
+
+def test_a_declared_length_over_the_limit_is_413_before_reading(
+    small: TestClient, a: Project, svc: Services
+) -> None:
+    assert upload(small, a.admin, b"x" * LIMIT)["size"] == LIMIT  # the limit itself is fine
+    r = small.post("/v1/objects", content=b"x" * (LIMIT + 1), headers=bearer(a.admin))
+    assert r.status_code == 413
+    assert r.json()["code"] == "payload_too_large"
+    assert len(svc.storage.list()) == 1
+    assert leftovers(svc) == []
+
+
+def test_a_chunked_body_growing_past_the_limit_is_413(
+    small: TestClient, a: Project, svc: Services
+) -> None:
+    def body(n: int) -> Iterator[bytes]:
+        for _ in range(n):
+            yield b"y" * 300
+
+    ok = small.post("/v1/objects", content=body(3), headers=bearer(a.admin))
+    assert ok.status_code == 201 and ok.json()["size"] == 900
+    r = small.post("/v1/objects", content=body(5), headers=bearer(a.admin))
+    assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+    assert [o["object_id"] for o in svc.storage.list()] == [ok.json()["object_id"]]
+    assert leftovers(svc) == []
+
+
+def test_a_multipart_file_past_the_limit_is_413(
+    small: TestClient, a: Project, svc: Services
+) -> None:
+    # The declared length passes (forms get some slack); the file part does not.
+    body = form([("file", "big.bin", b"z" * (LIMIT + 1))])
+    r = small.post("/v1/objects", content=body, headers={**bearer(a.admin), **FORM})
+    assert r.status_code == 413
+    assert svc.storage.list() == []
+    assert leftovers(svc) == []
+
+
+def test_multipart_without_content_length_is_411(
+    client: TestClient, a: Project, svc: Services
+) -> None:
+    body = form([("file", "a.bin", b"abc")])
+    r = client.post("/v1/objects", content=iter([body]), headers={**bearer(a.admin), **FORM})
+    assert r.status_code == 411 and r.json()["code"] == "length_required"
+    assert svc.storage.list() == []
+
+
+def test_bad_expired_and_forged_links_get_one_403(
+    client: TestClient, a: Project, svc: Services
+) -> None:
+    obj_id = upload(client, a.admin, b"secret bytes")["object_id"]
+    other = upload(client, a.admin, b"other bytes")["object_id"]
+    assert isinstance(obj_id, int)
+    secret = svc.storage.secret()
+    past = int(time.time()) - 1
+    future = int(time.time()) + 60
+    links = {
+        "no signature": f"/v1/objects/{obj_id}/content",
+        "forged": f"/v1/objects/{obj_id}/content?expires={future}&sig={'0' * 64}",
+        "expired": f"/v1/objects/{obj_id}/content?expires={past}&sig="
+        + local.sign(secret, obj_id, past),
+        "another object's": f"/v1/objects/{obj_id}/content?expires={future}&sig="
+        + local.sign(secret, int(str(other)), future),
+        "expiry not a number": f"/v1/objects/{obj_id}/content?expires=soon&sig=x",
+        "other key": f"/v1/objects/{obj_id}/content?expires={future}&sig="
+        + local.sign(b"not the key", obj_id, future),
+    }
+    answers = set()
+    for what, link in links.items():
+        r = client.get(link)
+        assert r.status_code == 403, what
+        assert set(r.json()) == {"code", "message", "request_id"}
+        answers.add((r.json()["code"], r.json()["message"]))
+    assert answers == {("forbidden", "invalid or expired link")}
+    good = f"/v1/objects/{obj_id}/content?expires={future}&sig=" + local.sign(
+        secret, obj_id, future
+    )
+    assert client.get(good).content == b"secret bytes"
+
+
+def test_a_corrupted_blob_is_cut_short(client: TestClient, a: Project, svc: Services) -> None:
+    data = b"a" * (3 * 1024 * 1024 + 17)  # several chunks
+    obj_id = upload(client, a.admin, data)["object_id"]
+    row = svc.storage.get(int(str(obj_id)))
+    blob = Path(svc.storage.backend(row["pool_id"]).root) / row["storage_key"]  # type: ignore[attr-defined]
+    blob.write_bytes(b"b" + data[1:])  # same size, different bytes
+    r = client.get(f"/v1/objects/{obj_id}/url", headers=bearer(a.admin))
+    got = client.get(r.json()["url"])
+    assert got.headers["content-length"] == str(len(data))
+    assert len(got.content) < len(data)
+
+
+def test_list_is_the_projects_own_newest_first_with_a_cursor(
+    client: TestClient, a: Project, b: Project
+) -> None:
+    ids = [upload(client, a.admin, f"obj {i}".encode())["object_id"] for i in range(5)]
+    upload(client, b.admin, b"b's object")
+    seen, cursor = [], None
+    while True:
+        params: dict[str, str | int] = {"limit": 2, "state": "ready"}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.get("/v1/objects", params=params, headers=bearer(a.scoped["objects:read"]))
+        assert page.status_code == 200, page.text
+        seen += [o["object_id"] for o in page.json()["items"]]
+        assert all(set(o) == set(PUBLIC_FIELDS) for o in page.json()["items"])
+        cursor = page.json()["next_cursor"]
+        if not cursor:
+            break
+    assert seen == sorted(ids, reverse=True)  # type: ignore[type-var]
+    h = bearer(a.admin)
+    assert client.get("/v1/objects", params={"state": "pending"}, headers=h).json() == {
+        "items": [],
+        "next_cursor": None,
+    }
+    assert client.get("/v1/objects", params={"state": "gone"}, headers=h).status_code == 422
+    assert client.get("/v1/objects", params={"cursor": "!!"}, headers=h).status_code == 422
+
+
+def test_another_projects_object_is_404_everywhere(
+    client: TestClient, a: Project, b: Project
+) -> None:
+    obj_id = upload(client, a.admin, b"a's bytes")["object_id"]
+    h = bearer(b.admin)
+    for path in ("/v1/objects/{}", "/v1/objects/{}/url"):
+        r = client.get(path.format(obj_id), headers=h)
+        assert r.status_code == 404, path
+        assert r.json()["code"] == "not_found"
+        # Exactly what a missing object answers.
+        missing = client.get(path.format(987654321), headers=h).json()["message"]
+        assert missing.replace("987654321", str(obj_id)) == r.json()["message"]
+    assert client.get("/v1/objects", headers=h).json()["items"] == []
+
+
+def test_scopes_are_enforced(client: TestClient, a: Project) -> None:
+    obj_id = upload(client, a.admin, b"bytes")["object_id"]
+    reader, writer = a.scoped["objects:read"], a.scoped["objects:write"]
+    r = client.post("/v1/objects", content=b"x", headers=bearer(reader))
+    assert r.status_code == 403 and r.json()["code"] == "forbidden"
+    for path in ("/v1/objects", f"/v1/objects/{obj_id}", f"/v1/objects/{obj_id}/url"):
+        assert client.get(path, headers=bearer(writer)).status_code == 403, path
+        assert client.get(path, headers=bearer(a.scoped["jobs:read"])).status_code == 403, path
+        assert client.get(path, headers=bearer(reader)).status_code == 200, path
+    assert client.post("/v1/objects", content=b"x").status_code == 401

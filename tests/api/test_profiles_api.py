@@ -1,0 +1,152 @@
+"""/v1/profiles and /v1/credits on every database."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi.testclient import TestClient
+
+from tests.api.conftest import Project, bearer
+
+
+def new_key() -> str:
+    # Profiles outlive a test (the table is seeded, not emptied): a key of its own.
+    return f"api-{uuid.uuid4().hex[:10]}"
+
+
+def create(client: TestClient, token: str, **body: object) -> dict[str, object]:
+    r = client.post("/v1/profiles", json=body, headers=bearer(token))
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def test_list_and_filter_profiles(client: TestClient, a: Project) -> None:
+    h = bearer(a.scoped["jobs:read"])
+    r = client.get("/v1/profiles", headers=h)
+    assert r.status_code == 200
+    refs = {p["ref"] for p in r.json()["items"]}
+    assert "debug-noop:v1" in refs
+    only = client.get("/v1/profiles", params={"job_type": "debug.noop"}, headers=h).json()["items"]
+    assert only and {p["job_type"] for p in only} == {"debug.noop"}
+
+
+def test_create_versions_show_and_deactivate(client: TestClient, a: Project) -> None:
+    key = new_key()
+    v1 = create(client, a.admin, key=key, job_type="image.thumbnail", settings={"quality": 70})
+    assert (v1["ref"], v1["is_active"]) == (f"{key}:v1", True)
+    assert v1["settings"]["quality"] == 70  # type: ignore[index]
+    v2 = create(
+        client,
+        a.admin,
+        key=key,
+        job_type="image.thumbnail",
+        settings={"quality": 80},
+        credits={"base": 3},
+        queue="images",
+    )
+    assert (v2["ref"], v2["credit_cost_base"], v2["queue_name"]) == (f"{key}:v2", 3, "images")
+
+    h = bearer(a.scoped["jobs:read"])
+    shown = client.get(f"/v1/profiles/{key}", headers=h).json()
+    assert shown["ref"] == f"{key}:v2"
+    assert [v["ref"] for v in shown["versions"]] == [f"{key}:v1", f"{key}:v2"]
+    assert client.get(f"/v1/profiles/{key}:v1", headers=h).json()["settings"]["quality"] == 70
+
+    r = client.post(f"/v1/profiles/{key}:v2/deactivate", headers=bearer(a.admin))
+    assert r.status_code == 200 and r.json()["is_active"] is False
+    assert client.get(f"/v1/profiles/{key}", headers=h).json()["ref"] == f"{key}:v1"
+    listed = client.get("/v1/profiles", params={"include_inactive": True}, headers=h).json()
+    assert f"{key}:v2" in {p["ref"] for p in listed["items"]}
+    active = client.get("/v1/profiles", headers=h).json()["items"]
+    assert f"{key}:v2" not in {p["ref"] for p in active}
+
+
+def test_invalid_profiles_are_422(client: TestClient, a: Project) -> None:
+    key, h = new_key(), bearer(a.admin)
+    bad = [
+        {"key": key, "job_type": "image.thumbnail", "settings": {"quality": 500}},
+        {"key": key, "job_type": "image.thumbnail", "settings": {"colour": "red"}},
+        {"key": key, "job_type": "no.such_type"},
+        {"key": "Bad Key!", "job_type": "debug.noop"},
+        {"key": key, "job_type": "debug.noop", "credits": {"base": -1}},
+        {"key": key, "job_type": "debug.noop", "credits": {"per_gb": 1}},
+        {"key": key, "job_type": "debug.noop", "surprise": True},
+    ]
+    for body in bad:
+        r = client.post("/v1/profiles", json=body, headers=h)
+        assert r.status_code == 422, body
+        assert r.json()["code"] == "invalid_request"
+    listed = client.get("/v1/profiles", params={"include_inactive": True}, headers=h).json()
+    assert key not in {p["profile_key"] for p in listed["items"]}
+
+
+def test_missing_profiles_are_404(client: TestClient, a: Project) -> None:
+    h = bearer(a.admin)
+    assert client.get(f"/v1/profiles/{new_key()}", headers=h).status_code == 404
+    assert client.get("/v1/profiles/debug-noop:v99", headers=h).status_code == 404
+    assert client.post(f"/v1/profiles/{new_key()}/deactivate", headers=h).status_code == 404
+    assert client.get("/v1/profiles/Not A Ref", headers=h).status_code == 422
+
+
+def test_profile_scopes(client: TestClient, a: Project) -> None:
+    body = {"key": new_key(), "job_type": "debug.noop"}
+    for scope in ("jobs:read", "jobs:write", "objects:write"):
+        r = client.post("/v1/profiles", json=body, headers=bearer(a.scoped[scope]))
+        assert r.status_code == 403 and r.json()["code"] == "forbidden", scope
+    r = client.post("/v1/profiles/debug-noop/deactivate", headers=bearer(a.scoped["jobs:write"]))
+    assert r.status_code == 403
+    assert client.get("/v1/profiles", headers=bearer(a.scoped["objects:read"])).status_code == 403
+    assert (
+        client.get(
+            "/v1/profiles/debug-noop:v1", headers=bearer(a.scoped["objects:read"])
+        ).status_code
+        == 403
+    )
+
+
+def test_credits_show_and_budget(client: TestClient, a: Project, b: Project) -> None:
+    h = bearer(a.scoped["jobs:read"])
+    assert client.get("/v1/credits", headers=h).json() == {
+        "project_id": "proj-a",
+        "budget": None,
+        "used": 0,
+        "remaining": None,
+    }
+    key = new_key()
+    create(client, a.admin, key=key, job_type="debug.noop", credits={"base": 7})
+    job = client.post("/v1/jobs", json={"profile": key}, headers=bearer(a.admin))
+    assert job.status_code == 201, job.text
+
+    r = client.put("/v1/credits/budget", json={"budget_credits": 100}, headers=bearer(a.admin))
+    assert r.status_code == 200
+    assert r.json() == {"project_id": "proj-a", "budget": 100, "used": 7, "remaining": 93}
+    assert client.get("/v1/credits", headers=h).json()["remaining"] == 93
+    # Another project's budget is its own.
+    assert client.get("/v1/credits", headers=bearer(b.admin)).json()["budget"] is None
+
+    # Below what is used: allowed, and new work is refused.
+    r = client.put("/v1/credits/budget", json={"budget_credits": 5}, headers=bearer(a.admin))
+    assert r.json()["remaining"] == -2
+    refused = client.post("/v1/jobs", json={"profile": key}, headers=bearer(a.admin))
+    assert refused.status_code == 422
+
+    r = client.put("/v1/credits/budget", json={"budget_credits": None}, headers=bearer(a.admin))
+    assert r.json()["budget"] is None and r.json()["remaining"] is None
+
+
+def test_budget_validation_and_scopes(client: TestClient, a: Project) -> None:
+    h = bearer(a.admin)
+    for body in ({"budget_credits": -1}, {}, {"budget_credits": 1, "project_id": "proj-b"}):
+        assert client.put("/v1/credits/budget", json=body, headers=h).status_code == 422, body
+    for scope in ("jobs:read", "jobs:write"):
+        r = client.put(
+            "/v1/credits/budget", json={"budget_credits": 1}, headers=bearer(a.scoped[scope])
+        )
+        assert r.status_code == 403, scope
+    assert client.get("/v1/credits", headers=bearer(a.scoped["objects:read"])).status_code == 403
+    assert client.get("/v1/credits", headers=bearer(a.admin)).json()["budget"] is None
+
+
+def test_a_hostile_job_type_filter_is_422(client: TestClient, a: Project) -> None:
+    r = client.get("/v1/profiles", params={"job_type": "x\x00"}, headers=bearer(a.admin))
+    assert r.status_code == 422 and r.json()["code"] == "invalid_request"

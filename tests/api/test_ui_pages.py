@@ -1,0 +1,253 @@
+"""The dashboard's pages over every database: login and logout, redirects,
+project scoping, escaping, cancel/retry forms and the Origin check."""
+
+from __future__ import annotations
+
+import html
+
+from fastapi.testclient import TestClient
+
+from hypermedia.api.deps import COOKIE
+from hypermedia.queue.models import NewJob
+from hypermedia.services import Services
+from tests.api.conftest import Project, bearer
+from tests.media import png
+
+HOSTILE = '<img src=x onerror="alert(1)">'
+
+
+def login(client: TestClient, token: str, next: str = "/ui") -> None:
+    client.cookies.clear()
+    r = client.post("/ui/login", data={"token": token, "next": next}, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    assert client.cookies.get(COOKIE) == token
+
+
+def sleep_job(svc: Services, project: str, ms: int = 60_000) -> int:
+    return svc.engine.enqueue(NewJob("debug.sleep", {"ms": ms}, project_id=project))
+
+
+def test_pages_redirect_to_login_without_a_cookie(client: TestClient) -> None:
+    for path in ("/ui", "/ui/jobs?status=queued", "/ui/jobs/1", "/ui/upload", "/ui/profiles"):
+        r = client.get(path, follow_redirects=False)
+        assert r.status_code == 303, path
+        assert r.headers["location"].startswith("/ui/login?next=%2Fui"), r.headers["location"]
+    r = client.post("/ui/jobs/1/cancel", follow_redirects=False)
+    assert (r.status_code, r.headers["location"]) == (303, "/ui/login")
+    # The live stream answers 401 rather than a page.
+    r = client.get("/ui/jobs/1/stream", headers={"Accept": "text/event-stream"})
+    assert r.status_code == 401
+    page = client.get("/ui/login")
+    assert page.status_code == 200 and 'name="token"' in page.text
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+
+
+def test_login_sets_a_strict_httponly_cookie_and_logout_clears_it(
+    client: TestClient, a: Project
+) -> None:
+    r = client.post(
+        "/ui/login", data={"token": a.admin, "next": "/ui/jobs"}, follow_redirects=False
+    )
+    assert (r.status_code, r.headers["location"]) == (303, "/ui/jobs")
+    cookie = r.headers["set-cookie"]
+    assert cookie.startswith(f"{COOKIE}=")
+    flags = {f.strip().lower() for f in cookie.split(";")}
+    assert {"httponly", "samesite=strict", "path=/"} <= flags
+    assert "secure" not in flags  # plain http here; https sets Secure
+    overview = client.get("/ui")
+    assert overview.status_code == 200
+    assert 'id="project">proj-a<' in overview.text
+    r = client.post("/ui/logout", follow_redirects=False)
+    assert (r.status_code, r.headers["location"]) == (303, "/ui/login")
+    assert client.cookies.get(COOKIE) is None
+    assert client.get("/ui", follow_redirects=False).status_code == 303
+
+
+def test_bad_tokens_are_refused_and_next_never_leaves_the_dashboard(
+    client: TestClient, a: Project
+) -> None:
+    r = client.post("/ui/login", data={"token": "hm_nope_nope"}, follow_redirects=False)
+    assert r.status_code == 401 and 'id="login-error"' in r.text
+    assert COOKIE not in r.headers.get("set-cookie", "")
+    for target in ("//evil.example/x", "https://evil.example/", "/v1/jobs", "/ui\\@evil"):
+        r = client.post(
+            "/ui/login", data={"token": a.admin, "next": target}, follow_redirects=False
+        )
+        assert r.headers["location"] == "/ui", target
+    # A stale cookie redirects to login and is cleared.
+    client.cookies.clear()
+    client.cookies.set(COOKIE, "hm_revoked_token")
+    r = client.get("/ui/jobs", follow_redirects=False)
+    assert r.status_code == 303 and f'{COOKIE}=""' in r.headers["set-cookie"]
+
+
+def test_every_page_renders(client: TestClient, svc: Services, a: Project) -> None:
+    job_id = sleep_job(svc, a.id)
+    login(client, a.admin)
+    for path in ("/ui", "/ui/", "/ui/jobs", "/ui/upload", "/ui/workers", "/ui/profiles"):
+        r = client.get(path)
+        assert r.status_code == 200, (path, r.text)
+        assert r.headers["content-type"].startswith("text/html")
+        assert r.headers["x-frame-options"] == "DENY"
+    overview = client.get("/ui").text
+    assert 'id="total-queued">1<' in overview and "bulk" in overview
+    jobs = client.get("/ui/jobs").text
+    assert f'href="/ui/jobs/{job_id}"' in jobs
+    profiles = client.get("/ui/profiles").text
+    assert "image-thumbnail:v1" in profiles and "debug-sleep:v1" in profiles
+    upload = client.get("/ui/upload").text
+    assert 'value="image-thumbnail:v1"' in upload
+    css = client.get("/ui/static/style.css")
+    assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
+    js = client.get("/ui/static/job.js")
+    assert js.status_code == 200 and "EventSource" in js.text
+    assert client.get("/ui/static/..%2Froutes.py").status_code == 404
+    missing = client.get("/ui/no/such/page")
+    assert missing.status_code == 404 and "no such page" in missing.text
+
+
+def test_job_list_filters_and_pages(client: TestClient, svc: Services, a: Project) -> None:
+    ids = [sleep_job(svc, a.id) for _ in range(3)]
+    svc.engine.cancel(ids[0])
+    login(client, a.admin)
+    cancelled = client.get("/ui/jobs", params={"status": "cancelled"}).text
+    assert f'/ui/jobs/{ids[0]}"' in cancelled and f'/ui/jobs/{ids[1]}"' not in cancelled
+    none = client.get("/ui/jobs", params={"job_type": "image.thumbnail", "status": ""}).text
+    assert "No jobs match." in none
+    older = client.get("/ui/jobs", params={"before": ids[2]}).text
+    assert f'/ui/jobs/{ids[1]}"' in older and f'/ui/jobs/{ids[2]}"' not in older
+    bad = client.get("/ui/jobs", params={"status": "bogus"})
+    assert bad.status_code == 422 and "status must be one of" in bad.text
+    assert "Traceback" not in bad.text
+
+
+def test_another_projects_job_is_a_404_page(
+    client: TestClient, svc: Services, a: Project, b: Project
+) -> None:
+    job_id = sleep_job(svc, a.id)
+    login(client, b.admin)
+    r = client.get(f"/ui/jobs/{job_id}")
+    assert r.status_code == 404 and "Not found" in r.text
+    assert client.get(f"/ui/jobs/{job_id}/stream").status_code == 404
+    assert client.post(f"/ui/jobs/{job_id}/cancel").status_code == 404
+    assert f'/ui/jobs/{job_id}"' not in client.get("/ui/jobs").text
+    assert 'id="total-queued">0<' in client.get("/ui").text
+    assert svc.engine.get(job_id)["status"] == "queued"
+    # A bearer header for the API is not what the pages need either way.
+    r = client.get(f"/ui/jobs/{job_id}", headers=bearer(a.admin))
+    assert r.status_code == 200
+
+
+def test_cancel_and_retry_forms(client: TestClient, svc: Services, a: Project) -> None:
+    job_id = sleep_job(svc, a.id)
+    login(client, a.admin)
+    page = client.get(f"/ui/jobs/{job_id}").text
+    assert f'action="/ui/jobs/{job_id}/cancel"' in page and 'id="retry"' not in page
+    assert 'data-terminal="0"' in page
+    r = client.post(f"/ui/jobs/{job_id}/cancel", follow_redirects=False)
+    assert (r.status_code, r.headers["location"]) == (303, f"/ui/jobs/{job_id}")
+    assert svc.engine.get(job_id)["status"] == "cancelled"
+    page = client.get(f"/ui/jobs/{job_id}").text
+    assert 'id="status" class="status s-cancelled">cancelled<' in page
+    assert 'id="retry"' in page and 'id="cancel"' not in page and 'data-terminal="1"' in page
+    again = client.post(f"/ui/jobs/{job_id}/cancel")
+    assert again.status_code == 409 and "cannot cancel" in again.text
+    r = client.post(f"/ui/jobs/{job_id}/retry", follow_redirects=False)
+    assert r.status_code == 303
+    assert svc.engine.get(job_id)["status"] == "queued"
+
+
+def test_posts_from_another_origin_are_refused(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    job_id = sleep_job(svc, a.id)
+    login(client, a.admin)
+    for origin in ("http://evil.example", "null", "http://testserver.evil.example"):
+        r = client.post(f"/ui/jobs/{job_id}/cancel", headers={"Origin": origin})
+        assert r.status_code == 403 and "another site" in r.text, origin
+    r = client.post("/ui/login", data={"token": a.admin}, headers={"Origin": "http://evil.example"})
+    assert r.status_code == 403
+    assert svc.engine.get(job_id)["status"] == "queued"
+    r = client.post(
+        f"/ui/jobs/{job_id}/cancel", headers={"Origin": "http://testserver"}, follow_redirects=False
+    )
+    assert r.status_code == 303
+    assert svc.engine.get(job_id)["status"] == "cancelled"
+
+
+def test_actions_need_their_scope(client: TestClient, svc: Services, a: Project) -> None:
+    job_id = sleep_job(svc, a.id)
+    login(client, a.scoped["jobs:read"])
+    page = client.get(f"/ui/jobs/{job_id}").text
+    assert 'id="cancel"' not in page
+    r = client.post(f"/ui/jobs/{job_id}/cancel")
+    assert r.status_code == 403 and "jobs:write" in r.text
+    assert client.get("/ui/upload").status_code == 403
+    assert client.get("/ui/workers").status_code == 403
+    assert svc.engine.get(job_id)["status"] == "queued"
+    login(client, a.scoped["objects:write"])
+    assert client.get("/ui/jobs").status_code == 403
+
+
+def test_upload_stores_the_file_and_creates_the_job(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    login(client, a.admin)
+    name = f"{HOSTILE}.png"
+    r = client.post(
+        "/ui/upload",
+        data={"profile": "image-thumbnail:v1"},
+        files={"file": (name, png(8, 6), "image/png")},
+        follow_redirects=False,
+    )
+    assert r.status_code == 303, r.text
+    job_id = int(r.headers["location"].rsplit("/", 1)[1])
+    job = svc.engine.get(job_id)
+    assert (job["job_type"], job["project_id"], job["status"]) == (
+        "image.thumbnail",
+        "proj-a",
+        "queued",
+    )
+    assert job["created_by"].startswith("token:")
+    obj = svc.storage.get(job["object_id"])
+    assert obj["project_id"] == "proj-a" and obj["size"] == len(png(8, 6))
+    assert list((svc.settings.home / "tmp").iterdir()) == []
+    page = client.get(f"/ui/jobs/{job_id}").text
+    assert HOSTILE not in page
+    assert html.escape(obj["filename"], quote=False) in page
+
+    bad = client.post(
+        "/ui/upload",
+        data={"profile": "virus-scan:v1"},
+        files={"file": ("a.png", png(), "image/png")},
+    )
+    assert bad.status_code == 422 and "choose one of the listed profiles" in bad.text
+    empty = client.post("/ui/upload", data={"profile": "image-thumbnail:v1"})
+    assert empty.status_code == 422
+
+
+def test_hostile_parameters_are_escaped(client: TestClient, a: Project) -> None:
+    login(client, a.admin)
+    r = client.get("/ui/jobs", params={"job_type": HOSTILE, "queue": '"><script>x()</script>'})
+    assert r.status_code == 200
+    assert HOSTILE not in r.text and "<script>x()" not in r.text
+    assert "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;" in r.text
+    r = client.get("/ui/login", params={"next": '/ui"><script>x()</script>'})
+    assert "<script>x()" not in r.text
+    r = client.get("/ui/jobs/not-a-number")
+    assert r.status_code == 422 and "Traceback" not in r.text
+    assert client.get("/ui/jobs/999999999").status_code == 404
+
+
+def test_the_stream_replays_a_finished_jobs_events(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    job_id = sleep_job(svc, a.id)
+    svc.engine.cancel(job_id)
+    login(client, a.admin)
+    with client.stream("GET", f"/ui/jobs/{job_id}/stream") as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        body = "".join(r.iter_text())
+    assert "event: event" in body and '"to_status": "cancelled"' in body
+    assert body.rstrip().endswith('data: {"status": "cancelled"}')

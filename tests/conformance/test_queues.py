@@ -1,0 +1,212 @@
+"""Queues and Fleet use cases on every database: depth, summary, pause/resume, drain."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from hypermedia.config import Settings
+from hypermedia.db.driver import Driver
+from hypermedia.errors import Conflict, InvalidRequest, NotFound
+from hypermedia.queue.engine import Engine
+from hypermedia.queue.queues import Queues
+from hypermedia.worker.fleet import Fleet
+from tests.conformance._helpers import drive_to, new_job, race
+from tests.conftest import FakeClock
+
+
+@pytest.fixture
+def queues(engine: Engine) -> Queues:
+    return Queues(engine)
+
+
+@pytest.fixture
+def fleet(engine: Engine) -> Fleet:
+    return Fleet(engine)
+
+
+def _summary(queues: Queues, name: str, project_id: str | None = None) -> dict[str, Any]:
+    (row,) = [r for r in queues.summary(project_id) if r["queue_name"] == name]
+    return row
+
+
+def test_depth_counts_open_jobs_by_queue_status_and_priority(
+    engine: Engine, driver: Driver, queues: Queues
+) -> None:
+    # Jobs that get claimed first: a claim takes the oldest ready job.
+    drive_to(engine, driver, "retry_wait", priority=7)
+    drive_to(engine, driver, "completed")
+    drive_to(engine, driver, "cancelled")
+    for _ in range(3):
+        new_job(engine, priority=2)
+    new_job(engine, priority=7)
+    new_job(engine, priority=7, project_id="other")
+
+    rows = {(r["queue_name"], r["status"], r["priority"]): r["count"] for r in queues.depth()}
+    assert rows == {
+        ("bulk", "queued", 2): 3,
+        ("bulk", "queued", 7): 2,
+        ("bulk", "retry_wait", 7): 1,
+    }
+    mine = {(r["status"], r["priority"]): r["count"] for r in queues.depth("default")}
+    assert mine == {("queued", 2): 3, ("queued", 7): 1, ("retry_wait", 7): 1}
+    assert queues.depth("nobody") == []
+
+
+def test_summary_counts_each_queue_and_the_last_hour(
+    engine: Engine, driver: Driver, queues: Queues, clock: FakeClock
+) -> None:
+    drive_to(engine, driver, "processing", worker="w1")
+    drive_to(engine, driver, "cancel_requested", worker="w1")
+    drive_to(engine, driver, "retry_wait")
+    drive_to(engine, driver, "completed")
+    drive_to(engine, driver, "failed")
+    drive_to(engine, driver, "failed", project_id="other")
+    new_job(engine)
+    new_job(engine)
+
+    row = _summary(queues, "bulk")
+    assert row == {
+        "queue_name": "bulk",
+        "paused": False,
+        "queued": 2,
+        "running": 2,
+        "retry_wait": 1,
+        "completed_1h": 1,
+        "failed_1h": 2,
+    }
+    assert _summary(queues, "bulk", "default")["failed_1h"] == 1
+    # Queues named only by a profile are known too, with nothing in them.
+    names = [r["queue_name"] for r in queues.summary()]
+    assert names == sorted(names) and "images" in names
+    assert _summary(queues, "images")["queued"] == 0
+
+    clock.advance(3601)
+    later = _summary(queues, "bulk")
+    assert (later["completed_1h"], later["failed_1h"], later["queued"]) == (0, 0, 2)
+
+
+def test_pause_and_resume_switch_a_queue(queues: Queues) -> None:
+    assert queues.paused() == set()
+    row = queues.pause("images", actor="test")
+    assert (row["queue_name"], row["paused"]) == ("images", True)
+    assert queues.pause("images")["paused"] is True  # again: still paused, no error
+    queues.pause("never.used-1")
+    assert queues.paused() == {"images", "never.used-1"}
+    assert _summary(queues, "images")["paused"] is True
+    # A switched queue is known even with no job and no profile naming it.
+    assert _summary(queues, "never.used-1")["queued"] == 0
+
+    assert queues.resume("images")["paused"] is False
+    assert queues.paused() == {"never.used-1"}
+    assert queues.resume("not-switched-yet")["paused"] is False
+    assert _summary(queues, "images")["paused"] is False
+
+
+@pytest.mark.parametrize("name", ["", "Images", "a b", "a/b", "x" * 51, "é"])
+def test_bad_queue_names_are_refused(queues: Queues, name: str) -> None:
+    with pytest.raises(InvalidRequest):
+        queues.pause(name)
+    assert queues.paused() == set()
+
+
+def test_concurrent_first_pause_of_a_queue_is_one_row(
+    database_url: str, settings: Settings, queues: Queues
+) -> None:
+    got = race(database_url, 4, lambda drv, i: Queues(Engine(drv, settings)).pause("racy"))
+    assert [g["paused"] for g in got] == [True] * 4, got
+    assert queues.paused() == {"racy"}
+
+
+# -- workers -------------------------------------------------------------------------
+
+
+def _worker(driver: Driver, worker_id: str, at: datetime, status: str = "active") -> None:
+    with driver.tx() as tx:
+        tx.insert_worker(
+            {
+                "worker_id": worker_id,
+                "status": status,
+                "queues": ["bulk"],
+                "cpu_cores": 2,
+                "memory_mb": 1024,
+                "disk_mb": 2048,
+                "last_heartbeat": at,
+                "started_at": at,
+                "created_at": at,
+            }
+        )
+
+
+def _metric(driver: Driver, worker_id: str, at: datetime, cpu: float) -> None:
+    with driver.tx() as tx:
+        tx.insert_metric(
+            {
+                "worker_id": worker_id,
+                "cpu_percent": cpu,
+                "memory_percent": 10,
+                "disk_percent": 20,
+                "recorded_at": at,
+            }
+        )
+
+
+def test_fleet_lists_workers_with_latest_metrics_and_health(
+    driver: Driver, fleet: Fleet, engine: Engine
+) -> None:
+    now = engine.clock()
+    _worker(driver, "w-new", now)
+    _worker(driver, "w-silent", now - timedelta(minutes=10), status="active")
+    _worker(driver, "w-gone", now - timedelta(hours=1), status="terminated")
+    _metric(driver, "w-new", now - timedelta(seconds=2), 11.5)
+    _metric(driver, "w-new", now - timedelta(seconds=1), 42.25)
+    _metric(driver, "w-silent", now - timedelta(minutes=10), 3)
+
+    rows = {w["worker_id"]: w for w in fleet.list()}
+    assert set(rows) == {"w-new", "w-silent"}
+    assert float(rows["w-new"]["last_metrics"]["cpu_percent"]) == 42.25
+    assert float(rows["w-silent"]["last_metrics"]["cpu_percent"]) == 3
+    assert rows["w-new"]["healthy"] is True
+    assert rows["w-silent"]["healthy"] is False  # heard from beyond the stale window
+
+    every = {w["worker_id"]: w for w in fleet.list(include_terminated=True)}
+    assert set(every) == {"w-new", "w-silent", "w-gone"}
+    assert every["w-gone"]["last_metrics"] is None
+    assert every["w-gone"]["healthy"] is False
+
+    one = fleet.get("w-new")
+    assert (one["status"], one["queues"]) == ("active", ["bulk"])
+    with pytest.raises(NotFound):
+        fleet.get("nope")
+
+
+def test_drain_is_guarded_and_survives_the_heartbeat(
+    driver: Driver, fleet: Fleet, engine: Engine
+) -> None:
+    now = engine.clock()
+    for wid, status in (("w-a", "active"), ("w-i", "idle"), ("w-t", "terminated")):
+        _worker(driver, wid, now, status=status)
+    _worker(driver, "w-u", now, status="unhealthy")
+
+    assert fleet.drain("w-a", actor="test")["status"] == "draining"
+    assert fleet.drain("w-i")["status"] == "draining"
+    assert fleet.drain("w-a")["status"] == "draining"  # again: nothing changes
+    for wid in ("w-t", "w-u"):
+        with pytest.raises(Conflict):
+            fleet.drain(wid)
+        assert fleet.get(wid)["status"] != "draining"
+    with pytest.raises(NotFound):
+        fleet.drain("nope")
+
+    # The worker's heartbeat writes active/idle: it must not undo the drain...
+    with driver.tx() as tx:
+        tx.update_worker("w-a", {"status": "active", "last_heartbeat": now, "current_jobs": 1})
+    assert fleet.get("w-a")["status"] == "draining"
+    assert fleet.get("w-a")["current_jobs"] == 1
+    # ...while its last word on stopping still lands.
+    with driver.tx() as tx:
+        tx.update_worker("w-a", {"status": "terminated"})
+    assert fleet.get("w-a")["status"] == "terminated"
+    assert fleet.counts() == {"draining": 1, "terminated": 2, "unhealthy": 1}

@@ -1,0 +1,208 @@
+"""The dashboard in a real headless Chromium, against a real server and worker.
+
+uvicorn serves ``create_app`` from a thread over a fresh SQLite database; a
+real ``hypermedia worker`` process works the same database and home.  In the
+browser: log in with a token, upload a PNG with the image-thumbnail profile,
+watch the job page follow the job live to ``completed`` and show the
+thumbnail, then cancel a running 30-second ``debug.sleep`` job from its page.
+
+Chromium is the system's (``/usr/bin/chromium``): nothing is downloaded.
+Locally a missing browser skips; with CI=true it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from hypermedia.api.app import create_app
+from hypermedia.config import Settings
+from hypermedia.db.driver import Driver
+from hypermedia.db.migrate import upgrade
+from hypermedia.queue.engine import Engine
+from hypermedia.queue.models import NewJob
+from hypermedia.services import Services
+from tests.harness import wait_for
+from tests.integration._procs import Procs
+from tests.media import png
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+CHROMIUM = os.environ.get("HYPERMEDIA_TEST_CHROMIUM", "/usr/bin/chromium")
+
+pytestmark = pytest.mark.timeout(240)
+
+# Run before any page script: remember every status the page's own script
+# writes into #status (a live update, not a server render) across reloads.
+WATCH_STATUS = """
+document.addEventListener("DOMContentLoaded", () => {
+  const el = document.getElementById("status");
+  if (!el) return;
+  new MutationObserver(() => {
+    const seen = JSON.parse(sessionStorage.getItem("hm-live") || "[]");
+    seen.push(el.textContent);
+    sessionStorage.setItem("hm-live", JSON.stringify(seen));
+  }).observe(el, {childList: true, characterData: true, subtree: true});
+});
+"""
+
+
+def _unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"CI=true and {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def chromium() -> Iterator[Any]:
+    """A headless system Chromium driven by Playwright."""
+    if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
+        _unavailable(f"no Chromium at {CHROMIUM}")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as exc:
+        _unavailable(f"playwright is not installed ({exc})")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"], headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@dataclass
+class Stack:
+    base: str
+    svc: Services
+    procs: Procs
+    token: str
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    """The API on a free port (uvicorn in a thread) and a Procs for workers, on SQLite."""
+    url = f"sqlite:///{tmp_path / 'hypermedia.db'}"
+    upgrade(url)
+    driver = Driver(url)
+    svc = Services.from_engine(Engine(driver, Settings(home=tmp_path, database_url=url)))
+    _, token = svc.tokens.create("default", ["admin"], name="e2e")
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(svc),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            ws="none",
+            timeout_graceful_shutdown=2,
+        )
+    )
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    procs = Procs(driver, tmp_path)
+    try:
+        wait_for(lambda: server.started, 30, what="uvicorn starts")
+        yield Stack(f"http://127.0.0.1:{port}", svc, procs, token)
+    finally:
+        procs.close()
+        server.should_exit = True
+        thread.join(15)
+        driver.dispose()
+
+
+def _live_statuses(page: Any) -> list[str]:
+    return list(page.evaluate("JSON.parse(sessionStorage.getItem('hm-live') || '[]')"))
+
+
+def test_login_upload_watch_and_cancel(chromium: Any, stack: Stack) -> None:
+    from playwright.sync_api import expect
+
+    base, svc = stack.base, stack.svc
+    context = chromium.new_context()
+    context.add_init_script(WATCH_STATUS)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        # Login: every page sends us to the form first.
+        page.goto(f"{base}/ui/jobs")
+        assert "/ui/login" in page.url
+        page.fill("#token", "hm_not_a_real_token")
+        page.click("#login")
+        expect(page.locator("#login-error")).to_be_visible()
+        page.fill("#token", stack.token)
+        page.click("#login")
+        page.wait_for_url(f"{base}/ui/jobs")
+        expect(page.locator("#project")).to_have_text("default")
+        cookie = next(c for c in context.cookies() if c["name"] == "hm_token")
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert page.evaluate("document.cookie") == ""  # out of scripts' reach
+
+        # Upload with no worker running yet: the job page shows it waiting.
+        page.click("nav >> text=Upload")
+        page.set_input_files(
+            "#file", files=[{"name": "red.png", "mimeType": "image/png", "buffer": png(64, 48)}]
+        )
+        page.select_option("#profile", "image-thumbnail:v1")
+        page.click("#submit")
+        page.wait_for_url(re.compile(r"/ui/jobs/\d+$"))
+        job_id = int(page.url.rsplit("/", 1)[1])
+        expect(page.locator("#status")).to_have_text("queued")
+        assert svc.engine.get(job_id)["job_type"] == "image.thumbnail"
+
+        # A worker starts; the open page follows the job by itself to the end.
+        loads: list[str] = []
+        page.on("load", lambda p: loads.append(p.url))
+        stack.procs.worker(queues="images,bulk", timeout=60)
+        expect(page.locator("#status")).to_have_text("completed", timeout=60_000)
+        thumb = page.locator("#outputs img.preview").first
+        expect(thumb).to_be_visible(timeout=15_000)
+        page.wait_for_function(
+            "() => { const i = document.querySelector('#outputs img.preview');"
+            " return i && i.complete && i.naturalWidth > 0; }",
+            timeout=15_000,
+        )
+        assert "completed" in _live_statuses(page), _live_statuses(page)
+        assert loads, "the page did not reload itself when the job ended"
+        expect(page.locator("#attempts tbody tr")).to_have_count(1)
+        expect(page.locator("#attempts tbody tr").first).to_contain_text("completed")
+
+        # The fleet and the overview agree.
+        page.click("nav >> text=Workers")
+        expect(page.locator("#workers tbody")).to_contain_text("healthy")
+        page.click("nav >> text=Overview")
+        expect(page.locator("#completed-1h")).to_have_text("1")
+
+        # A 30-second job: open its page, wait until it runs, cancel it there.
+        sleep_id = svc.engine.enqueue(
+            NewJob("debug.sleep", {"ms": 30_000}, project_id="default", owner_id="e2e")
+        )
+        page.goto(f"{base}/ui/jobs/{sleep_id}")
+        expect(page.locator("#status")).to_have_text("processing", timeout=30_000)
+        clicked = time.monotonic()
+        page.click("#cancel")
+        expect(page.locator("#status")).to_have_text("cancelled", timeout=10_000)
+        took = time.monotonic() - clicked
+        assert took < 8, took
+        job = svc.engine.get(sleep_id)
+        assert job["status"] == "cancelled", job["status"]
+        expect(page.locator("#retry")).to_be_visible()
+        assert not errors, errors
+    finally:
+        context.close()
