@@ -123,6 +123,7 @@ def run_target(name: str, url: str, args: argparse.Namespace) -> tuple[list[obje
         round(C.percentile([x * 1000 for x in lat["submit"]], 99), 1),
         tally.submitted,
         tally.completed,
+        round(tally.completed / elapsed, 1),
         f"{len(tally.errors) / max(1, tally.requests):.4%}",
     ], tally.errors
 
@@ -183,6 +184,7 @@ def main() -> None:
                 "submit p99 ms",
                 "jobs submitted",
                 "jobs completed",
+                "jobs/s",
                 "error rate",
             ],
             rows,
