@@ -30,16 +30,28 @@ def ls(as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 @app.command()
-def pause(name: str = typer.Argument(..., help="the queue, e.g. images")) -> None:
+def pause(
+    name: str = typer.Argument(..., help="the queue, e.g. images"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Stop workers claiming from NAME; jobs already running finish."""
     with user_errors():
-        Services.from_settings().queues.pause(name, actor="cli")
-    console.print(f"queue {name} paused")
+        row = Services.from_settings().queues.pause(name)
+    if as_json:
+        print_json(row)
+    else:
+        console.print(f"queue {name} paused")
 
 
 @app.command()
-def resume(name: str = typer.Argument(..., help="the queue, e.g. images")) -> None:
+def resume(
+    name: str = typer.Argument(..., help="the queue, e.g. images"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Let workers claim from NAME again."""
     with user_errors():
-        Services.from_settings().queues.resume(name, actor="cli")
-    console.print(f"queue {name} resumed")
+        row = Services.from_settings().queues.resume(name)
+    if as_json:
+        print_json(row)
+    else:
+        console.print(f"queue {name} resumed")

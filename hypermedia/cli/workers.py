@@ -48,8 +48,14 @@ def ls(
 
 
 @app.command()
-def drain(worker_id: str = typer.Argument(..., help="from `hypermedia workers ls`")) -> None:
+def drain(
+    worker_id: str = typer.Argument(..., help="from `hypermedia workers ls`"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Ask a worker to stop claiming, finish its running jobs and exit."""
     with user_errors():
-        Services.from_settings().fleet.drain(worker_id, actor="cli")
-    console.print(f"worker {worker_id} draining")
+        row = Services.from_settings().fleet.drain(worker_id)
+    if as_json:
+        print_json(row)
+    else:
+        console.print(f"worker {worker_id} draining")

@@ -49,11 +49,11 @@ class Queues:
             names = tx.profile_queue_names() | set(counts) | set(switches)
         return [_summary_row(n, switches.get(n, False), counts.get(n)) for n in sorted(names)]
 
-    def pause(self, name: str, actor: str | None = None) -> Row:
+    def pause(self, name: str) -> Row:
         """Workers stop claiming from ``name``; running jobs finish."""
         return self._switch(name, True)
 
-    def resume(self, name: str, actor: str | None = None) -> Row:
+    def resume(self, name: str) -> Row:
         return self._switch(name, False)
 
     def figures(self, bounds_ms: Sequence[float]) -> Row:
@@ -74,7 +74,7 @@ class Queues:
 
     def _switch(self, name: str, paused: bool) -> Row:
         check_queue_name(name)
-        # The switch has no actor column; who flipped it is the caller's to log.
+        # The switch records no actor (queue_states has no such column).
         with self.db.tx() as tx:
             tx.set_queue_paused(name, paused, self.clock())
             state = tx.queue_state(name)

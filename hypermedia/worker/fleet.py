@@ -44,7 +44,7 @@ class Fleet:
         with self.db.read() as tx:
             return tx.worker_counts_by_status()
 
-    def drain(self, worker_id: str, actor: str | None = None) -> Row:
+    def drain(self, worker_id: str) -> Row:
         """active/idle → draining; draining again is a no-op, any other status a Conflict."""
         with self.db.tx() as tx:
             if not tx.set_worker_status(worker_id, DRAINABLE, "draining"):

@@ -90,7 +90,7 @@ def test_summary_counts_each_queue_and_the_last_hour(
 
 def test_pause_and_resume_switch_a_queue(queues: Queues) -> None:
     assert queues.paused() == set()
-    row = queues.pause("images", actor="test")
+    row = queues.pause("images")
     assert (row["queue_name"], row["paused"]) == ("images", True)
     assert queues.pause("images")["paused"] is True  # again: still paused, no error
     queues.pause("never.used-1")
@@ -190,7 +190,7 @@ def test_drain_is_guarded_and_survives_the_heartbeat(
         _worker(driver, wid, now, status=status)
     _worker(driver, "w-u", now, status="unhealthy")
 
-    assert fleet.drain("w-a", actor="test")["status"] == "draining"
+    assert fleet.drain("w-a")["status"] == "draining"
     assert fleet.drain("w-i")["status"] == "draining"
     assert fleet.drain("w-a")["status"] == "draining"  # again: nothing changes
     for wid in ("w-t", "w-u"):

@@ -37,7 +37,7 @@ def test_drain_finishes_the_running_job_and_exits_0(
     running = submit(live, {"ms": 3000})
     wait_job(driver, running, {"processing"}, 20)
 
-    assert Fleet(live).drain(w.worker_id, actor="test")["status"] == "draining"
+    assert Fleet(live).drain(w.worker_id)["status"] == "draining"
     waiting = live.enqueue_many([NewJob("debug.sleep", {"ms": 0})] * 2)
     # Heartbeats (every 0.5 s) go on while the job runs: none undoes the drain.
     time.sleep(1.2)

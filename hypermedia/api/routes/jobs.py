@@ -181,7 +181,7 @@ async def job_events(
     if last_event_id and last_event_id.isdigit():
         after = max(after, int(last_event_id))
     return StreamingResponse(
-        _stream(svc, request, job_id, after),
+        event_stream(svc, request, job_id, after),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -192,7 +192,7 @@ def sse_message(row: Row) -> str:
     return f"id: {row['event_id']}\nevent: {row['kind']}\ndata: {data}\n\n"
 
 
-async def _stream(svc: Services, request: Request, job_id: int, after: int) -> Any:
+async def event_stream(svc: Services, request: Request, job_id: int, after: int) -> Any:
     loop = asyncio.get_running_loop()
     quiet_since = loop.time()
     yield "retry: 1000\n\n"

@@ -30,9 +30,9 @@ def list_queues(
 
 @router.post("/{name}/pause", summary="Stop workers claiming from a queue (running jobs finish)")
 def pause_queue(name: str, request: Request, principal: Principal = scoped("admin")) -> Row:
-    return services(request).queues.pause(name, actor=principal.actor)
+    return services(request).queues.pause(name)
 
 
 @router.post("/{name}/resume", summary="Let workers claim from a paused queue again")
 def resume_queue(name: str, request: Request, principal: Principal = scoped("admin")) -> Row:
-    return services(request).queues.resume(name, actor=principal.actor)
+    return services(request).queues.resume(name)

@@ -40,4 +40,4 @@ def show_worker(
 def drain_worker(
     request: Request, worker_id: str = WorkerId, principal: Principal = scoped("admin")
 ) -> Row:
-    return services(request).fleet.drain(worker_id, actor=principal.actor)
+    return services(request).fleet.drain(worker_id)

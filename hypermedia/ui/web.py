@@ -1,0 +1,217 @@
+"""The dashboard's plumbing: templates, formatting, error pages, the login check.
+
+Pages authenticate with the ``hm_token`` cookie set by the login form
+(HttpOnly, SameSite=Strict); a missing or invalid cookie redirects to the
+login page.  Every POST is refused when its ``Origin`` header names another
+host.  Every error renders a small page (never a traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import jinja2
+from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hypermedia.api.deps import COOKIE, authenticate
+from hypermedia.api.errors import STATUS_OF, ApiError, request_id
+from hypermedia.auth.tokens import Principal
+from hypermedia.errors import Forbidden, HypermediaError, Unauthorized
+from hypermedia.redact import redact
+
+log = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+HERE = Path(__file__).parent
+
+# Headers on every page: no framing, no sniffing, scripts and styles only from
+# /ui/static; images may also come from a storage backend's presigned URL.
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' https: http: data:; script-src 'self'; "
+        "style-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+        "frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",  # "no-referrer" would send Origin: null
+    "Cache-Control": "no-store",
+}
+
+
+def _when(value: Any) -> str:
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    return str(value)
+
+
+def human_size(value: Any) -> str:
+    if value is None:
+        return "—"
+    n = float(value)
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(value)  # pragma: no cover
+
+
+def _ms(value: Any) -> str:
+    if value is None:
+        return "—"
+    ms = int(value)
+    return f"{ms} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
+
+
+env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(HERE / "templates"),
+    autoescape=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+env.filters.update(when=_when, size=human_size, ms=_ms)
+
+# The static files, read once: only these names are served.
+_STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
+STATIC = {
+    p.name: (p.read_bytes(), _STATIC_TYPES[p.suffix])
+    for p in sorted((HERE / "static").iterdir())
+    if p.suffix in _STATIC_TYPES
+}
+
+
+def page(request: Request, template: str, code: int = 200, **context: Any) -> HTMLResponse:
+    principal = getattr(request.state, "principal", None)
+    html = env.get_template(template).render(principal=principal, **context)
+    return HTMLResponse(html, status_code=code, headers=PAGE_HEADERS)
+
+
+def error_page(request: Request, status: int, message: str) -> HTMLResponse:
+    titles = {
+        400: "Bad request",
+        403: "Not allowed",
+        404: "Not found",
+        405: "Method not allowed",
+        409: "Conflict",
+        413: "Too large",
+        422: "Not valid",
+        429: "Too many requests",
+        503: "Unavailable",
+    }
+    return page(
+        request,
+        "error.html",
+        status,
+        title=titles.get(status, "Error"),
+        status=status,
+        message=redact(message, 500),
+        request_id=request_id(request),
+    )
+
+
+# -- login required, errors as pages, the Origin check ------------------------------
+
+
+class LoginRequired(Exception):
+    """No valid cookie: pages redirect to the login form."""
+
+
+def same_origin(request: Request) -> bool:
+    """A request without Origin passes (SameSite=Strict keeps the cookie off
+    cross-site POSTs); with one, it must name this very host."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    host = request.headers.get("host", "")
+    try:
+        parts = urlsplit(origin)
+    except ValueError:
+        return False
+    return bool(host) and parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
+
+
+def _login_redirect(request: Request) -> Response:
+    target = "/ui/login"
+    if request.method == "GET":
+        here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        target += "?next=" + quote(here, safe="")
+    response = RedirectResponse(target, status_code=303)
+    if COOKIE in request.cookies:
+        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    return response
+
+
+def _status_of(exc: HypermediaError) -> int:
+    for kind, status, _ in STATUS_OF:
+        if isinstance(exc, kind):
+            return status
+    return 400  # pragma: no cover
+
+
+class UiRoute(APIRoute):
+    """A route whose failures answer with a small HTML page (or a redirect to login)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def run(request: Request) -> Response:
+            if request.method == "POST" and not same_origin(request):
+                return error_page(request, 403, "this form was sent from another site")
+            try:
+                return await handler(request)
+            except (LoginRequired, Unauthorized):
+                if "text/event-stream" in request.headers.get("accept", ""):
+                    return PlainTextResponse("log in first", status_code=401)
+                return _login_redirect(request)
+            except ApiError as exc:
+                response = error_page(request, exc.status, str(exc))
+                response.headers.update(exc.headers)
+                return response
+            except HypermediaError as exc:
+                return error_page(request, _status_of(exc), str(exc))
+            except RequestValidationError:
+                return error_page(request, 422, "the request is not valid")
+            except StarletteHTTPException as exc:
+                message = exc.detail if isinstance(exc.detail, str) else "request refused"
+                return error_page(request, exc.status_code, message)
+            except Exception:
+                log.exception("dashboard request %s failed", request_id(request))
+                return error_page(request, 500, "internal error; quote the request id")
+
+        return run
+
+
+async def login_required(request: Request) -> Principal:
+    try:
+        return await authenticate(request, cookie=True)
+    except Unauthorized:
+        raise LoginRequired from None
+
+
+def need(principal: Principal, scope: str) -> None:
+    if not principal.allows(scope):
+        raise Forbidden(f"this token lacks the {scope} scope")
+
+
+def safe_next(target: str | None) -> str:
+    """Only a path inside the dashboard: never another host."""
+    if (
+        not target
+        or not target.startswith("/ui")
+        or target.startswith("//")
+        or "\\" in target
+        or any(ord(ch) < 32 for ch in target)
+    ):
+        return "/ui"
+    return target
