@@ -9,13 +9,13 @@ from __future__ import annotations
 import uuid
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import RedirectResponse, StreamingResponse
+from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from hypermedia.api.deps import COOKIE, Id, authenticate, services
 from hypermedia.api.errors import ApiError
-from hypermedia.api.routes.jobs import event_stream, owned_job, public_job
+from hypermedia.api.routes.jobs import owned_job, public_job, sse_response
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import HypermediaError, InvalidRequest, NotFound, Unauthorized
 from hypermedia.pipelines import registry
@@ -236,13 +236,7 @@ async def job_stream(
     need(principal, "jobs:read")
     svc = services(request)
     await run_in_threadpool(owned_job, svc, job_id, principal)
-    if last_event_id and last_event_id.isdigit():
-        after = max(after, int(last_event_id))
-    return StreamingResponse(
-        event_stream(svc, request, job_id, after),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return sse_response(svc, request, job_id, after, last_event_id)
 
 
 @router.post("/jobs/{job_id}/cancel")

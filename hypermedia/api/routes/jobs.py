@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 from typing import Any
 
@@ -14,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from hypermedia.api.deps import Id, owned, scoped, services
+from hypermedia.api.paging import decode_cursor, page
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import InvalidRequest
 from hypermedia.queue.models import NewJob
@@ -48,20 +47,6 @@ class JobCreate(BaseModel):
 
 def public_job(row: Row) -> Row:
     return {k: v for k, v in row.items() if k not in _HIDDEN}
-
-
-def encode_cursor(last_id: int) -> str:
-    return base64.urlsafe_b64encode(f"j{last_id}".encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> int:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        if raw.startswith("j") and raw[1:].isdigit() and len(raw) < 20:
-            return int(raw[1:])
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        pass
-    raise InvalidRequest("cursor is not valid; use next_cursor from a previous page")
 
 
 def _new_job(svc: Services, body: JobCreate, principal: Principal, key: str | None) -> NewJob:
@@ -128,12 +113,7 @@ def list_jobs(
         before_id=decode_cursor(cursor) if cursor else None,
         limit=limit + 1,
     )
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return {
-        "items": [public_job(r) for r in rows],
-        "next_cursor": encode_cursor(rows[-1]["job_id"]) if more else None,
-    }
+    return page(rows, limit, "job_id", public_job)
 
 
 @router.get("/{job_id}", summary="A job with its attempts, outputs, progress and events")
@@ -178,6 +158,13 @@ async def job_events(
     if "text/event-stream" not in request.headers.get("accept", ""):
         _, events = await run_in_threadpool(svc.engine.events_since, job_id, after)
         return {"items": events}
+    return sse_response(svc, request, job_id, after, last_event_id)
+
+
+def sse_response(
+    svc: Services, request: Request, job_id: int, after: int, last_event_id: str | None
+) -> StreamingResponse:
+    """The job's events as a stream, resuming after ``Last-Event-ID`` if given."""
     if last_event_id and last_event_id.isdigit():
         after = max(after, int(last_event_id))
     return StreamingResponse(

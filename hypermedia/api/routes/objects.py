@@ -29,7 +29,7 @@ from starlette.requests import ClientDisconnect
 
 from hypermedia.api.deps import Id, owned, scoped, services
 from hypermedia.api.errors import ApiError
-from hypermedia.api.routes.jobs import decode_cursor, encode_cursor
+from hypermedia.api.paging import decode_cursor, page
 from hypermedia.auth.tokens import Principal
 from hypermedia.config import Settings
 from hypermedia.db.schema_storage import OBJECT_STATES
@@ -322,12 +322,7 @@ def list_objects(
         before_id=decode_cursor(cursor) if cursor else None,
         limit=limit + 1,
     )
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return {
-        "items": [public_object(r) for r in rows],
-        "next_cursor": encode_cursor(rows[-1]["object_id"]) if more else None,
-    }
+    return page(rows, limit, "object_id", public_object)
 
 
 @router.get("/{object_id}", summary="An object's metadata")

@@ -38,7 +38,7 @@ from fastapi import APIRouter, Header, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from hypermedia.api.deps import scoped, services
-from hypermedia.api.routes.jobs import decode_cursor, encode_cursor
+from hypermedia.api.paging import decode_cursor, page
 from hypermedia.auth.tokens import Principal
 from hypermedia.queue.legacy import our_job_type, processing_job, to_priority
 from hypermedia.queue.models import NewJob
@@ -110,12 +110,7 @@ def list_jobs(
         before_id=decode_cursor(cursor) if cursor else None,
         limit=limit + 1,
     )
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return {
-        "items": [processing_job(r) for r in rows],
-        "next_cursor": encode_cursor(rows[-1]["job_id"]) if more else None,
-    }
+    return page(rows, limit, "job_id", processing_job)
 
 
 @router.get("/{job_id}", summary="One processing job")
