@@ -184,6 +184,7 @@ def _pipeline(
             schema=schema,
             available=available,
             doc=doc,
+            warm=imaging.load,
         )
     )
 

@@ -345,5 +345,6 @@ PREVIEW = register(
         schema=SCHEMA,
         available=available,
         doc="Pages of a PDF rendered by pdfium to WebP, PNG or JPEG at a width or a DPI.",
+        warm=lambda: (_pypdfium2(), imaging.load()),
     )
 )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -111,6 +113,9 @@ class Pipeline:
     # The profile a job uses when it names none; "" means the job type with
     # dashes (image.thumbnail → image-thumbnail).
     default_profile: str = ""
+    # Loads the pipeline's libraries (pyvips, pdfium): a worker's fresh child
+    # calls it before its first attempt arrives, so no attempt pays for them.
+    warm: Callable[[], object] | None = None
 
     @property
     def profile_key(self) -> str:
@@ -150,13 +155,40 @@ def availability() -> dict[str, str | None]:
     return out
 
 
+def job_types_for(queues: Iterable[str]) -> list[str]:
+    """The job types whose pipelines run on ``queues`` by default."""
+    _load_builtin()
+    wanted = set(queues)
+    return sorted(t for t, p in _REGISTRY.items() if p.queue in wanted)
+
+
+def warm(job_types: Iterable[str]) -> None:
+    """Load what these job types' pipelines need (in a child, ahead of work)."""
+    _load_builtin()
+    for job_type in job_types:
+        p = _REGISTRY.get(job_type)
+        if p is None or p.warm is None:
+            continue
+        # A missing tool is not an error here: the attempt reports it itself.
+        with contextlib.suppress(Exception):
+            p.warm()
+
+
 _builtin_loaded = False
+_builtin_lock = threading.RLock()  # re-entrant: a pipeline module may look one up
 
 
 def _load_builtin() -> None:
     # A flag, not "registry empty": a module that imported one pipeline
-    # early must not keep the other built-ins from registering.
+    # early must not keep the other built-ins from registering.  Fix: under a
+    # lock, and set only once the imports are done: a second thread (another
+    # slot, an API request) used to see the flag up and an empty registry,
+    # and refused a known job type as unknown.
     global _builtin_loaded
-    if not _builtin_loaded:
-        _builtin_loaded = True
-        from hypermedia.pipelines import debug, dedup, image, pdf, virus  # noqa: F401
+    if _builtin_loaded:
+        return
+    with _builtin_lock:
+        if not _builtin_loaded:
+            from hypermedia.pipelines import debug, dedup, image, pdf, virus  # noqa: F401
+
+            _builtin_loaded = True

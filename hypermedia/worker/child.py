@@ -133,6 +133,11 @@ def main() -> None:
         msg = read_frame(inp)
         if msg is None or msg.get("op") == "exit":
             return
+        if msg.get("op") == "warm":  # no answer: the worker does not wait for it
+            from hypermedia.pipelines import registry
+
+            registry.warm(msg.get("job_types") or [])
+            continue
         write_frame(out, run_attempt(msg, out))
 
 

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import AttemptResult
 from hypermedia.storage.ledger import Storage
@@ -209,6 +210,7 @@ class Worker:
             return list(self._running.values())
 
     def _slot_loop(self, slot: Slot) -> None:
+        slot.warm(registry.job_types_for(self.queues))
         while not (self.stop_claiming.is_set() and self.buffer.empty()):
             try:
                 rj = self.buffer.get(timeout=0.2)

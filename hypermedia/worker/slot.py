@@ -61,6 +61,14 @@ class Slot:
         self.child: Child | None = None
         self._scratch_mtime: int | None = None
 
+    def warm(self, job_types: list[str]) -> None:
+        """Start the child now and have it load these job types' libraries, so
+        the first attempt finds it ready.  Called from the slot's own thread:
+        the child's parent-death signal is tied to the thread that starts it."""
+        if self.child is None and job_types:
+            self.child = Child()
+            self.child.send({"op": "warm", "job_types": job_types})
+
     def run(self, rj: Running) -> AttemptResult | None:
         """Run one attempt to its end; None when the lease was lost (nothing to report)."""
         job = rj.job

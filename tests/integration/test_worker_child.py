@@ -207,3 +207,24 @@ def test_warm_child_cpu_limit_counts_the_system_time_it_already_used(tmp_path: P
         assert done["status"] == "completed"
     finally:
         child.kill()
+
+
+@sqlite_only
+def test_children_start_warm_with_their_libraries_before_the_first_job(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    # A worker on the images queue starts one child per slot at once, and
+    # each loads libvips before any job exists: the first attempt pays no
+    # interpreter start and no import.
+    w = procs.worker("--concurrency", "2", "--no-maintenance", queues="images")
+    kids = eventually(lambda: w.children() if len(w.children()) == 2 else None, 10, "2 children")
+
+    def vips_loaded() -> bool:
+        return all(
+            any("libvips" in m.path for m in psutil.Process(k.pid).memory_maps()) for k in kids
+        )
+
+    eventually(lambda: vips_loaded() or None, 20, "libvips loaded in both children")
+    with driver.read() as tx:
+        assert tx.jobs(limit=1) == []  # no job was needed for it
+    procs.note_children(w)
