@@ -110,16 +110,34 @@ class StorageQueries:
         )
         return self.conn.execute(q).rowcount == 1
 
-    def promote_objects(self, ids: Sequence[int], now: datetime) -> int:
-        """pending → ready for a completing job's outputs."""
-        if not ids:
+    def promote_objects(self, rows: Sequence[Row], now: datetime) -> int:
+        """pending → ready for a completing job's outputs; rows with a checksum
+        also set the object's size and checksum (the upload left them for now)."""
+        if not rows:
             return 0
-        q = (
-            sa.update(OB)
-            .where(OB.c.object_id.in_(list(ids)), OB.c.state == "pending")
-            .values(state="ready", updated_at=now)
-        )
-        return int(self.conn.execute(q).rowcount)
+        done = 0
+        plain = [r["object_id"] for r in rows if not r.get("checksum")]
+        if plain:
+            q = sa.update(OB).where(OB.c.object_id.in_(plain), OB.c.state == "pending")
+            done += int(self.conn.execute(q.values(state="ready", updated_at=now)).rowcount)
+        valued = [
+            {"_id": r["object_id"], "_size": r["size"], "_checksum": r["checksum"]}
+            for r in rows
+            if r.get("checksum")
+        ]
+        if valued:
+            q = (
+                sa.update(OB)
+                .where(OB.c.object_id == sa.bindparam("_id"), OB.c.state == "pending")
+                .values(
+                    state="ready",
+                    size=sa.bindparam("_size"),
+                    checksum=sa.bindparam("_checksum"),
+                    updated_at=now,
+                )
+            )
+            done += int(self.conn.execute(q, valued).rowcount)
+        return done
 
     # -- garbage collection --------------------------------------------------
 

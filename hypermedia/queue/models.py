@@ -61,6 +61,9 @@ class Output:
     object_id: int | None = None
     output_key: str = ""
     output_size_bytes: int = 0
+    # "sha256:…" of the stored blob: written on the object when the job
+    # completes (the object stays pending, without size or checksum, till then).
+    checksum: str = ""
 
 
 @dataclass

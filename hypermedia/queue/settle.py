@@ -121,6 +121,7 @@ def decide(
             "metadata": o.metadata,
             "profile_version": o.profile_version,
             "created_at": now,
+            "checksum": o.checksum,  # for the object, not a job_outputs column
         }
         for o in (res.outputs if action == "complete" else [])
     ]

@@ -220,13 +220,15 @@ class Storage:
             return backend.put(key, f)
 
     def add_output(self, pool_id: int, role: str, path: Path, mime: str, project_id: str) -> Row:
-        """A job's output: uploaded now, left ``pending`` until the job completes."""
+        """A job's output: uploaded now, left ``pending`` until the job completes.
+
+        The row's size and checksum are returned, not written: the completing
+        transaction writes them as it makes the object ready (one database
+        write per output instead of two; nothing reads a pending object's size).
+        """
         obj = self._pending_for_file(pool_id, path, role, mime, project_id)
         stored = self._upload_file(obj, path)
-        values = {**_stored_values(stored), "updated_at": utcnow()}
-        with self.db.tx() as tx:
-            tx.update_object(obj["object_id"], ["pending"], values)
-        return {**obj, **values}
+        return {**obj, **_stored_values(stored)}
 
     def _pending_for_file(
         self, pool_id: int, path: Path, role: str, mime: str | None, project_id: str

@@ -68,6 +68,7 @@ def store_outputs(
             out.object_id = obj["object_id"]
             out.output_key = obj["storage_key"]
             out.output_size_bytes = obj["size"]
+            out.checksum = obj["checksum"]
         outputs.append(out)
     return outputs
 

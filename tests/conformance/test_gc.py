@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import uuid
 
@@ -108,8 +109,16 @@ def test_outputs_of_a_completing_job_become_ready(storage: Storage, engine) -> N
         [],
         [AttemptResult(job_id, c.attempt + 1, "completed", outputs=[_out(stale)])],
     )
+    # Until the job completes, the row holds no size or checksum: the
+    # completing transaction writes them with the promotion.
+    assert (storage.get(out["object_id"])["checksum"], out["size"]) == ("", 3)
     engine.flush("w1", [], [AttemptResult(job_id, c.attempt, "completed", outputs=[_out(out)])])
     assert _state(storage, out["object_id"]) == "ready"
+    ready = storage.get(out["object_id"])
+    assert ready["size"] == 3
+    assert ready["checksum"] == "sha256:" + hashlib.sha256(b"out").hexdigest()
+    with storage.open(out["object_id"]) as f:  # a verified read: the checksum is right
+        assert f.read() == b"out"
     assert _state(storage, stale["object_id"]) == "pending"
     report = _gc(storage, pending=0, unreferenced=3600).run_once()
     assert report.marked_pending == 1
@@ -123,6 +132,7 @@ def _out(row: dict) -> Output:  # type: ignore[type-arg]
         object_id=row["object_id"],
         output_key=row["storage_key"],
         output_size_bytes=row["size"],
+        checksum=row["checksum"],
     )
 
 

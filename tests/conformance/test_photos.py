@@ -177,6 +177,7 @@ def _complete(engine: Engine, storage: Storage, tmp_path: Path) -> dict[int, int
             object_id=out["object_id"],
             output_key=out["storage_key"],
             output_size_bytes=out["size"],
+            checksum=out["checksum"],
         )
         assert engine.flush(
             "w1", [], [AttemptResult(c.job_id, c.attempt, "completed", outputs=[output])]
