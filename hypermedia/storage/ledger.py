@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import secrets
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -45,6 +46,9 @@ class Storage:
         self.settings = settings
         self._backends: dict[int, Backend] = {}
         self._secret: bytes | None = None
+        # (pool, key) of output blobs written without fsync: see make_durable.
+        self._unsynced: list[tuple[int, str]] = []
+        self._unsynced_lock = threading.Lock()
 
     # -- pools ---------------------------------------------------------------
 
@@ -212,23 +216,61 @@ class Storage:
         return [rows[i] for i in object_ids]
 
     @staticmethod
-    def _put_path(backend: Backend, key: str, path: Path) -> Stored:
+    def _put_path(backend: Backend, key: str, path: Path, durable: bool = True) -> Stored:
         put_file = getattr(backend, "put_file", None)
+        if put_file is not None and not durable and hasattr(backend, "make_durable"):
+            return cast(Stored, put_file(key, path, durable=False))
         if put_file is not None:
             return cast(Stored, put_file(key, path))
         with open(path, "rb") as f:
             return backend.put(key, f)
 
-    def add_output(self, pool_id: int, role: str, path: Path, mime: str, project_id: str) -> Row:
+    def add_output(
+        self,
+        pool_id: int,
+        role: str,
+        path: Path,
+        mime: str,
+        project_id: str,
+        *,
+        durable: bool = True,
+    ) -> Row:
         """A job's output: uploaded now, left ``pending`` until the job completes.
 
         The row's size and checksum are returned, not written: the completing
         transaction writes them as it makes the object ready (one database
         write per output instead of two; nothing reads a pending object's size).
+        With ``durable=False`` a local blob is not fsynced yet: ``make_durable``
+        must run before the transaction that makes it ready (the worker's
+        flusher does, once per batch of results).
         """
         obj = self._pending_for_file(pool_id, path, role, mime, project_id)
-        stored = self._upload_file(obj, path)
+        backend = self.backend(pool_id)
+        try:
+            stored = self._put_path(backend, obj["storage_key"], path, durable)
+        except Exception:
+            self._abandon(obj["object_id"])
+            raise
+        if not durable and hasattr(backend, "make_durable"):
+            with self._unsynced_lock:
+                self._unsynced.append((pool_id, obj["storage_key"]))
         return {**obj, **_stored_values(stored)}
+
+    def make_durable(self) -> None:
+        """fsync every blob ``add_output(durable=False)`` wrote so far (StorageUnavailable
+        if that fails: they are kept for the next call)."""
+        with self._unsynced_lock:
+            batch, self._unsynced = self._unsynced, []
+        try:
+            by_pool: dict[int, list[str]] = {}
+            for pool_id, key in batch:
+                by_pool.setdefault(pool_id, []).append(key)
+            for pool_id, keys in by_pool.items():
+                self.backend(pool_id).make_durable(keys)  # type: ignore[attr-defined]
+        except Exception:
+            with self._unsynced_lock:
+                self._unsynced = batch + self._unsynced
+            raise
 
     def _pending_for_file(
         self, pool_id: int, path: Path, role: str, mime: str | None, project_id: str

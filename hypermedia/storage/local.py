@@ -18,6 +18,7 @@ import stat
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -92,13 +93,15 @@ class LocalBackend:
                 tmp.unlink()
         return Stored(size, digest.hexdigest())
 
-    def put_file(self, key: str, path: Path) -> Stored:
+    def put_file(self, key: str, path: Path, *, durable: bool = True) -> Stored:
         """Like ``put`` for a file on disk: the kernel copies while a thread hashes.
 
         Both the in-kernel copy and hashlib run without the GIL, so on two
         cores the upload costs about the longer of the two, not their sum.
         A file changed while it is stored gets a checksum that its bytes do
         not match: reads then fail, never return silently different data.
+        With ``durable=False`` nothing is fsynced: the caller must call
+        ``make_durable`` with the key before anyone may rely on the blob.
         """
         dst = self._path(key)
         tmp_dir = self.root / ".tmp"
@@ -107,16 +110,35 @@ class LocalBackend:
             new_dirs = _make_parents(dst, self.root)
             tmp = tmp_dir / uuid.uuid4().hex
             try:
-                size, digest = _copy_hashing(path, tmp)
+                size, digest = _copy_hashing(path, tmp, durable=durable)
                 os.replace(tmp, dst)
-                for d in {dst.parent, *new_dirs}:
-                    _fsync_dir(d)
+                if durable:
+                    for d in {dst.parent, *new_dirs}:
+                        _fsync_dir(d)
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
         except OSError as exc:
             raise StorageUnavailable(f"could not write to local storage ({exc.strerror})") from exc
         return Stored(size, digest)
+
+    def make_durable(self, keys: Iterable[str]) -> None:
+        """fsync blobs written with ``durable=False``, then each directory on
+        their way up once: a batch of outputs shares the fsyncs of ``objects/``."""
+        dirs: set[Path] = set()
+        try:
+            for key in keys:
+                dst = self._path(key)
+                fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                dirs.update(p for p in dst.parents if p.is_relative_to(self.root))
+            for d in sorted(dirs, key=lambda p: -len(p.parts)):  # deepest first
+                _fsync_dir(d)
+        except OSError as exc:
+            raise StorageUnavailable(f"could not sync local storage ({exc.strerror})") from exc
 
     def put_files(self, items: list[tuple[str, Path]]) -> list[Stored]:
         """Store many files, made durable together by one file-system sync.

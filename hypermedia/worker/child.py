@@ -133,10 +133,11 @@ def main() -> None:
         msg = read_frame(inp)
         if msg is None or msg.get("op") == "exit":
             return
-        if msg.get("op") == "warm":  # no answer: the worker does not wait for it
+        if msg.get("op") == "warm":
             from hypermedia.pipelines import registry
 
             registry.warm(msg.get("job_types") or [])
+            write_frame(out, {"op": "warm"})
             continue
         write_frame(out, run_attempt(msg, out))
 

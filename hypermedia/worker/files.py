@@ -60,8 +60,16 @@ def store_outputs(
             if pool_id is None:
                 pool_id = storage.pool()["pool_id"]
             try:
+                # Not fsynced here, off the slot's way: the flusher syncs every
+                # output of a batch at once before the transaction that makes
+                # them ready (Storage.make_durable).
                 obj = storage.add_output(
-                    pool_id, _role(out.output_type), file, out.mime_type, job.project_id
+                    pool_id,
+                    _role(out.output_type),
+                    file,
+                    out.mime_type,
+                    job.project_id,
+                    durable=False,
                 )
             except StorageError as exc:
                 raise JobError("STORAGE_UNAVAILABLE", f"could not store an output: {exc}") from None

@@ -34,6 +34,9 @@ class Flusher(threading.Thread):
         self.engine = engine
         self.worker_id = worker_id
         self.on_result = on_result
+        # Runs before a batch of results is written: makes their output blobs
+        # durable (an output may become ready only once its blob is on disk).
+        self.before_results: Callable[[], None] | None = None
         self._cond = threading.Condition()
         self._starts: list[tuple[int, int]] = []
         self._results: list[AttemptResult] = []
@@ -104,6 +107,8 @@ class Flusher(threading.Thread):
             # A start whose result is in the same batch needs no write of its own.
             done = {(r.job_id, r.attempt) for r in results}
             starts = [s for s in starts if s not in done]
+        if results and self.before_results is not None:
+            self.before_results()
         if starts or results:
             accepted = self.engine.flush(self.worker_id, starts, results)
             for r in results:

@@ -67,6 +67,7 @@ class Worker:
         self._paused_at = 0.0
         self._status_at = 0.0
         self._signals = 0
+        self._warming = threading.Semaphore(0)  # one release per slot once its child is warm
         # Jobs one worker may hold at once: running, buffered, or finished
         # with the result not yet written.
         self._max_held = self.concurrency + 4 * self.batch
@@ -81,6 +82,7 @@ class Worker:
         root = scratch_root(self.settings.home, self.worker_id)
         cfg = SlotConfig(root, self.settings.child_memory_mb, self.settings.child_max_attempts)
         storage = Storage(self.engine.db, self.settings)
+        self.flusher.before_results = storage.make_durable
         slots = [Slot(i, cfg, self.flusher, storage) for i in range(self.concurrency)]
         threads = [
             threading.Thread(target=self._slot_loop, args=(s,), name=f"slot-{s.index}", daemon=True)
@@ -133,6 +135,13 @@ class Worker:
     # -- claiming --------------------------------------------------------------
 
     def _claim_loop(self) -> None:
+        # No claim before every slot's child is warm (bounded by the slots'
+        # own timeout): a lease taken by a worker that cannot start the job
+        # yet is time another, ready worker could have used.
+        for _ in range(self.concurrency):
+            while not self._warming.acquire(timeout=0.2):
+                if self.stop_claiming.is_set():
+                    return
         delay = 0.1
         while not self.stop_claiming.is_set():
             if self._drain_requested():
@@ -210,7 +219,10 @@ class Worker:
             return list(self._running.values())
 
     def _slot_loop(self, slot: Slot) -> None:
-        slot.warm(registry.job_types_for(self.queues))
+        try:
+            slot.warm(registry.job_types_for(self.queues))
+        finally:
+            self._warming.release()
         while not (self.stop_claiming.is_set() and self.buffer.empty()):
             try:
                 rj = self.buffer.get(timeout=0.2)

@@ -50,6 +50,11 @@ class SlotConfig:
     max_attempts_per_child: int
 
 
+# A child that takes longer than this to load its libraries is not waited
+# for: the worker starts claiming anyway.
+WARM_TIMEOUT = 20.0
+
+
 class Slot:
     def __init__(
         self, index: int, cfg: SlotConfig, flusher: Flusher, storage: Storage | None = None
@@ -61,13 +66,26 @@ class Slot:
         self.child: Child | None = None
         self._scratch_mtime: int | None = None
 
-    def warm(self, job_types: list[str]) -> None:
-        """Start the child now and have it load these job types' libraries, so
-        the first attempt finds it ready.  Called from the slot's own thread:
-        the child's parent-death signal is tied to the thread that starts it."""
-        if self.child is None and job_types:
-            self.child = Child()
-            self.child.send({"op": "warm", "job_types": job_types})
+    def warm(self, job_types: list[str], timeout: float = WARM_TIMEOUT) -> None:
+        """Start the child now, have it load these job types' libraries, and
+        wait (at most ``timeout``) until it has: the first attempt then finds
+        it ready.  Called from the slot's own thread: the child's
+        parent-death signal is tied to the thread that starts it."""
+        if self.child is not None or not job_types:
+            return
+        child = self.child = Child()
+        if not child.send({"op": "warm", "job_types": job_types}):
+            self.child = None
+            return
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            ready, msg = child.poll(left)
+            if ready and msg is None:  # died while loading: the next attempt starts afresh
+                child.kill()
+                self.child = None
+                return
+            if ready and msg.get("op") == "warm":
+                return
 
     def run(self, rj: Running) -> AttemptResult | None:
         """Run one attempt to its end; None when the lease was lost (nothing to report)."""

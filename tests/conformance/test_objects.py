@@ -182,3 +182,44 @@ def test_put_files_that_fail_leave_nothing_ready(storage: Storage, tmp_path) -> 
     with pytest.raises(StorageUnavailable):
         storage.put_files([ok, gone])
     assert sorted(r["state"] for r in storage.list()) == ["deleting", "deleting"]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_worker_outputs_are_fsynced_in_one_batch_before_they_may_become_ready(
+    storage: Storage,
+    tmp_path,
+    monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    from hypermedia.storage import local
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(local.os, "fsync", fsync)
+    pool_id = storage.pool()["pool_id"]
+    rows = []
+    for i in range(3):
+        src = tmp_path / f"out{i}.txt"
+        src.write_bytes(b"x" * (i + 1))
+        rows.append(storage.add_output(pool_id, "thumb", src, "text/plain", "p", durable=False))
+    assert synced == []  # nothing on the slot's way
+    storage.make_durable()
+    root = storage.settings.home / "storage"
+    blobs = {str((root / r["storage_key"]).resolve()) for r in rows}
+    dirs = {str((root / r["storage_key"]).resolve().parent) for r in rows}
+    assert blobs <= set(synced) and dirs <= set(synced)
+    # objects/ once for the whole batch, not once per output.
+    assert synced.count(str((root / "objects").resolve())) == 1
+    synced.clear()
+    storage.make_durable()  # nothing left to sync
+    assert synced == []
+    # The default stays durable on its own (put_file, uploads through the API).
+    src = tmp_path / "again.txt"
+    src.write_bytes(b"y")
+    row = storage.add_output(pool_id, "thumb", src, "text/plain", "p")
+    assert any("/.tmp/" in p for p in synced)  # the blob, fsynced before its rename
+    assert str((root / row["storage_key"]).resolve().parent) in synced
