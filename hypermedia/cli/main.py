@@ -19,7 +19,6 @@ from hypermedia.cli import (
     workers,
 )
 from hypermedia.cli.common import console, engine, settings, setup_logging, user_errors
-from hypermedia.db import migrate
 from hypermedia.pipelines import registry
 
 app = typer.Typer(help="hypermedia: durable media processing jobs.", no_args_is_help=True)
@@ -47,6 +46,8 @@ def db_upgrade(revision: str = typer.Argument("head")) -> None:
     with user_errors():
         s = settings()
         s.home.mkdir(parents=True, exist_ok=True)
+        from hypermedia.db import migrate  # Alembic: only for the commands that need it
+
         migrate.upgrade(s.url, revision)
         console.print(f"database at revision {migrate.current(s.url)}")
 
@@ -55,6 +56,8 @@ def db_upgrade(revision: str = typer.Argument("head")) -> None:
 def db_current() -> None:
     """Print the database's migration revision."""
     with user_errors():
+        from hypermedia.db import migrate
+
         console.print(migrate.current(settings().url) or "empty")
 
 
@@ -150,6 +153,8 @@ def serve(
     with user_errors():
         s = settings()
         s.home.mkdir(parents=True, exist_ok=True)
+        from hypermedia.db import migrate
+
         migrate.upgrade(s.url)
         svc = Services.from_settings(s)
         token = svc.tokens.first_admin(s.home)

@@ -24,6 +24,7 @@ from typing import Any, BinaryIO
 from hypermedia.config import DEFAULT_PROJECT
 from hypermedia.errors import HypermediaError, InvalidRequest, JobError, NotFound, StaleTransition
 from hypermedia.pipelines import registry
+from hypermedia.queue import states
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 from hypermedia.redact import redact
@@ -50,7 +51,8 @@ _VARIANT_STATUS = {
     "processing": "processing",
     "cancel_requested": "processing",
 }
-_LIVE = frozenset({"created", "queued", "claimed", "processing", "paused", "retry_wait"})
+# Jobs a cancel still stops: not finished, and not already asked to stop.
+_LIVE = frozenset(states.STATUSES) - states.TERMINAL - {"cancel_requested"}
 
 
 def variant_key(photo_id: str, role: str) -> str:
