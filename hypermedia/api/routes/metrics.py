@@ -63,34 +63,25 @@ def _epoch(at: datetime) -> float:
     return at.replace(tzinfo=UTC).timestamp()
 
 
+def gauge(name: str, doc: str, points: Iterable[tuple[dict[str, object], float]]) -> Iterator[str]:
+    return family(name, "gauge", doc, (sample(name, labels, v) for labels, v in points))
+
+
 def render(figures: Row, workers: list[Row], worker_counts: dict[str, int]) -> str:
     jobs = sorted(figures["jobs"], key=lambda r: (r["status"], r["job_type"]))
     queued = sorted(figures["queued"], key=lambda r: (r["queue_name"], r["priority"]))
     switches = sorted(figures["switches"], key=lambda r: r["queue_name"])
     parts = [
-        family(
+        gauge(
             "hypermedia_jobs",
-            "gauge",
             "Jobs by status and job type.",
-            (
-                sample(
-                    "hypermedia_jobs",
-                    {"status": r["status"], "job_type": r["job_type"]},
-                    int(r["count"]),
-                )
-                for r in jobs
-            ),
+            (({"status": r["status"], "job_type": r["job_type"]}, int(r["count"])) for r in jobs),
         ),
-        family(
+        gauge(
             "hypermedia_queue_depth",
-            "gauge",
             "Queued jobs (ready to claim) by queue and priority (1 highest).",
             (
-                sample(
-                    "hypermedia_queue_depth",
-                    {"queue": r["queue_name"], "priority": r["priority"]},
-                    int(r["count"]),
-                )
+                ({"queue": r["queue_name"], "priority": r["priority"]}, int(r["count"]))
                 for r in queued
             ),
         ),
@@ -100,38 +91,23 @@ def render(figures: Row, workers: list[Row], worker_counts: dict[str, int]) -> s
             "Duration of finished attempts by job type.",
             _histogram(figures["durations"]),
         ),
-        family(
+        gauge(
             "hypermedia_worker_last_heartbeat_timestamp_seconds",
-            "gauge",
             "Unix time of each live worker's last heartbeat.",
             (
-                sample(
-                    "hypermedia_worker_last_heartbeat_timestamp_seconds",
-                    {"worker_id": w["worker_id"], "status": w["status"]},
-                    _epoch(w["last_heartbeat"]),
-                )
+                ({"worker_id": w["worker_id"], "status": w["status"]}, _epoch(w["last_heartbeat"]))
                 for w in workers
             ),
         ),
-        family(
+        gauge(
             "hypermedia_workers",
-            "gauge",
             "Workers by status (terminated ones included).",
-            (
-                sample("hypermedia_workers", {"status": s}, n)
-                for s, n in sorted(worker_counts.items())
-            ),
+            (({"status": s}, n) for s, n in sorted(worker_counts.items())),
         ),
-        family(
+        gauge(
             "hypermedia_queue_paused",
-            "gauge",
             "1 if the queue is paused, 0 if it was switched back on.",
-            (
-                sample(
-                    "hypermedia_queue_paused", {"queue": r["queue_name"]}, int(bool(r["paused"]))
-                )
-                for r in switches
-            ),
+            (({"queue": r["queue_name"]}, int(bool(r["paused"]))) for r in switches),
         ),
     ]
     return "\n".join(line for part in parts for line in part) + "\n"
