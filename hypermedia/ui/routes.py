@@ -6,16 +6,13 @@ The plumbing (templates, the login check, error pages, the Origin check) is in
 
 from __future__ import annotations
 
-import uuid
-
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
 
 from hypermedia.api.deps import COOKIE, Id, authenticate, services
-from hypermedia.api.errors import ApiError
 from hypermedia.api.routes.jobs import owned_job, public_job, sse_response
+from hypermedia.api.routes.objects import receive_upload
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import HypermediaError, InvalidRequest, NotFound, Unauthorized
 from hypermedia.pipelines import registry
@@ -27,7 +24,6 @@ from hypermedia.ui.web import (
     Row,
     UiRoute,
     error_page,
-    human_size,
     login_required,
     need,
     page,
@@ -36,7 +32,6 @@ from hypermedia.ui.web import (
 
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=UiRoute)
 PAGE_SIZE = 50
-CHUNK = 1024 * 1024
 
 
 # -- static files, login, logout ------------------------------------------------------
@@ -287,37 +282,21 @@ async def upload(request: Request) -> Response:
     need(principal, "objects:write")
     need(principal, "jobs:write")
     svc = services(request)
-    limit = svc.settings.max_upload_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit + 64 * 1024:
-        raise ApiError(413, f"uploads are limited to {human_size(limit)}")
-    async with request.form(max_files=1, max_fields=5) as form:
-        upload = form.get("file")
-        ref = str(form.get("profile") or "")
-        if not isinstance(upload, UploadFile) or not upload.filename:
+    # The API's receiver: the file part streamed to a temp file, counted
+    # against the upload limit as it arrives (413), never spooled elsewhere.
+    async with receive_upload(request, svc.settings, frozenset({"profile"})) as received:
+        if not received.filename:
             raise InvalidRequest("choose a file to upload")
         profiles = await run_in_threadpool(upload_profiles, svc)
+        ref = received.fields.get("profile", "")
         chosen = next((p for p in profiles if p["ref"] == ref), None)
         if chosen is None:
             raise InvalidRequest("choose one of the listed profiles")
-        tmp_dir = svc.settings.home / "tmp"
-        tmp_dir.mkdir(parents=True, exist_ok=True)
-        tmp = tmp_dir / f"ui-upload-{uuid.uuid4().hex}"
-        try:
-            size = 0
-            with open(tmp, "wb") as out:
-                while chunk := await upload.read(CHUNK):
-                    size += len(chunk)
-                    if size > limit:
-                        raise ApiError(413, f"uploads are limited to {human_size(limit)}")
-                    out.write(chunk)
-            obj = await run_in_threadpool(
-                lambda: svc.storage.put_file(
-                    tmp, filename=upload.filename, project_id=principal.project_id
-                )
+        obj = await run_in_threadpool(
+            lambda: svc.storage.put_file(
+                received.path, filename=received.filename, project_id=principal.project_id
             )
-        finally:
-            tmp.unlink(missing_ok=True)
+        )
     job_id = await run_in_threadpool(
         svc.engine.enqueue,
         NewJob(

@@ -7,6 +7,7 @@ import html
 
 from fastapi.testclient import TestClient
 
+from hypermedia.api.app import create_app
 from hypermedia.api.deps import COOKIE
 from hypermedia.queue.models import NewJob
 from hypermedia.services import Services
@@ -251,3 +252,19 @@ def test_the_stream_replays_a_finished_jobs_events(
         body = "".join(r.iter_text())
     assert "event: event" in body and '"to_status": "cancelled"' in body
     assert body.rstrip().endswith('data: {"status": "cancelled"}')
+
+
+def test_an_upload_over_the_limit_is_refused_and_leaves_nothing(svc: Services, a: Project) -> None:
+    small = Services.from_engine(svc.engine)
+    small.settings = svc.settings.with_(max_upload_bytes=1000)
+    with TestClient(create_app(small), raise_server_exceptions=False) as c:
+        login(c, a.admin)
+        r = c.post(
+            "/ui/upload",
+            data={"profile": "image-thumbnail:v1"},
+            files={"file": ("big.png", png(8, 6) + b"\0" * 5000, "image/png")},
+        )
+        assert r.status_code == 413 and "text/html" in r.headers["content-type"]
+    assert svc.storage.list(project_id=a.id) == []
+    tmp = svc.settings.home / "tmp"
+    assert not tmp.exists() or list(tmp.iterdir()) == []
