@@ -11,7 +11,7 @@ from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from hypermedia.api.deps import COOKIE, Id, authenticate, services
-from hypermedia.api.routes.jobs import owned_job, public_job, sse_response
+from hypermedia.api.routes.jobs import check_owner, owned_job, public_job, sse_response
 from hypermedia.api.routes.objects import receive_upload
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import HypermediaError, InvalidRequest, NotFound, Unauthorized
@@ -230,7 +230,7 @@ async def job_stream(
     principal = await authenticate(request, cookie=True)
     need(principal, "jobs:read")
     svc = services(request)
-    await run_in_threadpool(owned_job, svc, job_id, principal)
+    await run_in_threadpool(check_owner, svc, job_id, principal)
     return sse_response(svc, request, job_id, after, last_event_id)
 
 
@@ -239,7 +239,7 @@ async def cancel(request: Request, job_id: Id) -> Response:
     principal = await login_required(request)
     need(principal, "jobs:write")
     svc = services(request)
-    await run_in_threadpool(owned_job, svc, job_id, principal)
+    await run_in_threadpool(check_owner, svc, job_id, principal)
     await run_in_threadpool(svc.engine.cancel, job_id, principal.actor)
     return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
 
@@ -249,7 +249,7 @@ async def retry(request: Request, job_id: Id) -> Response:
     principal = await login_required(request)
     need(principal, "jobs:write")
     svc = services(request)
-    await run_in_threadpool(owned_job, svc, job_id, principal)
+    await run_in_threadpool(check_owner, svc, job_id, principal)
     await run_in_threadpool(svc.engine.retry, job_id, principal.actor)
     return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
 

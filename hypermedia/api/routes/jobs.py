@@ -71,6 +71,11 @@ def _new_job(svc: Services, body: JobCreate, principal: Principal, key: str | No
     )
 
 
+def check_owner(svc: Services, job_id: int, principal: Principal) -> None:
+    """NotFound unless the job is the principal's project's (no attempts or events read)."""
+    owned({"project_id": svc.engine.project_of(job_id)}, principal, "job", job_id)
+
+
 def owned_job(svc: Services, job_id: int, principal: Principal) -> Row:
     job = svc.engine.get(job_id)
     owned(job, principal, "job", job_id)
@@ -124,7 +129,7 @@ def show_job(job_id: Id, request: Request, principal: Principal = scoped("jobs:r
 @router.post("/{job_id}/cancel", summary="Cancel a job (a running one is stopped within 2 s)")
 def cancel_job(job_id: Id, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
     svc = services(request)
-    owned_job(svc, job_id, principal)
+    check_owner(svc, job_id, principal)
     svc.engine.cancel(job_id, actor=principal.actor)
     return public_job(owned_job(svc, job_id, principal))
 
@@ -132,7 +137,7 @@ def cancel_job(job_id: Id, request: Request, principal: Principal = scoped("jobs
 @router.post("/{job_id}/retry", summary="Run a failed or cancelled job again, as a new attempt")
 def retry_job(job_id: Id, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
     svc = services(request)
-    owned_job(svc, job_id, principal)
+    check_owner(svc, job_id, principal)
     svc.engine.retry(job_id, actor=principal.actor)
     return public_job(owned_job(svc, job_id, principal))
 
@@ -154,7 +159,7 @@ async def job_events(
     principal: Principal = scoped("jobs:read"),
 ) -> Any:
     svc = services(request)
-    await run_in_threadpool(owned_job, svc, job_id, principal)
+    await run_in_threadpool(check_owner, svc, job_id, principal)
     if "text/event-stream" not in request.headers.get("accept", ""):
         _, events = await run_in_threadpool(svc.engine.events_since, job_id, after)
         return {"items": events}
