@@ -24,9 +24,11 @@ that needs a password is UNSUPPORTED_FORMAT ("encrypted PDFs are not
 supported"; one encrypted with an owner password only opens without one and
 renders); a damaged one is CORRUPT_INPUT.  The page count and every chosen
 page's size are read from the page tree before any content stream is parsed.
-No bitmap library other than libvips touches the pixels (no Pillow, no numpy):
-pdfium renders into a buffer we allocate, libvips encodes from it.  Reasons
-never carry a path or pdfium's own words.
+pdfium renders into a buffer we allocate and an encoder reads it in place:
+libvips for WebP and PNG, Pillow's libjpeg-turbo for JPEG (twice as fast as
+the wheel's libvips on a page: 9.6 against 15-17 ms at 1280 px).  Pillow
+only ever encodes that bitmap: it never opens a file, so no Pillow decoder
+sees untrusted bytes.  Reasons never carry a path or pdfium's own words.
 
 pypdfium2 and pyvips are imported on the first run, not at import time, so the
 registry loads without them; a job then fails with DEPENDENCY_FAILED.
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import importlib.util
 import math
 import os
@@ -153,7 +156,9 @@ def available() -> str | None:
         return "pdfium (pypdfium2) is not installed"
     if _version_tuple(pkg) < MIN_PYPDFIUM2:
         return f"pypdfium2 {pkg} is too old (4.30 or newer is needed)"
-    return imaging.probe()  # libvips encodes the pages
+    if importlib.util.find_spec("PIL") is None:
+        return "Pillow (the JPEG encoder) is not installed"
+    return imaging.probe()  # libvips encodes the other formats
 
 
 # -- running -------------------------------------------------------------------------------
@@ -251,16 +256,17 @@ def _encode(
     default 4 for about 1.5% more bytes on text pages).  No EXIF, XMP or ICC
     is written (``imaging.strip_webp`` covers libvips 8.14's WebP EXIF chunk).
     """
+    fmt, quality = params["format"], params["quality"]
+    if fmt == "jpeg":
+        _jpeg(buf, width, height, path, quality)
+        return
     rgb = vips.Image.new_from_memory(buf, width, height, 4, "uchar").extract_band(0, n=3)
     rgb = rgb.copy(interpretation="srgb")
-    fmt, quality = params["format"], params["quality"]
     meta: dict[str, Any] = {"keep": "none"} if vips.at_least_libvips(8, 15) else {"strip": True}
     try:
         if fmt == "webp":
             rgb.webpsave(path, Q=quality, effort=WEBP_EFFORT, **meta)
             imaging.strip_webp(path)
-        elif fmt == "jpeg":
-            rgb.jpegsave(path, Q=quality, **meta)
         else:
             rgb.pngsave(path, compression=PNG_COMPRESSION, **meta)
     except vips.Error as exc:
@@ -272,6 +278,28 @@ def _encode(
         if "no space left" in text:
             raise JobError("STORAGE_UNAVAILABLE", "the scratch space is full") from None
         raise JobError("INTERNAL", f"a page could not be saved as {fmt}") from None
+
+
+def _pillow() -> Any:
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - a dependency of the package
+        raise JobError("DEPENDENCY_FAILED", "the JPEG encoder (Pillow) is not installed") from None
+    return Image
+
+
+def _jpeg(buf: Any, width: int, height: int, path: str, quality: int) -> None:
+    """The RGBx buffer as a baseline JPEG: libjpeg's standard Huffman tables and
+    4:2:0 chroma, as pdftoppm writes it; Pillow reads the buffer in place."""
+    image = _pillow().frombuffer("RGBX", (width, height), buf, "raw", "RGBX", 0, 1)
+    try:
+        image.save(path, "JPEG", quality=quality)
+    except OSError as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # no half-written page left behind
+        if exc.errno == errno.ENOSPC:
+            raise JobError("STORAGE_UNAVAILABLE", "the scratch space is full") from None
+        raise JobError("INTERNAL", "a page could not be saved as jpeg") from None
 
 
 def run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -345,6 +373,6 @@ PREVIEW = register(
         schema=SCHEMA,
         available=available,
         doc="Pages of a PDF rendered by pdfium to WebP, PNG or JPEG at a width or a DPI.",
-        warm=lambda: (_pypdfium2(), imaging.load()),
+        warm=lambda: (_pypdfium2(), imaging.load(), _pillow()),
     )
 )

@@ -9,6 +9,7 @@ the attempt instead of leaking a file of the worker's host.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -56,7 +57,7 @@ def store_outputs(
         path = o.pop("path", None)
         out = Output(**o)
         if path:
-            file = _inside(scratch, path)
+            file = inside(scratch, path)
             if pool_id is None:
                 pool_id = storage.pool()["pool_id"]
             try:
@@ -81,7 +82,7 @@ def store_outputs(
     return outputs
 
 
-def _inside(scratch: Path, name: str) -> Path:
+def inside(scratch: Path, name: str) -> Path:
     root = scratch.resolve()
     lexical = root / os.path.normpath(name)
     if os.path.isabs(name) or not lexical.is_relative_to(root) or lexical == root:
@@ -107,3 +108,25 @@ def _inside(scratch: Path, name: str) -> Path:
 def _role(output_type: str) -> str:
     role = _ROLE_CHARS.sub("-", output_type.lower()).strip("-_")[:30]
     return role if role and role[0].isalpha() else f"out-{role}"[:30]
+
+
+MAX_RESULT_BYTES = 256 * 1024
+
+
+def check_storable(result: object, declared: list[dict[str, Any]]) -> None:
+    """A result and output metadata the database can store, or INVALID_OUTPUT.
+
+    The child speaks pickle, so NaN, infinities, bytes or a megabyte of text
+    reach us; stored as they are, the settling transaction would fail every
+    time and the job would never end.
+    """
+    try:
+        size = len(json.dumps(result, allow_nan=False))
+        for o in declared:
+            size += len(json.dumps(o.get("metadata") or {}, allow_nan=False))
+    except (TypeError, ValueError):
+        raise JobError(
+            "INVALID_OUTPUT", "the pipeline returned a result that is not plain JSON"
+        ) from None
+    if size > MAX_RESULT_BYTES:
+        raise JobError("INVALID_OUTPUT", "the pipeline returned a result over 256 KiB")

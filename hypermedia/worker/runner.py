@@ -27,6 +27,7 @@ from hypermedia.storage.ledger import Storage
 from hypermedia.worker.flusher import Flusher
 from hypermedia.worker.monitor import Monitor, Stats, worker_row
 from hypermedia.worker.slot import Running, Slot, SlotConfig, scratch_root
+from hypermedia.worker.transfer import Stager, Storer
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class Worker:
         self._status_at = 0.0
         self._signals = 0
         self._warming = threading.Semaphore(0)  # one release per slot once its child is warm
+        self.stager: Stager | None = None
+        self.storer: Storer | None = None
         # Jobs one worker may hold at once: running, buffered, or finished
         # with the result not yet written.
         self._max_held = self.concurrency + 4 * self.batch
@@ -83,7 +86,14 @@ class Worker:
         cfg = SlotConfig(root, self.settings.child_memory_mb, self.settings.child_max_attempts)
         storage = Storage(self.engine.db, self.settings)
         self.flusher.before_results = storage.make_durable
-        slots = [Slot(i, cfg, self.flusher, storage) for i in range(self.concurrency)]
+        # Inputs are fetched a slot's worth ahead; outputs stored by up to four
+        # threads (uploads to S3 run in parallel, local ones are quick).
+        self.stager = Stager(storage, root / "stage", self.concurrency)
+        self.storer = Storer(storage, self.flusher.finished, min(self.concurrency, 4))
+        slots = [
+            Slot(i, cfg, self.flusher, storage, stager=self.stager, storer=self.storer)
+            for i in range(self.concurrency)
+        ]
         threads = [
             threading.Thread(target=self._slot_loop, args=(s,), name=f"slot-{s.index}", daemon=True)
             for s in slots
@@ -97,7 +107,7 @@ class Worker:
             daemon=True,
             name="listener",
         )
-        for t in (self.flusher, monitor, listener, *threads):
+        for t in (self.flusher, monitor, listener, self.stager, *threads):
             t.start()
         log.info(
             "worker %s on queues %s, concurrency %s",
@@ -178,6 +188,8 @@ class Worker:
         jobs = self.engine.claim(self.worker_id, queues, n) if queues else []
         for job in jobs:
             rj = Running(job)
+            if self.stager is not None:
+                rj.staging = self.stager.add(job)
             with self._lock:
                 self._running[job.job_id] = rj
             self.buffer.put(rj)
@@ -233,22 +245,23 @@ class Worker:
             if self.stop_claiming.is_set():  # draining or stopping: never start new work
                 self._hand_back([rj])
                 continue
+            # A reported job stays ours until its result is written (see
+            # _on_result): the monitor keeps renewing its lease meanwhile.
             try:
-                result = slot.run(rj)
+                reported = slot.run(rj)
             except Exception:
                 log.exception("slot %s failed running job %s", slot.index, rj.job.job_id)
-                result = AttemptResult(
-                    rj.job.job_id,
-                    rj.job.attempt,
-                    "crashed",
-                    "CRASHED",
-                    "the worker could not run the attempt",
+                self.flusher.finished(
+                    AttemptResult(
+                        rj.job.job_id,
+                        rj.job.attempt,
+                        "crashed",
+                        "CRASHED",
+                        "the worker could not run the attempt",
+                    )
                 )
-            if result is not None:
-                # Still ours until the result is written (see _on_result): the
-                # monitor keeps renewing its lease meanwhile.
-                self.flusher.finished(result)
-            else:
+                reported = True
+            if not reported:
                 with self._lock:
                     self._running.pop(rj.job.job_id, None)
         slot.close()
@@ -261,6 +274,9 @@ class Worker:
         with self._lock:
             for rj in items:
                 self._running.pop(rj.job.job_id, None)
+        if self.stager is not None:
+            for rj in items:
+                self.stager.drop(rj.job, rj.staging)
 
     def _on_result(self, result: AttemptResult, accepted: bool) -> None:
         with self._lock:
@@ -289,6 +305,10 @@ class Worker:
         for t in threads:
             while t.is_alive():
                 t.join(0.2)
+        if self.stager is not None:
+            self.stager.close()
+        if self.storer is not None:
+            self.storer.close(now=self.stop_now.is_set())
         # Fix: the worker's scratch root (HOME/scratch/<worker_id>) was left
         # behind by every worker that ever ran; each start makes a new one.
         # Every slot has closed its child by now, so nothing writes there.

@@ -8,7 +8,6 @@ starts, progress and results go to the flusher.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -19,12 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hypermedia.errors import JobError
-from hypermedia.pipelines import registry
-from hypermedia.queue.models import AttemptResult, Claimed, Output
+from hypermedia.queue.models import AttemptResult, Claimed
 from hypermedia.storage.ledger import Storage
-from hypermedia.worker.files import fetch_input, store_outputs
+from hypermedia.worker.files import fetch_input
 from hypermedia.worker.flusher import Flusher
 from hypermedia.worker.pool import Child, Exit
+from hypermedia.worker.transfer import (
+    Stager,
+    Staging,
+    Storer,
+    complete,
+    move_outputs,
+    needs_completing,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +43,7 @@ class Running:
     cancel: threading.Event = field(default_factory=threading.Event)
     lost: threading.Event = field(default_factory=threading.Event)
     stop_now: threading.Event = field(default_factory=threading.Event)
+    staging: Staging | None = None  # its input, when the stager fetches it ahead
 
     @property
     def key(self) -> tuple[int, int]:
@@ -57,14 +64,24 @@ WARM_TIMEOUT = 20.0
 
 class Slot:
     def __init__(
-        self, index: int, cfg: SlotConfig, flusher: Flusher, storage: Storage | None = None
+        self,
+        index: int,
+        cfg: SlotConfig,
+        flusher: Flusher,
+        storage: Storage | None = None,
+        *,
+        stager: Stager | None = None,
+        storer: Storer | None = None,
     ) -> None:
         self.index = index
         self.cfg = cfg
         self.flusher = flusher
         self.storage = storage
+        self.stager = stager
+        self.storer = storer
         self.child: Child | None = None
         self._scratch_mtime: int | None = None
+        self._handed = 0  # attempts handed to the storer, for unique outboxes
 
     def warm(self, job_types: list[str], timeout: float = WARM_TIMEOUT) -> None:
         """Start the child now, have it load these job types' libraries, and
@@ -87,11 +104,18 @@ class Slot:
             if ready and msg.get("op") == "warm":
                 return
 
-    def run(self, rj: Running) -> AttemptResult | None:
-        """Run one attempt to its end; None when the lease was lost (nothing to report)."""
+    def run(self, rj: Running) -> bool:
+        """Run one attempt to its end and report its result to the flusher, now
+        or (outputs to store) through the storer.  False when the lease was lost:
+        nothing is reported."""
         job = rj.job
         if rj.cancel.is_set():
-            return self._result(rj, "cancelled", None, "cancelled before start", 0, None, None)
+            if self.stager is not None:
+                self.stager.drop(job, rj.staging)
+            self.flusher.finished(
+                self._result(rj, "cancelled", None, "cancelled before start", 0, None, None)
+            )
+            return True
         # One scratch directory per slot, emptied after each attempt: cheaper
         # than a fresh directory per attempt, and never shared between children.
         scratch = self.cfg.scratch_root / f"slot-{self.index}"
@@ -100,7 +124,18 @@ class Slot:
             self._scratch_mtime = scratch.stat().st_mtime_ns
         self.flusher.started(job.job_id, job.attempt)
         try:
-            return self._attempt(rj, scratch)
+            done = self._attempt(rj, scratch)
+            if done is None:
+                return False
+            res, declared = done
+            if res.status == "completed":
+                if self.storer is not None and needs_completing(job.job_type, declared):
+                    self._hand_off(job, res, declared, scratch)
+                    return True
+                # Nothing to store: checked (plain JSON, size) and reported now.
+                res = complete(self.storage, job, res, declared, scratch)
+            self.flusher.finished(res)
+            return True
         finally:
             # A directory's mtime changes whenever an entry is added or removed:
             # one stat() tells whether the attempt left anything behind.
@@ -108,15 +143,35 @@ class Slot:
                 _empty(scratch)
                 self._scratch_mtime = scratch.stat().st_mtime_ns
 
-    def _attempt(self, rj: Running, scratch: Path) -> AttemptResult | None:
+    def _hand_off(
+        self, job: Claimed, res: AttemptResult, declared: list[dict], scratch: Path
+    ) -> None:
+        assert self.storer is not None
+        # The files leave scratch (the next attempt's) for an outbox of their own.
+        self._handed += 1
+        outbox = self.cfg.scratch_root / "out" / f"{self.index}-{self._handed}"
+        try:
+            move_outputs(scratch, declared, outbox)
+        except JobError as exc:
+            res.status, res.code, res.message, res.result = "failed", exc.code, exc.reason, None
+            self.flusher.finished(res)
+            return
+        self.storer.submit(job, res, declared, outbox)
+
+    def _input(self, rj: Running, scratch: Path) -> str | None:
+        if self.stager is not None:
+            return self.stager.take(rj.job, rj.staging, scratch)
+        return fetch_input(self.storage, rj.job, scratch) if self.storage else None
+
+    def _attempt(self, rj: Running, scratch: Path) -> tuple[AttemptResult, list[dict]] | None:
         job = rj.job
         mem = job.memory_limit_mb or self.cfg.memory_mb
         t0 = time.monotonic()
         try:
-            input_name = fetch_input(self.storage, job, scratch) if self.storage else None
+            input_name = self._input(rj, scratch)
         except JobError as exc:
             ms = int((time.monotonic() - t0) * 1000)
-            return self._result(rj, "failed", exc.code, exc.reason, ms, None, None)
+            return self._result(rj, "failed", exc.code, exc.reason, ms, None, None), []
         message = {
             "op": "run",
             "job_id": job.job_id,
@@ -141,7 +196,7 @@ class Slot:
                     elapsed_ms,
                     ex.peak_mb,
                     self._cpu(child, ex),
-                )
+                ), []
             if rj.cancel.is_set():
                 ex = self._kill()
                 return self._result(
@@ -152,7 +207,7 @@ class Slot:
                     elapsed_ms,
                     ex.peak_mb,
                     self._cpu(child, ex),
-                )
+                ), []
             if rj.lost.is_set():
                 self._kill()
                 log.warning("job %s: lease lost, attempt %s abandoned", job.job_id, job.attempt)
@@ -168,13 +223,13 @@ class Slot:
                     elapsed_ms,
                     ex.peak_mb,
                     self._cpu(child, ex),
-                )
+                ), []
             ready, msg = child.poll(min(remaining, POLL))
             if not ready:
                 continue
             elapsed_ms = int((time.monotonic() - t0) * 1000)
             if msg is None:
-                return self._died(rj, child, mem, elapsed_ms)
+                return self._died(rj, child, mem, elapsed_ms), []
             if msg.get("op") == "progress":
                 self.flusher.progress(
                     job.job_id,
@@ -182,7 +237,7 @@ class Slot:
                     {"percent": msg.get("percent"), "step": msg.get("step")},
                 )
                 continue
-            return self._done(rj, child, msg, elapsed_ms, scratch)
+            return self._done(rj, child, msg, elapsed_ms)
 
     def _child_for(self, message: dict[str, object]) -> Child:
         """Our warm child, or a new one if there is none or it has died since."""
@@ -196,8 +251,9 @@ class Slot:
         return self.child
 
     def _done(
-        self, rj: Running, child: Child, msg: dict, elapsed_ms: int, scratch: Path
-    ) -> AttemptResult:
+        self, rj: Running, child: Child, msg: dict, elapsed_ms: int
+    ) -> tuple[AttemptResult, list[dict]]:
+        """The child's report as a result, with the outputs it declared."""
         child.attempts += 1
         child.cpu_seen_ms = msg.get("cpu_total_ms", child.cpu_seen_ms)
         code = msg.get("code")
@@ -217,47 +273,7 @@ class Slot:
             msg.get("cpu_ms"),
         )
         res.result = msg.get("result")
-        declared = msg.get("outputs") or []
-        if status != "completed":
-            return res
-        try:
-            # A pipeline's finish step (storage.dedup_check) runs here, in the
-            # worker, where the database is; before outputs are stored, so a
-            # failed finish stores nothing.
-            declared = self._finish(rj.job, res, declared)
-            _check_storable(res.result, declared)
-            if self.storage is not None:
-                res.outputs = store_outputs(self.storage, rj.job, scratch, declared)
-            else:
-                res.outputs = [
-                    Output(**{k: v for k, v in o.items() if k != "path"}) for o in declared
-                ]
-        except JobError as exc:
-            res.status, res.code, res.message, res.result = "failed", exc.code, exc.reason, None
-        return res
-
-    def _finish(self, job: Claimed, res: AttemptResult, declared: list[dict]) -> list[dict]:
-        """Run the pipeline's ``finish`` on a completed attempt: it sets the final
-        result and may add data-only outputs.  Whatever goes wrong in it fails
-        the attempt with a JobError (retryable unless the pipeline says otherwise),
-        never the slot."""
-        try:
-            finish = registry.get(job.job_type).finish
-        except JobError:  # a type only the child knows (tests): nothing to finish
-            return declared
-        if finish is None:
-            return declared
-        if self.storage is None:
-            raise JobError("STORAGE_UNAVAILABLE", "this worker has no access to the ledger")
-        ctx = registry.FinishContext(self.storage, job, dict(res.result or {}))
-        try:
-            res.result = finish(ctx)
-        except JobError:
-            raise
-        except Exception:
-            log.exception("job %s: the %s finish step failed", job.job_id, job.job_type)
-            raise JobError("INTERNAL", "the attempt could not be completed") from None
-        return [*declared, *ctx.outputs]
+        return res, (msg.get("outputs") or []) if status == "completed" else []
 
     def _died(self, rj: Running, child: Child, mem: int, elapsed_ms: int) -> AttemptResult:
         ex = child.reap()
@@ -306,28 +322,6 @@ class Slot:
         if self.child is not None:
             self.child.stop()
             self.child = None
-
-
-MAX_RESULT_BYTES = 256 * 1024
-
-
-def _check_storable(result: object, declared: list[dict]) -> None:
-    """A result and output metadata the database can store, or INVALID_OUTPUT.
-
-    The child speaks pickle, so NaN, infinities, bytes or a megabyte of text
-    reach us; stored as they are, the settling transaction would fail every
-    time and the job would never end.
-    """
-    try:
-        size = len(json.dumps(result, allow_nan=False))
-        for o in declared:
-            size += len(json.dumps(o.get("metadata") or {}, allow_nan=False))
-    except (TypeError, ValueError):
-        raise JobError(
-            "INVALID_OUTPUT", "the pipeline returned a result that is not plain JSON"
-        ) from None
-    if size > MAX_RESULT_BYTES:
-        raise JobError("INVALID_OUTPUT", "the pipeline returned a result over 256 KiB")
 
 
 def _empty(directory: Path) -> None:

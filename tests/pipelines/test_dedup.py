@@ -14,7 +14,6 @@ import os
 import random
 import re
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -28,7 +27,7 @@ from hypermedia.pipelines import dedup, registry
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import AttemptResult, Claimed, NewJob
 from hypermedia.storage.ledger import Storage
-from hypermedia.worker.slot import Running, Slot, SlotConfig
+from hypermedia.worker.transfer import complete, needs_completing
 from tests.integration._procs import Procs, sqlite_only, tail, wait_job
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -332,25 +331,20 @@ def test_a_failing_finish_fails_the_attempt_not_the_slot(
     storage: Storage, tmp_path: Path, exploding: Any
 ) -> None:
     obj = put(storage, b"abc", "p1")
-    slot = Slot(0, SlotConfig(tmp_path, 512, 1000), flusher=None, storage=_down(tmp_path))  # type: ignore[arg-type]
-    child = SimpleNamespace(attempts=0, cpu_seen_ms=0)
-    done = {
-        "status": "completed",
-        "result": {"sha256": obj["checksum"].removeprefix("sha256:"), "hash": None},
-        "outputs": [],
-    }
+    down = _down(tmp_path)
+    result = {"sha256": obj["checksum"].removeprefix("sha256:"), "hash": None}
     for job_type, code in (
         ("storage.dedup_check", "STORAGE_UNAVAILABLE"),
         (exploding.job_type, "INTERNAL"),
     ):
         job = _claimed(obj, dedup.DEDUP_CHECK.validate({}, PROFILE))
         job.job_type = job_type
-        res = slot._done(Running(job), child, dict(done), 5, tmp_path)  # type: ignore[arg-type]
-        assert isinstance(res, AttemptResult)
+        assert needs_completing(job_type, [])
+        done = AttemptResult(job.job_id, job.attempt, "completed", result=dict(result))
+        res = complete(down, job, done, [], tmp_path)
         assert (res.status, res.code, res.result, res.outputs) == ("failed", code, None, [])
         assert ERROR_POLICY[code].retryable
-    assert slot.storage is not None
-    slot.storage.db.dispose()
+    down.db.dispose()
 
 
 # -- through a real worker -----------------------------------------------------------

@@ -253,6 +253,24 @@ def test_other_formats(scratch: Path, fmt: str, loader: str, mime: str) -> None:
     assert not {"exif-data", "xmp-data", "icc-profile-data"} & set(img.get_fields())
 
 
+def test_jpeg_pages_are_baseline_with_standard_tables_like_pdftoppm(scratch: Path) -> None:
+    src = put(scratch, pdfs.realistic(1))
+    r = run(scratch, src, {"format": "jpeg", "width": 640, "quality": 85})
+    (out,) = r.ctx.outputs
+    data = (scratch / out["path"]).read_bytes()
+    assert data[:2] == b"\xff\xd8" and b"\xff\xc0" in data  # SOF0: baseline, not progressive
+    assert b"\xff\xc2" not in data and b"Exif" not in data[:64] and b"JFIF" in data[:32]
+    img = decoded(scratch, out)
+    assert img.get("jpeg-chroma-subsample") == "4:2:0"
+    assert (img.width, img.bands, img.interpretation) == (640, 3, "srgb")
+    # The pixels as rendered, channels in order: close to the lossless PNG of the page.
+    other = scratch / "png"
+    other.mkdir()
+    (png,) = run(other, src, {"format": "png", "width": 640}).ctx.outputs
+    assert (img - decoded(other, png)).abs().avg() < 3
+    assert close_to(centre(img), centre(decoded(other, png)))
+
+
 def test_dpi_renders_the_page_at_its_own_size(scratch: Path) -> None:
     src = put(scratch, pdfs.document([(612, 792), (200, 100)]))
     r = run(scratch, src, {"dpi": 36, "last_page": 2})
@@ -440,7 +458,7 @@ def test_importing_the_module_loads_neither_pdfium_nor_libvips() -> None:
     code = (
         "import sys, hypermedia.pipelines.pdf as m; "
         "assert m.available() is None; "
-        "assert not {'pypdfium2', 'pyvips'} & set(sys.modules), sorted(sys.modules)"
+        "assert not {'pypdfium2', 'pyvips', 'PIL'} & set(sys.modules), sorted(sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -489,6 +507,7 @@ out = {"small": attempt("report.pdf", {"width": 200})}
 _, hard = resource.getrlimit(resource.RLIMIT_AS)
 resource.setrlimit(resource.RLIMIT_AS, ({limit} * 2**20, hard))
 out["big"] = attempt("report.pdf", {"dpi": 700, "format": "png"})
+out["big_jpeg"] = attempt("report.pdf", {"dpi": 700, "format": "jpeg"})
 out["pages"] = attempt("pages.pdf", {})
 out["huge"] = attempt("huge.pdf", {"dpi": 300})
 # Less room than the big page needs: OOM, and the process carries on.
@@ -518,6 +537,7 @@ def test_memory_stays_under_the_attempt_limit_in_an_empty_environment(tmp_path: 
     out = json.loads(done.stdout)
     assert out["small"] == [200 * 283]
     assert out["big"] == [5785 * 8186]  # A4 at 700 dpi: 47 million pixels, under the cap
+    assert out["big_jpeg"] == [5785 * 8186]  # Pillow encodes the buffer in place
     assert (out["pages"], out["huge"]) == ("LIMIT_EXCEEDED", "LIMIT_EXCEEDED")
     assert out["tight"] == "OOM"
     assert out["after"] == [200 * 283]
