@@ -178,10 +178,7 @@ def serve(
             soft_wrap=True,
             highlight=False,
         )
-    with user_errors():
-        w = Worker(svc.engine, _queues(queues), concurrency=concurrency)
-        http = server.start_in_thread(create_app(svc), host, port, access_log=verbose)
-    leader = _start_leader(svc.engine, w.worker_id, w.stopped)
+    # Said before the server answers: whoever waits for /readyz then finds it.
     console.print(
         f"hypermedia serving: data in {s.home.resolve()}, queues {queues}, job types "
         f"{', '.join(registry.known())}",
@@ -189,6 +186,10 @@ def serve(
         highlight=False,
     )
     _print_where(_base_url(host, port), str(token_file))
+    with user_errors():
+        w = Worker(svc.engine, _queues(queues), concurrency=concurrency)
+        http = server.start_in_thread(create_app(svc), host, port, access_log=verbose)
+    leader = _start_leader(svc.engine, w.worker_id, w.stopped)
     try:
         w.run()
     finally:

@@ -365,12 +365,17 @@ class Storage:
         finally:
             reader.close()
 
-    def download(self, row: Row, dst: Path) -> None:
-        """Copy an object to a new local file, verified; used by workers for job inputs."""
+    def download(self, row: Row, dst: Path, *, link: bool = False) -> None:
+        """Copy an object to a new local file, verified.  ``link``: a job input,
+        which nobody writes to; a local pool may hard-link it instead of copying."""
         backend = self.backend(row["pool_id"])
         get_file = getattr(backend, "get_file", None)
         if get_file is not None:
-            get_file(row["storage_key"], dst, row["checksum"].removeprefix("sha256:"))
+            sha256 = row["checksum"].removeprefix("sha256:")
+            if link:
+                get_file(row["storage_key"], dst, sha256, link=True)
+            else:
+                get_file(row["storage_key"], dst, sha256)
             return
         with self.open_row(row) as src, open(dst, "xb") as out:
             while chunk := src.read(1024 * 1024):

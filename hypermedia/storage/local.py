@@ -11,8 +11,10 @@ final path must stay under the root (symlinks included).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import hmac
+import mmap
 import os
 import stat
 import threading
@@ -164,16 +166,19 @@ class LocalBackend:
             raise StorageUnavailable(f"could not write to local storage ({exc.strerror})") from exc
         return out
 
-    def get_file(self, key: str, dst: Path, sha256: str) -> None:
+    def get_file(self, key: str, dst: Path, sha256: str, *, link: bool = False) -> None:
         """Copy a blob to a new file ``dst`` and check it against ``sha256``.
 
+        With ``link``, ``dst`` is a hard link to the blob when both are on one
+        file system (else a copy): for a worker's job input, which the child
+        only reads, half the CPU of a copy.  The caller must never write to it.
         A mismatch raises ChecksumMismatch, a missing blob BlobMissing; either
         way, and on any other failure, ``dst`` is removed: no unverified bytes
         are left behind.
         """
         src = self._checked(key)
         try:
-            _, digest = _copy_hashing(src, dst, durable=False)
+            _, digest = _link_hashing(src, dst) if link else _copy_hashing(src, dst, durable=False)
         except FileExistsError:
             raise  # the caller's file, left as it was: a caller's error, not the pool's
         except OSError as exc:
@@ -363,6 +368,34 @@ def _copy_hashing(src: str | Path, dst: str | Path, *, durable: bool = True) -> 
     if "sha256" not in result:
         raise OSError(5, "the source could not be read")
     return size, result["sha256"]
+
+
+def _link_hashing(src: str | Path, dst: str | Path) -> tuple[int, str]:
+    """Hard-link ``src`` at ``dst`` and hash it, or copy it where links cannot go."""
+    try:
+        os.link(src, dst)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        return _copy_hashing(src, dst, durable=False)
+    try:
+        return _hash_mapped(dst)
+    except BaseException:
+        _remove(dst)
+        raise
+
+
+def _hash_mapped(path: str | Path) -> tuple[int, str]:
+    """Size and SHA-256 of a file, hashed from its mapped pages (no read copy)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0, hashlib.sha256().hexdigest()
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as pages:
+            return size, hashlib.sha256(pages).hexdigest()
+    finally:
+        os.close(fd)
 
 
 def _kernel_copy(fin: int, fout: int, size: int) -> None:

@@ -35,7 +35,8 @@ def fetch_input(storage: Storage, job: Claimed, scratch: Path) -> str | None:
         row = storage.get(job.object_id)
         if row["state"] != "ready":
             raise JobError("CORRUPT_INPUT", "the input object is no longer available")
-        storage.download(row, scratch / name)
+        # A hard link where the pool is local: pipelines only read their input.
+        storage.download(row, scratch / name, link=True)
     except ChecksumMismatch:
         raise JobError("CORRUPT_INPUT", "the stored input does not match its checksum") from None
     except BlobMissing:

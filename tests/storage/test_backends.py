@@ -259,6 +259,40 @@ def test_get_file_missing_and_existing_destination(backend: Backend, tmp_path: P
     assert dst.read_bytes() == b"the caller's file"  # not ours: left as it was
 
 
+@pytest.mark.parametrize("size", [0, 1000, 4 * MiB + 1], ids=["empty", "1kB", "large"])
+def test_a_job_input_is_a_verified_hard_link_on_a_local_pool(tmp_path: Path, size: int) -> None:
+    backend = LocalBackend(tmp_path / "pool")
+    data = _bytes(size, seed=size + 7)
+    sha256 = backend.put(KEY, io.BytesIO(data)).sha256
+    dst = tmp_path / "input.bin"
+    backend.get_file(KEY, dst, sha256, link=True)
+    assert dst.read_bytes() == data
+    assert os.stat(dst).st_ino == os.stat(tmp_path / "pool" / KEY).st_ino  # no copy made
+    # Bit rot under a link is caught like under a copy, and the link is gone.
+    dst.unlink()
+    with open(tmp_path / "pool" / KEY, "r+b") as f:
+        f.write(b"\x00" if size == 0 else bytes([data[0] ^ 1]))
+    with pytest.raises(ChecksumMismatch):
+        backend.get_file(KEY, dst, sha256, link=True)
+    assert not dst.exists()
+
+
+def test_a_job_input_across_file_systems_is_a_copy(tmp_path: Path) -> None:
+    """/dev/shm is another file system than tmp_path here: the link fails, a copy is made."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second file system to copy across")
+    backend = LocalBackend(tmp_path / "pool")
+    sha256 = backend.put(KEY, io.BytesIO(b"across" * 1000)).sha256
+    dst = shm / f"hm-test-{os.getpid()}-input.bin"
+    try:
+        backend.get_file(KEY, dst, sha256, link=True)
+        assert dst.read_bytes() == b"across" * 1000
+        assert os.stat(dst).st_nlink == 1
+    finally:
+        dst.unlink(missing_ok=True)
+
+
 def test_put_files_stores_a_batch_in_order(backend: Backend, tmp_path: Path) -> None:
     sizes = [0, 1, 50_000, 50_001, SMALL_BODY + 1, *range(1000, 1030)]
     datas = [_bytes(n, seed=i) for i, n in enumerate(sizes)]

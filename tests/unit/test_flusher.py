@@ -1,0 +1,84 @@
+"""The flusher's batching: when starts are written, folded or kept.
+
+The engine here only records what it is asked to write (the flusher's own
+logic is under test; the writes themselves are tested against every database
+in tests/conformance).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from hypermedia.queue.models import AttemptResult
+from hypermedia.worker.flusher import START_DELAY, Flusher
+
+
+class Recorder:
+    def __init__(self, fail: int = 0) -> None:
+        self.calls: list[tuple[float, list[tuple[int, int]], list[int]]] = []
+        self.fail = fail
+        self.wrote = threading.Event()
+
+    def flush(self, worker_id: str, starts: Any, results: Any) -> set[int]:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("database away")
+        self.calls.append((time.monotonic(), list(starts), [r.job_id for r in results]))
+        self.wrote.set()
+        return {r.job_id for r in results}
+
+    def report_progress(self, worker_id: str, reports: Any) -> int:
+        return len(reports)
+
+
+def _flusher(engine: Recorder) -> Flusher:
+    f = Flusher(engine, "w1")  # type: ignore[arg-type]
+    f.start()
+    return f
+
+
+def test_a_start_followed_soon_by_its_result_is_never_written_alone() -> None:
+    engine = Recorder()
+    f = _flusher(engine)
+    f.started(1, 1)
+    time.sleep(START_DELAY / 4)
+    f.finished(AttemptResult(1, 1, "completed"))
+    assert engine.wrote.wait(5)
+    assert f.close(5)
+    assert [(s, r) for _, s, r in engine.calls] == [([], [1])]
+
+
+def test_a_long_attempt_has_its_start_written_after_the_delay() -> None:
+    engine = Recorder()
+    f = _flusher(engine)
+    t0 = time.monotonic()
+    f.started(2, 1)
+    assert engine.wrote.wait(5)
+    when, starts, results = engine.calls[0]
+    assert (starts, results) == ([(2, 1)], [])
+    assert START_DELAY <= when - t0 < START_DELAY + 1.0
+    assert f.close(5)
+
+
+def test_progress_writes_its_start_at_once() -> None:
+    engine = Recorder()
+    f = _flusher(engine)
+    t0 = time.monotonic()
+    f.started(3, 1)
+    f.progress(3, 1, {"percent": 10})
+    assert engine.wrote.wait(5)
+    when, starts, _ = engine.calls[0]
+    assert starts == [(3, 1)] and when - t0 < START_DELAY
+    assert f.close(5)
+
+
+def test_closing_writes_waiting_starts_and_a_failed_write_is_retried() -> None:
+    engine = Recorder(fail=1)
+    f = _flusher(engine)
+    f.started(4, 1)
+    f.started(5, 1)
+    assert f.close(10)
+    assert sorted(s for _, starts, _ in engine.calls for s in starts) == [(4, 1), (5, 1)]
+    assert f.idle()
