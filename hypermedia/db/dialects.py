@@ -18,6 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from hypermedia.db import fast
 from hypermedia.db.schema import job_attempts as A
 from hypermedia.db.schema import job_events as E
 from hypermedia.db.schema import processing_jobs as J
@@ -84,35 +85,34 @@ def _record_claims(
 ) -> None:
     if not rows:
         return
-    conn.execute(
-        sa.insert(A),
-        [
-            {
-                "job_id": r["job_id"],
-                "worker_id": worker_id,
-                "attempt_number": r["attempt_count"],
-                "status": "started",
-                "started_at": now,
-            }
-            for r in rows
-        ],
-    )
-    conn.execute(
-        sa.insert(E),
-        [
-            {
-                "job_id": r["job_id"],
-                "kind": "event",
-                "from_status": "queued",
-                "to_status": "claimed",
-                "attempt_number": r["attempt_count"],
-                "message": "",
-                "actor": worker_id,
-                "created_at": now,
-            }
-            for r in rows
-        ],
-    )
+    attempts = [
+        {
+            "job_id": r["job_id"],
+            "worker_id": worker_id,
+            "attempt_number": r["attempt_count"],
+            "status": "started",
+            "started_at": now,
+        }
+        for r in rows
+    ]
+    events = [
+        {
+            "job_id": r["job_id"],
+            "kind": "event",
+            "from_status": "queued",
+            "to_status": "claimed",
+            "attempt_number": r["attempt_count"],
+            "message": "",
+            "actor": worker_id,
+            "created_at": now,
+        }
+        for r in rows
+    ]
+    for table, values in ((A, attempts), (E, events)):
+        if conn.dialect.name == "sqlite":  # prepared: see db/fast.py
+            fast.insert_many(conn, table, values)
+        else:
+            conn.execute(sa.insert(table), values)
 
 
 _PG_CLAIM = sa.text(f"""
@@ -204,16 +204,52 @@ def _claim_mysql(conn, worker_id, queues, n, now, lease_until):
 def _claim_sqlite(conn, worker_id, queues, n, now, lease_until):
     # SQLite ignores FOR UPDATE; the transaction already holds the database
     # write lock (BEGIN IMMEDIATE), so reading then updating is race-free.
-    ids = _ready_ids(conn, queues, n, now, lock=False)
+    # Both statements are prepared once per shape (db/fast.py): the claim is
+    # a worker's most repeated transaction.
+    found: list[tuple[int, int]] = []
+    for q in queues:
+        ready = fast.prepare(conn, ("ready", n), lambda: _ready_select(sa.bindparam("q"), n))
+        found += [
+            (r["priority"], r["job_id"]) for r in fast.rows(conn, ready, {"q": q, "now": now})
+        ]
+    ids = [job_id for _, job_id in sorted(found)[:n]]
     if not ids:
         return []
-    stmt = (
-        sa.update(J)
-        .where(J.c.job_id.in_(ids), J.c.status == "queued")
-        .values(_claim_values(worker_id, now, lease_until))
-        .returning(*CLAIM_COLUMNS)
+    values: dict[str, Any] = {
+        name: sa.bindparam(f"v_{name}")
+        for name in ("claimed_by", "claimed_at", "visibility_timeout", "updated_at")
+    }
+
+    def build() -> Any:
+        return (
+            sa.update(J)
+            .where(J.c.job_id.in_(fast.id_params(ids)), J.c.status == "queued")
+            .values(
+                status="claimed", attempt_count=J.c.attempt_count + 1, started_at=None, **values
+            )
+            .returning(*CLAIM_COLUMNS)
+        )
+
+    prepared = fast.prepare(conn, ("claim", len(ids)), build)
+    params = {
+        **fast.id_values(ids),
+        "v_claimed_by": worker_id,
+        "v_claimed_at": now,
+        "v_visibility_timeout": lease_until,
+        "v_updated_at": now,
+    }
+    return fast.rows(conn, prepared, params)
+
+
+def _ready_select(queue: Any, n: int) -> Any:
+    return (
+        sa.select(J.c.priority, J.c.job_id)
+        .where(
+            J.c.status == "queued", J.c.queue_name == queue, J.c.available_at <= sa.bindparam("now")
+        )
+        .order_by(J.c.priority, J.c.job_id)
+        .limit(n)
     )
-    return [dict(r._mapping) for r in conn.execute(stmt)]
 
 
 def notify(conn: sa.Connection, dialect: str, queues: set[str]) -> None:

@@ -154,7 +154,9 @@ def _sqlite_engine(url: str, begin: str, echo: bool) -> sa.Engine:
 
     @event.listens_for(eng, "begin")
     def _on_begin(conn: sa.Connection) -> None:
-        conn.exec_driver_sql(begin)
+        # On the sqlite3 connection itself: every transaction starts here, and
+        # a statement through SQLAlchemy costs ten times what sqlite3 takes.
+        conn.connection.dbapi_connection.execute(begin)  # type: ignore[union-attr]
 
     return eng
 

@@ -13,14 +13,16 @@ connection (inside the same transaction).  Values go through the columns' own
 bind processors and come back through their result processors, so rows hold
 exactly what SQLAlchemy would have written and read (datetimes, JSON).
 
-Only SQLite takes this path (sqlite3's qmark parameters are positional): PostgreSQL's hot writes are already one
-statement per batch (dialects.pg_apply), and MariaDB is not the embedded case.
+Only SQLite takes this path (sqlite3's qmark parameters are positional):
+PostgreSQL's hot writes are already one statement per batch
+(dialects.pg_apply), and MariaDB is not the embedded case.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +55,8 @@ def prepare(conn: sa.Connection, key: Hashable, build: Callable[[], Any]) -> Pre
     dialect = conn.dialect
     stmt = build()
     compiled = stmt.compile(dialect=dialect)
+    if "POSTCOMPILE" in compiled.string:  # an expanding IN: use id_params / ORed equalities
+        raise ValueError(f"statement {key!r} cannot be prepared: it has an expanding IN")
     names = tuple(compiled.positiontup or ())
     binds, defaults = [], []
     for name in names:
@@ -91,18 +95,26 @@ def _params(p: Prepared, values: Row) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _cursor(conn: sa.Connection) -> Any:
-    return conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+@contextmanager
+def _cursor_for(conn: sa.Connection, p: Prepared, params: Any) -> Iterator[Any]:
+    """The connection's DBAPI cursor; its errors raised as SQLAlchemy's own
+    (IntegrityError, OperationalError…), as callers expect from any statement."""
+    dbapi = conn.dialect.loaded_dbapi
+    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        yield cur
+    except dbapi.Error as exc:
+        raise sa.exc.DBAPIError.instance(p.sql, params, exc, dbapi.Error) from exc
+    finally:
+        cur.close()
 
 
 def rows(conn: sa.Connection, p: Prepared, values: Row) -> list[Row]:
     """Run a SELECT (or a statement with RETURNING); rows as dicts."""
-    cur = _cursor(conn)
-    try:
-        cur.execute(p.sql, _params(p, values))
+    params = _params(p, values)
+    with _cursor_for(conn, p, params) as cur:
+        cur.execute(p.sql, params)
         fetched = cur.fetchall()
-    finally:
-        cur.close()
     procs = p.results
     return [
         {
@@ -115,24 +127,20 @@ def rows(conn: sa.Connection, p: Prepared, values: Row) -> list[Row]:
 
 def execute(conn: sa.Connection, p: Prepared, values: Row) -> tuple[int, int | None]:
     """Run one statement; its row count and the last inserted row id."""
-    cur = _cursor(conn)
-    try:
-        cur.execute(p.sql, _params(p, values))
+    params = _params(p, values)
+    with _cursor_for(conn, p, params) as cur:
+        cur.execute(p.sql, params)
         return cur.rowcount, cur.lastrowid
-    finally:
-        cur.close()
 
 
 def execute_many(conn: sa.Connection, p: Prepared, many: Sequence[Row]) -> int:
     """Run one statement per parameter set (sqlite3's executemany); total row count."""
     if not many:
         return 0
-    cur = _cursor(conn)
-    try:
-        cur.executemany(p.sql, [_params(p, v) for v in many])
+    params = [_params(p, v) for v in many]
+    with _cursor_for(conn, p, params) as cur:
+        cur.executemany(p.sql, params)
         return int(cur.rowcount)
-    finally:
-        cur.close()
 
 
 def id_params(ids: Sequence[Any], prefix: str = "id") -> list[Any]:
@@ -142,3 +150,17 @@ def id_params(ids: Sequence[Any], prefix: str = "id") -> list[Any]:
 
 def id_values(ids: Sequence[Any], prefix: str = "id") -> Row:
     return {f"{prefix}{i}": v for i, v in enumerate(ids)}
+
+
+def insert_many(conn: sa.Connection, table: sa.Table, many: Sequence[Row]) -> int | None:
+    """Insert rows that all have the same keys; the last inserted row id for one row."""
+    cols = tuple(many[0])
+    prepared = prepare(
+        conn,
+        ("insert", table.name, cols),
+        lambda: sa.insert(table).values({c: sa.bindparam(c) for c in cols}),
+    )
+    if len(many) == 1:
+        return execute(conn, prepared, many[0])[1]
+    execute_many(conn, prepared, many)
+    return None

@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from hypermedia.db import dialects
+from hypermedia.db import dialects, fast
 from hypermedia.db.auth_queries import AuthQueries
 from hypermedia.db.bulk import update_many
 from hypermedia.db.dedup_queries import DedupQueries
@@ -50,6 +50,21 @@ def _held_by(worker_id: str) -> sa.ColumnElement[bool]:
     IS NOT DISTINCT FROM is the same test for a non-NULL id and not indexable.
     """
     return J.c.claimed_by.is_not_distinct_from(worker_id)
+
+
+# What settling a result needs to know of its job.
+_FENCED = (
+    J.c.job_id,
+    J.c.status,
+    J.c.attempt_count,
+    J.c.max_attempts,
+    J.c.claimed_by,
+    J.c.memory_limit_mb,
+    J.c.started_at,
+    J.c.queue_name,
+    J.c.visibility_timeout,
+    J.c.profile_id,
+)
 
 
 def _rows(result: sa.CursorResult[Any]) -> list[Row]:
@@ -169,18 +184,28 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
         """What settling needs to price jobs: input size, input object and its facts."""
         if not job_ids:
             return {}
-        q = (
-            sa.select(
-                J.c.job_id,
-                J.c.object_id,
-                J.c.input_size_bytes,
-                OB.c.pages,
-                OB.c.duration_ms,
+
+        def build(ids: Any) -> Any:
+            return (
+                sa.select(
+                    J.c.job_id,
+                    J.c.object_id,
+                    J.c.input_size_bytes,
+                    OB.c.pages,
+                    OB.c.duration_ms,
+                )
+                .select_from(J.outerjoin(OB, OB.c.object_id == J.c.object_id))
+                .where(J.c.job_id.in_(ids))
             )
-            .select_from(J.outerjoin(OB, OB.c.object_id == J.c.object_id))
-            .where(J.c.job_id.in_(list(job_ids)))
-        )
-        return {r["job_id"]: r for r in _rows(self.conn.execute(q))}
+
+        if self.dialect == "sqlite":  # prepared: see db/fast.py
+            prepared = fast.prepare(
+                self.conn, ("credit_inputs", len(job_ids)), lambda: build(fast.id_params(job_ids))
+            )
+            found = fast.rows(self.conn, prepared, fast.id_values(job_ids))
+        else:
+            found = _rows(self.conn.execute(build(list(job_ids))))
+        return {r["job_id"]: r for r in found}
 
     def set_object_facts(self, object_id: int, values: Row) -> bool:
         """Pages, duration or dimensions a job found out about its (ready) input."""
@@ -268,15 +293,33 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
 
     def update_jobs_many(self, from_statuses: Iterable[str], rows: Sequence[Row]) -> None:
         """Executemany of guarded updates; each row carries ``_id`` and the same columns."""
-        guard = sa.or_(*(J.c.status == s for s in sorted(from_statuses)))
-        update_many(self.conn, J.c.job_id, guard, rows)
+        statuses = tuple(sorted(from_statuses))
+        guard = lambda: sa.or_(*(J.c.status == s for s in statuses))  # noqa: E731
+        update_many(self.conn, J.c.job_id, guard, rows, shape=statuses)
 
     def update_jobs_by_ids(
         self, ids: Sequence[int], from_statuses: Iterable[str], values: Row
     ) -> int:
         if not ids:
             return 0
-        q = sa.update(J).where(J.c.job_id.in_(list(ids)), J.c.status.in_(sorted(from_statuses)))
+        statuses = sorted(from_statuses)
+        if self.dialect == "sqlite":  # prepared: see db/fast.py
+            cols = tuple(values)
+            prepared = fast.prepare(
+                self.conn,
+                ("jobs_by_ids", len(ids), tuple(statuses), cols),
+                lambda: (
+                    sa.update(J)
+                    .where(
+                        J.c.job_id.in_(fast.id_params(ids)),
+                        sa.or_(*(J.c.status == s for s in statuses)),
+                    )
+                    .values({c: sa.bindparam(f"v_{c}") for c in cols})
+                ),
+            )
+            params = {**fast.id_values(ids), **{f"v_{c}": v for c, v in values.items()}}
+            return fast.execute(self.conn, prepared, params)[0]
+        q = sa.update(J).where(J.c.job_id.in_(list(ids)), J.c.status.in_(statuses))
         return int(self.conn.execute(q.values(values)).rowcount)
 
     def fenced(
@@ -295,24 +338,20 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
         if not items:
             return []
         ids = [i for i, _ in items]
-        q = sa.select(
-            J.c.job_id,
-            J.c.status,
-            J.c.attempt_count,
-            J.c.max_attempts,
-            J.c.claimed_by,
-            J.c.memory_limit_mb,
-            J.c.started_at,
-            J.c.queue_name,
-            J.c.visibility_timeout,
-            J.c.profile_id,
-        ).where(J.c.job_id.in_(ids))
+        want, ok = set(items), frozenset(statuses)
+        if self.dialect == "sqlite":
+            # The write lock is held already; prepared, see db/fast.py.
+            found = self._fenced_sqlite(worker_id, ids)
+            return [
+                r for r in found if (r["job_id"], r["attempt_count"]) in want and r["status"] in ok
+            ]
+        q = sa.select(*_FENCED).where(J.c.job_id.in_(ids))
         if worker_id is not None:
             # Not "=": see _held_by.
             q = q.where(_held_by(worker_id))
-        # SQLite already holds the write lock; in autocommit a lock would end
-        # with this statement, and the caller guards its writes instead.
-        if self.dialect != "sqlite" and not self.autocommit:
+        # In autocommit a lock would end with this statement, and the caller
+        # guards its writes instead.
+        if not self.autocommit:
             q = q.with_for_update(skip_locked=skip_locked)
         # Fix: match (job, attempt) pairs, not a dict keyed by job: with two
         # reports for one job in a batch (an old attempt's late result next to
@@ -321,12 +360,19 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
         # The statuses are checked here, not in SQL: the planner would be
         # tempted by the status indexes, full of dead entries for statuses
         # every job passes through, when the primary key is the way in.
-        want, ok = set(items), frozenset(statuses)
         return [
             r
             for r in _rows(self.conn.execute(q))
             if (r["job_id"], r["attempt_count"]) in want and r["status"] in ok
         ]
+
+    def _fenced_sqlite(self, worker_id: str | None, ids: Sequence[int]) -> list[Row]:
+        def build() -> Any:
+            q = sa.select(*_FENCED).where(J.c.job_id.in_(fast.id_params(ids)))
+            return q if worker_id is None else q.where(J.c.claimed_by == sa.bindparam("worker"))
+
+        prepared = fast.prepare(self.conn, ("fenced", len(ids), worker_id is None), build)
+        return fast.rows(self.conn, prepared, {**fast.id_values(ids), "worker": worker_id})
 
     def claim(
         self, worker_id: str, queues: Sequence[str], n: int, now: datetime, lease_until: datetime
@@ -423,20 +469,27 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
             )
             return
         cols = [k for k in rows[0] if k not in ("job_id", "attempt_number")]
-        stmt = (
-            sa.update(A)
-            .where(
-                A.c.job_id == sa.bindparam("k_job"),
-                A.c.attempt_number == sa.bindparam("k_n"),
-                A.c.status == "started",
+
+        def build() -> Any:
+            return (
+                sa.update(A)
+                .where(
+                    A.c.job_id == sa.bindparam("k_job"),
+                    A.c.attempt_number == sa.bindparam("k_n"),
+                    A.c.status == "started",
+                )
+                .values({c: sa.bindparam(f"v_{c}") for c in cols})
             )
-            .values({c: sa.bindparam(f"v_{c}") for c in cols})
-        )
+
         params = [
             {"k_job": r["job_id"], "k_n": r["attempt_number"], **{f"v_{c}": r[c] for c in cols}}
             for r in rows
         ]
-        self.conn.execute(stmt, params)
+        if self.dialect == "sqlite":  # prepared: see db/fast.py
+            prepared = fast.prepare(self.conn, ("finish_attempts", tuple(cols)), build)
+            fast.execute_many(self.conn, prepared, params)
+            return
+        self.conn.execute(build(), params)
 
     def delete_attempt(self, job_id: int, attempt_number: int) -> None:
         self.conn.execute(
@@ -452,6 +505,8 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
             return
         if self.dialect == "postgresql" and len(rows) > 1:
             dialects.pg_bulk_insert(self.conn, E, _uniform(rows))
+        elif self.dialect == "sqlite":
+            fast.insert_many(self.conn, E, _uniform(rows))
         else:
             self.conn.execute(sa.insert(E), list(rows))
 
@@ -464,14 +519,7 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
         if not rows:
             return 0
         ids = sorted({r["job_id"] for r in rows})
-        existing = {
-            (r.job_id, r.output_type, r.profile_version)
-            for r in self.conn.execute(
-                sa.select(O.c.job_id, O.c.output_type, O.c.profile_version).where(
-                    O.c.job_id.in_(ids)
-                )
-            )
-        }
+        existing = self._recorded_outputs(ids)
         # Fix: also drop repeats inside this batch (a result listing the same
         # output twice); before, they reached uk_job_type_profile and the whole
         # settling transaction failed, so the completion could never be recorded.
@@ -481,9 +529,24 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
             if key not in existing:
                 existing.add(key)
                 fresh.append(r)
-        if fresh:
+        if fresh and self.dialect == "sqlite":
+            fast.insert_many(self.conn, O, _uniform(fresh))
+        elif fresh:
             self.conn.execute(sa.insert(O), fresh)
         return len(fresh)
+
+    def _recorded_outputs(self, job_ids: Sequence[int]) -> set[tuple[Any, ...]]:
+        cols = (O.c.job_id, O.c.output_type, O.c.profile_version)
+        if self.dialect == "sqlite":  # prepared: see db/fast.py
+            prepared = fast.prepare(
+                self.conn,
+                ("recorded_outputs", len(job_ids)),
+                lambda: sa.select(*cols).where(O.c.job_id.in_(fast.id_params(job_ids))),
+            )
+            found = fast.rows(self.conn, prepared, fast.id_values(job_ids))
+            return {(r["job_id"], r["output_type"], r["profile_version"]) for r in found}
+        q = sa.select(*cols).where(O.c.job_id.in_(job_ids))
+        return {(r.job_id, r.output_type, r.profile_version) for r in self.conn.execute(q)}
 
     def outputs(self, job_id: int) -> list[Row]:
         q = sa.select(O).where(O.c.job_id == job_id, O.c.deleted_at.is_(None))

@@ -8,6 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from hypermedia.db import fast
 from hypermedia.db.bulk import update_many
 from hypermedia.db.schema import job_outputs as O
 from hypermedia.db.schema import processing_jobs as J
@@ -47,6 +48,8 @@ class StorageQueries:
     # -- objects -------------------------------------------------------------
 
     def insert_object(self, values: Row) -> int:
+        if self.dialect == "sqlite":  # prepared: see db/fast.py
+            return int(fast.insert_many(self.conn, OB, [values]) or 0)
         res = self.conn.execute(sa.insert(OB).values(values))
         return int(res.inserted_primary_key[0])  # type: ignore[index]
 
@@ -69,6 +72,14 @@ class StorageQueries:
         return update_many(self.conn, OB.c.object_id, OB.c.state == from_state, rows)
 
     def object(self, object_id: int, *, lock: bool = False) -> Row | None:
+        if self.dialect == "sqlite":  # the write lock is held already; see db/fast.py
+            prepared = fast.prepare(
+                self.conn,
+                ("object",),
+                lambda: sa.select(OB).where(OB.c.object_id == sa.bindparam("id")),
+            )
+            found = fast.rows(self.conn, prepared, {"id": object_id})
+            return found[0] if found else None
         q = sa.select(OB).where(OB.c.object_id == object_id)
         if lock and self.dialect != "sqlite":  # SQLite: the write lock is held already
             q = q.with_for_update()
@@ -103,6 +114,22 @@ class StorageQueries:
 
     def update_object(self, object_id: int, from_states: Sequence[str], values: Row) -> bool:
         """Guarded state change; False when the object was not in one of ``from_states``."""
+        if self.dialect == "sqlite":  # prepared: see db/fast.py
+            states, cols = tuple(from_states), tuple(values)
+            prepared = fast.prepare(
+                self.conn,
+                ("update_object", states, cols),
+                lambda: (
+                    sa.update(OB)
+                    .where(
+                        OB.c.object_id == sa.bindparam("id"),
+                        sa.or_(*(OB.c.state == st for st in states)),
+                    )
+                    .values({c: sa.bindparam(f"v_{c}") for c in cols})
+                ),
+            )
+            params = {"id": object_id, **{f"v_{c}": v for c, v in values.items()}}
+            return fast.execute(self.conn, prepared, params)[0] == 1
         q = (
             sa.update(OB)
             .where(OB.c.object_id == object_id, OB.c.state.in_(list(from_states)))
@@ -126,17 +153,26 @@ class StorageQueries:
             if r.get("checksum")
         ]
         if valued:
-            q = (
-                sa.update(OB)
-                .where(OB.c.object_id == sa.bindparam("_id"), OB.c.state == "pending")
-                .values(
-                    state="ready",
-                    size=sa.bindparam("_size"),
-                    checksum=sa.bindparam("_checksum"),
-                    updated_at=now,
+            for v in valued:
+                v["_now"] = now
+
+            def build() -> Any:
+                return (
+                    sa.update(OB)
+                    .where(OB.c.object_id == sa.bindparam("_id"), OB.c.state == "pending")
+                    .values(
+                        state="ready",
+                        size=sa.bindparam("_size"),
+                        checksum=sa.bindparam("_checksum"),
+                        updated_at=sa.bindparam("_now"),
+                    )
                 )
-            )
-            done += int(self.conn.execute(q, valued).rowcount)
+
+            if self.dialect == "sqlite":  # prepared: see db/fast.py
+                prepared = fast.prepare(self.conn, ("promote_objects",), build)
+                done += fast.execute_many(self.conn, prepared, valued)
+            else:
+                done += int(self.conn.execute(build(), valued).rowcount)
         return done
 
     # -- garbage collection --------------------------------------------------

@@ -371,11 +371,7 @@ class Storage:
         backend = self.backend(row["pool_id"])
         get_file = getattr(backend, "get_file", None)
         if get_file is not None:
-            sha256 = row["checksum"].removeprefix("sha256:")
-            if link:
-                get_file(row["storage_key"], dst, sha256, link=True)
-            else:
-                get_file(row["storage_key"], dst, sha256)
+            get_file(row["storage_key"], dst, row["checksum"].removeprefix("sha256:"), link=link)
             return
         with self.open_row(row) as src, open(dst, "xb") as out:
             while chunk := src.read(1024 * 1024):

@@ -327,8 +327,11 @@ class S3Backend:
                 raise exc
         return [f.result() for f in futures]
 
-    def get_file(self, key: str, dst: Path, sha256: str) -> None:
+    def get_file(self, key: str, dst: Path, sha256: str, *, link: bool = False) -> None:
         """Download a blob to a new file ``dst`` and check it against ``sha256``.
+
+        ``link`` (a local pool's hard link for job inputs) has no S3
+        counterpart: a remote blob is always downloaded.
 
         The first request asks for the first ``SMALL_GET`` bytes, which is the
         whole of a small object (one request, as a plain GET).  A larger one

@@ -1,0 +1,121 @@
+"""db/fast.py: prepared statements on SQLite's own cursor write and read exactly
+what SQLAlchemy does, and fail the way SQLAlchemy's statements fail."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from hypermedia.db import fast
+from hypermedia.db.driver import Driver
+from hypermedia.db.migrate import upgrade
+from hypermedia.db.schema import job_events as E
+from hypermedia.db.schema import processing_jobs as J
+
+PROFILE = 1  # the first profile the migrations install
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Driver:
+    url = f"sqlite:///{tmp_path / 'fast.db'}"
+    upgrade(url)  # the real schema, with its profiles (jobs need one)
+    return Driver(url)
+
+
+def _job(**values: object) -> dict[str, object]:
+    now = datetime(2026, 12, 1, 8, 0, 0, 123456)
+    row: dict[str, object] = {
+        "job_uuid": "u1",
+        "object_id": None,
+        "pool_id": None,
+        "owner_id": "o",
+        "project_id": "p",
+        "job_type": "debug.noop",
+        "queue_name": "bulk",
+        "priority": 5,
+        "status": "queued",
+        "profile_id": PROFILE,
+        "params": {"ms": 5, "nested": {"a": [1, 2]}},
+        "input_key": "",
+        "input_size_bytes": 0,
+        "available_at": now,
+        "created_at": now,
+        "updated_at": now,
+    }
+    row.update(values)
+    return row
+
+
+def test_inserted_rows_read_back_as_sqlalchemy_writes_them(db: Driver) -> None:
+    with db.tx() as tx:
+        fast.insert_many(tx.conn, J, [_job(job_uuid="fast")])
+        tx.conn.execute(sa.insert(J).values(_job(job_uuid="core")))
+    with db.read() as tx:
+        raw = {
+            r.job_uuid: (r.params, r.available_at)
+            for r in tx.conn.execute(
+                sa.text("SELECT job_uuid, params, available_at FROM processing_jobs")
+            )
+        }
+        assert raw["fast"] == raw["core"]  # the same stored text: JSON, datetime format
+        p = fast.prepare(
+            tx.conn,
+            ("test_read", 1),
+            lambda: sa.select(J.c.job_uuid, J.c.params, J.c.available_at).where(
+                J.c.job_uuid == sa.bindparam("u")
+            ),
+        )
+        [row] = fast.rows(tx.conn, p, {"u": "fast"})
+    assert row == {
+        "job_uuid": "fast",
+        "params": {"ms": 5, "nested": {"a": [1, 2]}},
+        "available_at": datetime(2026, 12, 1, 8, 0, 0, 123456),
+    }
+
+
+def test_constants_stay_and_every_other_parameter_must_be_given(db: Driver) -> None:
+    with db.tx() as tx:
+        fast.insert_many(tx.conn, J, [_job(job_uuid="a"), _job(job_uuid="b")])
+        p = fast.prepare(
+            tx.conn,
+            ("test_update",),
+            lambda: (
+                sa.update(J)
+                .where(J.c.job_uuid == sa.bindparam("u"))
+                .values(status="cancelled", updated_at=sa.bindparam("now"))
+            ),
+        )
+        later = datetime(2026, 12, 2, 0, 0, 0, 1)
+        assert fast.execute(tx.conn, p, {"u": "a", "now": later})[0] == 1
+        with pytest.raises(KeyError):
+            fast.execute(tx.conn, p, {"u": "b"})
+    with db.read() as tx:
+        got = dict(tx.conn.execute(sa.select(J.c.job_uuid, J.c.status)).all())
+        assert got == {"a": "cancelled", "b": "queued"}
+        assert (
+            tx.conn.execute(sa.select(J.c.updated_at).where(J.c.job_uuid == "a")).scalar() == later
+        )
+
+
+def test_database_errors_are_sqlalchemy_errors_and_roll_back(db: Driver) -> None:
+    with pytest.raises(sa.exc.IntegrityError), db.tx() as tx:
+        fast.insert_many(tx.conn, J, [_job(job_uuid="dup")])
+        fast.insert_many(tx.conn, J, [_job(job_uuid="dup")])  # job_uuid is unique
+    with db.read() as tx:
+        assert tx.conn.execute(sa.select(sa.func.count()).select_from(J)).scalar() == 0
+
+
+def test_an_expanding_in_cannot_be_prepared(db: Driver) -> None:
+    with db.tx() as tx, pytest.raises(ValueError, match="expanding IN"):
+        fast.prepare(tx.conn, ("test_in",), lambda: sa.select(E).where(E.c.job_id.in_([1, 2])))
+    with db.tx() as tx:
+        ids = [3, 4]
+        p = fast.prepare(
+            tx.conn,
+            ("test_ids", len(ids)),
+            lambda: sa.select(E.c.job_id).where(E.c.job_id.in_(fast.id_params(ids))),
+        )
+        assert fast.rows(tx.conn, p, fast.id_values(ids)) == []
