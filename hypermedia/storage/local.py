@@ -42,6 +42,10 @@ class LocalBackend:
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
         self._root = str(self.root)
+        # key -> the directories whose entries changed when it was written
+        # with durable=False: what make_durable must fsync besides the file.
+        self._unsynced_dirs: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
 
     def _path(self, key: str) -> Path:
         return Path(self._checked(key))
@@ -117,6 +121,9 @@ class LocalBackend:
                 if durable:
                     for d in {dst.parent, *new_dirs}:
                         _fsync_dir(d)
+                else:
+                    with self._lock:
+                        self._unsynced_dirs[key] = {str(dst.parent), *map(str, new_dirs)}
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
@@ -127,17 +134,21 @@ class LocalBackend:
     def make_durable(self, keys: Iterable[str]) -> None:
         """fsync blobs written with ``durable=False``, then each directory on
         their way up once: a batch of outputs shares the fsyncs of ``objects/``."""
-        dirs: set[Path] = set()
+        dirs: set[str] = set()
         try:
             for key in keys:
-                dst = self._path(key)
+                dst = self._checked(key)
                 fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
                 try:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-                dirs.update(p for p in dst.parents if p.is_relative_to(self.root))
-            for d in sorted(dirs, key=lambda p: -len(p.parts)):  # deepest first
+                with self._lock:
+                    changed = self._unsynced_dirs.pop(key, None)
+                # Written by another process (or before a failed sync): every
+                # directory on the way up, to be sure.
+                dirs.update(changed if changed is not None else _parents(dst, self._root))
+            for d in sorted(dirs, key=len, reverse=True):  # deepest first
                 _fsync_dir(d)
         except OSError as exc:
             raise StorageUnavailable(f"could not sync local storage ({exc.strerror})") from exc
@@ -238,6 +249,15 @@ class LocalBackend:
             return self._path(key).stat().st_size
         except FileNotFoundError as exc:
             raise BlobMissing("no blob under this key") from exc
+
+
+def _parents(path: str, root: str) -> list[str]:
+    """The directories from ``path``'s parent up to ``root``, both included."""
+    out, d = [], os.path.dirname(path)
+    while len(d) >= len(root):
+        out.append(d)
+        d = os.path.dirname(d)
+    return out
 
 
 def _make_parents(path: Path, root: Path) -> list[Path]:
@@ -412,7 +432,7 @@ def _kernel_copy(fin: int, fout: int, size: int) -> None:
         raise OSError(5, "the source changed size while it was copied")
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync_dir(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

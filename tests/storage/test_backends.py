@@ -277,6 +277,27 @@ def test_a_job_input_is_a_verified_hard_link_on_a_local_pool(tmp_path: Path, siz
     assert not dst.exists()
 
 
+def test_make_durable_syncs_each_blob_and_the_directories_its_write_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hypermedia.storage import local
+
+    backend = LocalBackend(tmp_path / "pool")
+    backend.put("objects/1/original.bin", io.BytesIO(b"first"))  # objects/ exists now
+    src = _file(tmp_path, "out.bin", b"output")
+    backend.put_file("objects/2/thumb.bin", src, durable=False)
+    synced: list[str] = []
+    monkeypatch.setattr(local, "_fsync_dir", lambda d: synced.append(str(d)))
+    backend.make_durable(["objects/2/thumb.bin"])
+    root = str(tmp_path / "pool")
+    # The new objects/2/ (its entry for the file) and objects/ (its entry for
+    # objects/2/), deepest first; not the root, whose entries did not change.
+    assert synced == [f"{root}/objects/2", f"{root}/objects"]
+    synced.clear()
+    backend.make_durable(["objects/1/original.bin"])  # no record: every level up
+    assert synced == [f"{root}/objects/1", f"{root}/objects", root]
+
+
 def test_a_job_input_across_file_systems_is_a_copy(tmp_path: Path) -> None:
     """/dev/shm is another file system than tmp_path here: the link fails, a copy is made."""
     shm = Path("/dev/shm")
