@@ -492,6 +492,9 @@ def test_slow_attempts_report_progress_from_libvips(
     src = write(scratch, "input.png", photo(2000, 1500))
     monkeypatch.setattr(image, "PROGRESS_AFTER_S", 0.0)
     monkeypatch.setattr(image, "PROGRESS_EVERY_S", 0.0)
+    # 3 MP to decode: under PROGRESS_PIXELS, libvips is not even asked.
+    assert run(COMPRESS, scratch, src).reports == []
+    monkeypatch.setattr(image, "PROGRESS_PIXELS", 2_000_000)
     reports = run(COMPRESS, scratch, src).reports
     assert len(reports) > 3
     percents = [r["percent"] for r in reports]
