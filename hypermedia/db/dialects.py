@@ -207,11 +207,10 @@ def _claim_sqlite(conn, worker_id, queues, n, now, lease_until):
     # Both statements are prepared once per shape (db/fast.py): the claim is
     # a worker's most repeated transaction.
     found: list[tuple[int, int]] = []
+    ready = fast.prepare(conn, ("ready",), lambda: _SQLITE_READY)
     for q in queues:
-        ready = fast.prepare(conn, ("ready", n), lambda: _ready_select(sa.bindparam("q"), n))
-        found += [
-            (r["priority"], r["job_id"]) for r in fast.rows(conn, ready, {"q": q, "now": now})
-        ]
+        got = fast.rows(conn, ready, {"q": q, "now": now, "n": n})
+        found += [(r["priority"], r["job_id"]) for r in got]
     ids = [job_id for _, job_id in sorted(found)[:n]]
     if not ids:
         return []
@@ -241,15 +240,24 @@ def _claim_sqlite(conn, worker_id, queues, n, now, lease_until):
     return fast.rows(conn, prepared, params)
 
 
-def _ready_select(queue: Any, n: int) -> Any:
-    return (
-        sa.select(J.c.priority, J.c.job_id)
-        .where(
-            J.c.status == "queued", J.c.queue_name == queue, J.c.available_at <= sa.bindparam("now")
-        )
-        .order_by(J.c.priority, J.c.job_id)
-        .limit(n)
+# INDEXED BY: without statistics (no ANALYZE has run, the usual case)
+# SQLite's planner prefers idx_available and sorts every queued row for the
+# LIMIT: 7 ms a claim at 20,000 queued jobs, growing with the queue.
+# idx_status_queue is already in (priority, job_id) order within a queue.
+# (SQLAlchemy renders no table hints for SQLite, hence the text.)
+_SQLITE_READY = (
+    sa.text(
+        "SELECT priority, job_id FROM processing_jobs INDEXED BY idx_status_queue "
+        "WHERE status = 'queued' AND queue_name = :q AND available_at <= :now "
+        "ORDER BY priority, job_id LIMIT :n"
     )
+    .bindparams(
+        sa.bindparam("q", type_=J.c.queue_name.type),
+        sa.bindparam("now", type_=J.c.available_at.type),
+        sa.bindparam("n", type_=sa.Integer()),
+    )
+    .columns(J.c.priority, J.c.job_id)
+)
 
 
 def notify(conn: sa.Connection, dialect: str, queues: set[str]) -> None:

@@ -79,7 +79,7 @@ def prepare(conn: sa.Connection, key: Hashable, build: Callable[[], Any]) -> Pre
 
 
 def _returned(stmt: Any) -> Sequence[Any]:
-    if isinstance(stmt, sa.Select):
+    if isinstance(stmt, sa.Select | sa.TextualSelect):
         return list(stmt.selected_columns)
     returning = getattr(stmt, "_returning", ())
     return list(returning)
