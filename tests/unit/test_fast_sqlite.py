@@ -119,3 +119,17 @@ def test_an_expanding_in_cannot_be_prepared(db: Driver) -> None:
             lambda: sa.select(E.c.job_id).where(E.c.job_id.in_(fast.id_params(ids))),
         )
         assert fast.rows(tx.conn, p, fast.id_values(ids)) == []
+
+
+def test_the_claim_reads_the_queue_index_in_order_without_statistics(db: Driver) -> None:
+    """No ANALYZE has run (the embedded default): SQLite's own choice was
+    idx_available plus a sort of every queued row for each claim."""
+    from hypermedia.db.dialects import _SQLITE_READY
+
+    with db.tx() as tx:
+        fast.insert_many(tx.conn, J, [_job(job_uuid=f"j{i}") for i in range(50)])
+        sql = fast.prepare(tx.conn, ("ready",), lambda: _SQLITE_READY).sql
+        cur = tx.conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        plan = [r[3] for r in cur.execute("EXPLAIN QUERY PLAN " + sql, ("bulk", "2030", 10))]
+    assert any("USING INDEX idx_status_queue" in step for step in plan), plan
+    assert not any("TEMP B-TREE" in step for step in plan), plan
