@@ -147,3 +147,29 @@ def start_serve(tmp_path: Path, home: Path, **env: str):  # type: ignore[no-unty
 
     wait_for(ready, 30, what="serve answers /readyz")
     return server, base
+
+
+def claimed_input(
+    obj: dict[str, Any], job_type: str, params: dict[str, Any] | None = None, job_id: int = 1
+) -> Any:
+    """A Claimed job (attempt 1) on the ledger object ``obj``, as a worker holds it."""
+    from hypermedia.queue.models import Claimed
+
+    return Claimed(
+        job_id=job_id,
+        job_uuid=f"00000000-0000-0000-0000-{job_id:012d}",
+        job_type=job_type,
+        queue_name="bulk",
+        priority=5,
+        params=params or {},
+        attempt=1,
+        max_attempts=3,
+        timeout_seconds=60,
+        memory_limit_mb=None,
+        profile_id=1,
+        project_id=obj["project_id"],
+        object_id=obj["object_id"],
+        pool_id=obj.get("pool_id"),
+        input_key=obj.get("storage_key", ""),
+        input_size_bytes=obj.get("size") or 0,
+    )

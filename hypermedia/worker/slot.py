@@ -2,6 +2,7 @@
 
 The slot enforces the attempt's deadline and reacts to cancel or a lost lease
 by killing the child's whole process group.  It never touches the database:
+inputs arrive through the stager, outputs leave through the storer, and
 starts, progress and results go to the flusher.
 """
 

@@ -11,7 +11,7 @@ import io
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -19,30 +19,14 @@ from hypermedia.errors import JobError
 from hypermedia.queue.models import AttemptResult, Claimed
 from hypermedia.storage.ledger import Storage
 from hypermedia.worker.transfer import Stager, Storer, move_outputs
+from tests.harness import claimed_input
 from tests.integration._procs import sqlite_only
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _job(obj: dict[str, Any], job_id: int = 1) -> Claimed:
-    return Claimed(
-        job_id=job_id,
-        job_uuid=f"00000000-0000-0000-0000-{job_id:012d}",
-        job_type="image.thumbnail",
-        queue_name="images",
-        priority=5,
-        params={},
-        attempt=1,
-        max_attempts=3,
-        timeout_seconds=60,
-        memory_limit_mb=None,
-        profile_id=1,
-        project_id=obj["project_id"],
-        object_id=obj["object_id"],
-        pool_id=obj["pool_id"],
-        input_key=obj["storage_key"],
-        input_size_bytes=obj["size"],
-    )
+    return cast(Claimed, claimed_input(obj, "image.thumbnail", job_id=job_id))
 
 
 def _put(storage: Storage, data: bytes) -> dict[str, Any]:

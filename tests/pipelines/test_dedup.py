@@ -14,7 +14,7 @@ import os
 import random
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
@@ -28,6 +28,7 @@ from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import AttemptResult, Claimed, NewJob
 from hypermedia.storage.ledger import Storage
 from hypermedia.worker.transfer import complete, needs_completing
+from tests.harness import claimed_input
 from tests.integration._procs import Procs, sqlite_only, tail, wait_job
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -70,21 +71,7 @@ def jpeg(seed: int, scale: float = 1.0, quality: int = 90) -> bytes:
 
 
 def _claimed(obj: dict[str, Any], params: dict[str, Any]) -> Claimed:
-    return Claimed(
-        job_id=1,
-        job_uuid="00000000-0000-0000-0000-000000000001",
-        job_type="storage.dedup_check",
-        queue_name="bulk",
-        priority=5,
-        params=params,
-        attempt=1,
-        max_attempts=3,
-        timeout_seconds=60,
-        memory_limit_mb=None,
-        profile_id=1,
-        project_id=obj["project_id"],
-        object_id=obj["object_id"],
-    )
+    return cast(Claimed, claimed_input(obj, "storage.dedup_check", params))
 
 
 def check(
