@@ -6,7 +6,7 @@ out, every status change guarded by the statuses it may start from.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -184,27 +184,17 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
         """What settling needs to price jobs: input size, input object and its facts."""
         if not job_ids:
             return {}
-
-        def build(ids: Any) -> Any:
-            return (
+        found = self._rows_by_ids(
+            "credit_inputs",
+            lambda ids: (
                 sa.select(
-                    J.c.job_id,
-                    J.c.object_id,
-                    J.c.input_size_bytes,
-                    OB.c.pages,
-                    OB.c.duration_ms,
+                    J.c.job_id, J.c.object_id, J.c.input_size_bytes, OB.c.pages, OB.c.duration_ms
                 )
                 .select_from(J.outerjoin(OB, OB.c.object_id == J.c.object_id))
                 .where(J.c.job_id.in_(ids))
-            )
-
-        if self.dialect == "sqlite":  # prepared: see db/fast.py
-            prepared = fast.prepare(
-                self.conn, ("credit_inputs", len(job_ids)), lambda: build(fast.id_params(job_ids))
-            )
-            found = fast.rows(self.conn, prepared, fast.id_values(job_ids))
-        else:
-            found = _rows(self.conn.execute(build(list(job_ids))))
+            ),
+            job_ids,
+        )
         return {r["job_id"]: r for r in found}
 
     def set_object_facts(self, object_id: int, values: Row) -> bool:
@@ -367,12 +357,12 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
         ]
 
     def _fenced_sqlite(self, worker_id: str | None, ids: Sequence[int]) -> list[Row]:
-        def build() -> Any:
-            q = sa.select(*_FENCED).where(J.c.job_id.in_(fast.id_params(ids)))
+        def build(in_ids: Any) -> Any:
+            q = sa.select(*_FENCED).where(J.c.job_id.in_(in_ids))
             return q if worker_id is None else q.where(J.c.claimed_by == sa.bindparam("worker"))
 
-        prepared = fast.prepare(self.conn, ("fenced", len(ids), worker_id is None), build)
-        return fast.rows(self.conn, prepared, {**fast.id_values(ids), "worker": worker_id})
+        shape = "fenced" if worker_id is None else "fenced_by_worker"
+        return self._rows_by_ids(shape, build, ids, worker=worker_id)
 
     def claim(
         self, worker_id: str, queues: Sequence[str], n: int, now: datetime, lease_until: datetime
@@ -536,17 +526,26 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
         return len(fresh)
 
     def _recorded_outputs(self, job_ids: Sequence[int]) -> set[tuple[Any, ...]]:
-        cols = (O.c.job_id, O.c.output_type, O.c.profile_version)
-        if self.dialect == "sqlite":  # prepared: see db/fast.py
+        found = self._rows_by_ids(
+            "recorded_outputs",
+            lambda ids: sa.select(O.c.job_id, O.c.output_type, O.c.profile_version).where(
+                O.c.job_id.in_(ids)
+            ),
+            job_ids,
+        )
+        return {(r["job_id"], r["output_type"], r["profile_version"]) for r in found}
+
+    def _rows_by_ids(
+        self, shape: str, build: Callable[[Any], Any], ids: Sequence[Any], **values: Any
+    ) -> list[Row]:
+        """Rows of ``build(ids)`` (a statement with ``IN ids``); on SQLite prepared
+        once per IN-list length (db/fast.py), ``values`` binding its other parameters."""
+        if self.dialect == "sqlite":
             prepared = fast.prepare(
-                self.conn,
-                ("recorded_outputs", len(job_ids)),
-                lambda: sa.select(*cols).where(O.c.job_id.in_(fast.id_params(job_ids))),
+                self.conn, (shape, len(ids)), lambda: build(fast.id_params(ids))
             )
-            found = fast.rows(self.conn, prepared, fast.id_values(job_ids))
-            return {(r["job_id"], r["output_type"], r["profile_version"]) for r in found}
-        q = sa.select(*cols).where(O.c.job_id.in_(job_ids))
-        return {(r.job_id, r.output_type, r.profile_version) for r in self.conn.execute(q)}
+            return fast.rows(self.conn, prepared, {**fast.id_values(ids), **values})
+        return _rows(self.conn.execute(build(list(ids))))
 
     def outputs(self, job_id: int) -> list[Row]:
         q = sa.select(O).where(O.c.job_id == job_id, O.c.deleted_at.is_(None))
