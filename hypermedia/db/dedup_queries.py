@@ -8,6 +8,7 @@ hash made by another algorithm or library version is not comparable.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import sqlalchemy as sa
@@ -46,12 +47,14 @@ class DedupQueries:
         )
         return self.conn.execute(q).scalar()
 
-    def same_checksum(self, project_id: str, checksum: str, exclude: int, limit: int) -> list[int]:
-        """Ready objects of the project with this checksum, other than ``exclude``."""
+    def same_checksum(
+        self, project_id: str, checksums: Iterable[str], exclude: int, limit: int
+    ) -> list[int]:
+        """Ready objects of the project with any of these checksums, other than ``exclude``."""
         q = (
             sa.select(OB.c.object_id)
             .where(
-                OB.c.checksum == checksum,
+                OB.c.checksum.in_(sorted(checksums)),
                 OB.c.project_id == project_id,
                 OB.c.state == "ready",
                 OB.c.object_id != exclude,

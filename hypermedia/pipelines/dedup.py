@@ -2,12 +2,14 @@
 
 Two halves, because the child that reads the file has no database:
 
-* ``run`` (the child) hashes the input: SHA-256 of the bytes and, for images
-  when ``near`` is on, a 64-bit perceptual dHash.
+* ``run`` (the child) hashes the input: its checksum (BLAKE3, as the ledger
+  records new objects: storage/checksum.py) and, for images when ``near`` is
+  on, a 64-bit perceptual dHash.
 * ``finish`` (the worker, see ``registry.FinishContext``) stores the dHash in
   ``object_hashes`` (idempotent: a retried attempt inserts nothing twice),
   lists the project's other ``ready`` objects with the same
-  ``objects.checksum`` (exact duplicates), and the project's images whose dHash
+  ``objects.checksum`` (exact duplicates; an object recorded with SHA-256
+  before BLAKE3 became the default is matched by both), and the project's images whose dHash
   of the same algorithm and version is within ``max_distance`` bits (near
   duplicates; an exact duplicate is not listed again as a near one).
 
@@ -35,7 +37,6 @@ images; past that, an index (BK-tree, banded hashes) is the next step.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import re
 from typing import Any
@@ -44,6 +45,7 @@ from hypermedia.errors import JobError
 from hypermedia.pipelines import image
 from hypermedia.pipelines import schema as S
 from hypermedia.pipelines.registry import Context, FinishContext, Pipeline, register
+from hypermedia.storage import checksum as cs
 from hypermedia.storage.sniff import HEAD_BYTES, media_type
 
 ALGORITHM = "dhash64"
@@ -65,7 +67,7 @@ SCHEMA: S.Schema = {
     ),
 }
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
+_CHECKSUM = re.compile(r"(blake3|sha256):[0-9a-f]{64}")
 _HASH = re.compile(r"[0-9a-f]{16}")
 _VERSION = re.compile(r"dhash64/pyvips-\d{1,4}\.\d{1,4}\.\d{1,4}/\d{1,4}")
 
@@ -103,8 +105,8 @@ def dhash(vips: Any, path: str, max_pixels: int) -> str:
     return f"{bits:016x}"
 
 
-def _sha256(path: str) -> tuple[str, int, bytes]:
-    digest, size, head = hashlib.sha256(), 0, b""
+def _checksum(path: str) -> tuple[str, int, bytes]:
+    digest, size, head = cs.new(), 0, b""
     try:
         with open(path, "rb") as f:
             while chunk := f.read(1 << 20):
@@ -114,16 +116,16 @@ def _sha256(path: str) -> tuple[str, int, bytes]:
                 size += len(chunk)
     except OSError:
         raise JobError("CORRUPT_INPUT", "the input file could not be read") from None
-    return digest.hexdigest(), size, head
+    return cs.tagged(cs.DEFAULT, digest.hexdigest()), size, head
 
 
 def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     if ctx.input_path is None:
         raise JobError("INVALID_PARAMS", "storage.dedup_check needs an input object")
     ctx.progress(5, "hashing the content")
-    sha, size, head = _sha256(ctx.input_path)
+    checksum, size, head = _checksum(ctx.input_path)
     out: dict[str, Any] = {
-        "sha256": sha,
+        "checksum": checksum,
         "size": size,
         "algorithm": None,
         "version": None,
@@ -153,7 +155,7 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
 def _checked(result: dict[str, Any]) -> dict[str, Any]:
     """The child's result, checked: a child that decoded a hostile file is not trusted."""
     bad = JobError("INVALID_OUTPUT", "the duplicate check produced a malformed result")
-    if not isinstance(result, dict) or not _HEX64.fullmatch(str(result.get("sha256", ""))):
+    if not isinstance(result, dict) or not _CHECKSUM.fullmatch(str(result.get("checksum", ""))):
         raise bad
     digest = result.get("hash")
     if digest is not None and not (
@@ -164,7 +166,7 @@ def _checked(result: dict[str, Any]) -> dict[str, Any]:
         raise bad
     skipped = result.get("near_skipped")
     return {
-        "sha256": result["sha256"],
+        "checksum": result["checksum"],
         "hash": digest,
         "algorithm": result.get("algorithm") if digest else None,
         "version": result.get("version") if digest else None,
@@ -189,10 +191,15 @@ def _finish(ctx: FinishContext) -> dict[str, Any]:
             obj = tx.object(job.object_id)
             if obj is None or obj["state"] != "ready":
                 raise JobError("CORRUPT_INPUT", "the input object is no longer available")
-            if obj["checksum"] != f"sha256:{mine['sha256']}":
+            # An object recorded with another algorithm was verified against
+            # its own checksum when the worker fetched it; it is matched by both.
+            same_kind = cs.algorithm_of(obj["checksum"]) == cs.algorithm_of(mine["checksum"])
+            if same_kind and obj["checksum"] != mine["checksum"]:
                 raise JobError("CORRUPT_INPUT", "the input does not match its checksum")
             project = obj["project_id"]
-            exact = tx.same_checksum(project, obj["checksum"], job.object_id, MAX_LISTED + 1)
+            exact = tx.same_checksum(
+                project, {obj["checksum"], mine["checksum"]}, job.object_id, MAX_LISTED + 1
+            )
             others: list[tuple[int, str]] = []
             if mine["hash"] is not None:
                 tx.store_object_hash(
@@ -252,7 +259,7 @@ DEDUP_CHECK = register(
         _run,
         schema=SCHEMA,
         available=_available,
-        doc="exact (SHA-256) and near (perceptual dHash) duplicates within the project",
+        doc="exact (checksum) and near (perceptual dHash) duplicates within the project",
         finish=_finish,
         default_profile="dedup-check",
     )

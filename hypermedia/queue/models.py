@@ -61,7 +61,7 @@ class Output:
     object_id: int | None = None
     output_key: str = ""
     output_size_bytes: int = 0
-    # "sha256:…" of the stored blob: written on the object when the job
+    # "blake3:…" (storage/checksum.py) of the stored blob: written on the object when the job
     # completes (the object stays pending, without size or checksum, till then).
     checksum: str = ""
 

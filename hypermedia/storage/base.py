@@ -2,16 +2,16 @@
 
 A backend moves bytes for opaque keys; it knows nothing of the ledger.  Every
 transfer streams in chunks (memory stays flat whatever the file size), and
-every write computes the SHA-256 on the way.
+every write computes the checksum (``storage/checksum.py``) on the way.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
 from hypermedia.errors import HypermediaError
+from hypermedia.storage import checksum as cs
 
 CHUNK = 1024 * 1024
 
@@ -32,6 +32,15 @@ class ChecksumMismatch(StorageError):
     """The bytes read back are not the bytes written."""
 
 
+def algorithm_of(checksum: str) -> str:
+    """The algorithm of a stored checksum.  One this version cannot compute is
+    refused as a mismatch: bytes that cannot be verified are never returned."""
+    try:
+        return cs.algorithm_of(checksum)
+    except cs.UnknownAlgorithm:
+        raise ChecksumMismatch("the stored checksum's algorithm is unknown here") from None
+
+
 class UnsafeKey(StorageError):
     """A key that could escape its pool (``..``, absolute, NUL, odd characters)."""
 
@@ -39,7 +48,7 @@ class UnsafeKey(StorageError):
 @dataclass(frozen=True)
 class Stored:
     size: int
-    sha256: str  # lowercase hex
+    checksum: str  # "<algorithm>:<lowercase hex>", see storage/checksum.py
 
 
 class Backend(Protocol):
@@ -50,7 +59,7 @@ class Backend(Protocol):
         """A streaming reader of the blob; raises BlobMissing."""
 
     def stored_checksum(self, key: str) -> str | None:
-        """The SHA-256 the backend recorded at write time, if it keeps one."""
+        """The checksum the backend recorded at write time (tagged), if it keeps one."""
 
     def delete(self, key: str) -> None:
         """Remove the blob; no error if it is already gone."""
@@ -67,7 +76,7 @@ class HashingReader:
     def __init__(self, src: BinaryIO) -> None:
         self.src = src
         self.size = 0
-        self._hash = hashlib.sha256()
+        self._hash = cs.new()
 
     def read(self, n: int = -1) -> bytes:
         data = self.src.read(n)
@@ -84,24 +93,27 @@ class HashingReader:
         return True
 
     @property
-    def sha256(self) -> str:
-        return self._hash.hexdigest()
+    def checksum(self) -> str:
+        return cs.tagged(cs.DEFAULT, self._hash.hexdigest())
 
 
 class VerifyingReader:
-    """Reads a blob and raises ChecksumMismatch at its end if the SHA-256 differs."""
+    """Reads a blob and raises ChecksumMismatch at its end if its checksum differs."""
 
-    def __init__(self, src: BinaryIO, expected_sha256: str) -> None:
+    def __init__(self, src: BinaryIO, expected: str) -> None:
         self.src = src
-        self.expected = expected_sha256
-        self._hash = hashlib.sha256()
+        self.algorithm = algorithm_of(expected)
+        self.expected = cs.split(expected)[1]
+        self._hash = cs.new(self.algorithm)
         self._checked = False
 
     def read(self, n: int = -1) -> bytes:
         data = self.src.read(n)
         if data:
             self._hash.update(data)
-        elif not self._checked and n != 0:
+        # An empty read is the end; so is a read of "everything" (n < 0),
+        # which must not hand over unverified bytes without a later read.
+        if (n is None or n < 0 or not data) and n != 0 and not self._checked:
             self._checked = True
             if self._hash.hexdigest() != self.expected:
                 raise ChecksumMismatch("the stored bytes do not match their checksum")

@@ -33,6 +33,7 @@ from hypermedia.storage.base import (
     StorageUnavailable,
     Stored,
     VerifyingReader,
+    algorithm_of,
 )
 from hypermedia.storage.keys import display_name, object_key
 
@@ -358,8 +359,9 @@ class Storage:
 
     @contextmanager
     def open_row(self, row: Row) -> Iterator[BinaryIO]:
+        algorithm_of(row["checksum"])  # refused before anything is opened
         raw = self.backend(row["pool_id"]).open(row["storage_key"])
-        reader = VerifyingReader(raw, row["checksum"].removeprefix("sha256:"))
+        reader = VerifyingReader(raw, row["checksum"])
         try:
             yield reader  # type: ignore[misc]
         finally:
@@ -371,7 +373,7 @@ class Storage:
         backend = self.backend(row["pool_id"])
         get_file = getattr(backend, "get_file", None)
         if get_file is not None:
-            get_file(row["storage_key"], dst, row["checksum"].removeprefix("sha256:"), link=link)
+            get_file(row["storage_key"], dst, row["checksum"], link=link)
             return
         with self.open_row(row) as src, open(dst, "xb") as out:
             while chunk := src.read(1024 * 1024):
@@ -434,7 +436,7 @@ def _home_secret(home: Path) -> bytes:
 
 
 def _stored_values(stored: Stored) -> Row:
-    return {"size": stored.size, "checksum": f"sha256:{stored.sha256}"}
+    return {"size": stored.size, "checksum": stored.checksum}
 
 
 def _read_head(src: BinaryIO) -> bytes:

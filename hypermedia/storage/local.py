@@ -14,7 +14,6 @@ import contextlib
 import errno
 import hashlib
 import hmac
-import mmap
 import os
 import stat
 import threading
@@ -24,6 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
+from hypermedia.storage import checksum as cs
 from hypermedia.storage.base import (
     CHUNK,
     BlobMissing,
@@ -31,6 +31,7 @@ from hypermedia.storage.base import (
     StorageUnavailable,
     Stored,
     UnsafeKey,
+    algorithm_of,
 )
 from hypermedia.storage.keys import check_key
 
@@ -80,7 +81,7 @@ class LocalBackend:
         except OSError as exc:
             raise StorageUnavailable(f"local storage is not writable ({exc.strerror})") from exc
         tmp = tmp_dir / uuid.uuid4().hex
-        digest, size = hashlib.sha256(), 0
+        digest, size = cs.new(), 0
         try:
             with open(tmp, "xb") as out:
                 while chunk := src.read(CHUNK):
@@ -97,12 +98,12 @@ class LocalBackend:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-        return Stored(size, digest.hexdigest())
+        return Stored(size, cs.tagged(cs.DEFAULT, digest.hexdigest()))
 
     def put_file(self, key: str, path: Path, *, durable: bool = True) -> Stored:
         """Like ``put`` for a file on disk: the kernel copies while a thread hashes.
 
-        Both the in-kernel copy and hashlib run without the GIL, so on two
+        Both the in-kernel copy and the hash run without the GIL, so on two
         cores the upload costs about the longer of the two, not their sum.
         A file changed while it is stored gets a checksum that its bytes do
         not match: reads then fail, never return silently different data.
@@ -177,8 +178,8 @@ class LocalBackend:
             raise StorageUnavailable(f"could not write to local storage ({exc.strerror})") from exc
         return out
 
-    def get_file(self, key: str, dst: Path, sha256: str, *, link: bool = False) -> None:
-        """Copy a blob to a new file ``dst`` and check it against ``sha256``.
+    def get_file(self, key: str, dst: Path, checksum: str, *, link: bool = False) -> None:
+        """Copy a blob to a new file ``dst`` and check it against ``checksum`` (tagged).
 
         With ``link``, ``dst`` is a hard link to the blob when both are on one
         file system (else a copy): for a worker's job input, which the child
@@ -188,8 +189,13 @@ class LocalBackend:
         are left behind.
         """
         src = self._checked(key)
+        algorithm = algorithm_of(checksum)
         try:
-            _, digest = _link_hashing(src, dst) if link else _copy_hashing(src, dst, durable=False)
+            _, digest = (
+                _link_hashing(src, dst, algorithm)
+                if link
+                else _copy_hashing(src, dst, durable=False, algorithm=algorithm)
+            )
         except FileExistsError:
             raise  # the caller's file, left as it was: a caller's error, not the pool's
         except OSError as exc:
@@ -200,7 +206,7 @@ class LocalBackend:
         except BaseException:
             _remove(dst)
             raise
-        if digest != sha256:
+        if digest != checksum:
             _remove(dst)  # never leave unverified bytes behind
             raise ChecksumMismatch("the stored bytes do not match their checksum")
 
@@ -300,13 +306,13 @@ def _copy_into_place(src: str | Path, dst: str) -> Stored:
         return Stored(*_copy_small(src, dst))
 
 
-def _copy_small(src: str | Path, dst: str | Path) -> tuple[int, str]:
+def _copy_small(src: str | Path, dst: str | Path, algorithm: str = cs.DEFAULT) -> tuple[int, str]:
     """Copy and hash in this thread: for small files a thread costs more than it saves.
 
     Plain descriptors and one buffer: Python file objects cost more than the
     copy of a 50 kB file.  ``dst`` must not exist; a symlink there is refused.
     """
-    digest, size = hashlib.sha256(), 0
+    digest, size = cs.new(algorithm), 0
     fin = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
     try:
         fout = os.open(dst, _CREATE, 0o666)  # as open(dst, "xb"): the umask decides
@@ -326,7 +332,7 @@ def _copy_small(src: str | Path, dst: str | Path) -> tuple[int, str]:
         os.close(fout)
     finally:
         os.close(fin)
-    return size, digest.hexdigest()
+    return size, cs.tagged(algorithm, digest.hexdigest())
 
 
 def _remove(path: str | Path) -> None:
@@ -351,10 +357,13 @@ def _syncfs(root: Path) -> None:
         os.close(fd)
 
 
-def _copy_hashing(src: str | Path, dst: str | Path, *, durable: bool = True) -> tuple[int, str]:
-    """Copy ``src`` to a new file ``dst`` in the kernel while hashing ``src`` in a thread."""
+def _copy_hashing(
+    src: str | Path, dst: str | Path, *, durable: bool = True, algorithm: str = cs.DEFAULT
+) -> tuple[int, str]:
+    """Copy ``src`` to a new file ``dst`` in the kernel while hashing ``src`` in a thread
+    (BLAKE3 hashes a big file on every core, beside the copy)."""
     if os.stat(src).st_size <= 4 * CHUNK:
-        size, digest = _copy_small(src, dst)
+        size, digest = _copy_small(src, dst, algorithm)
         if durable:
             fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
             try:
@@ -365,8 +374,7 @@ def _copy_hashing(src: str | Path, dst: str | Path, *, durable: bool = True) -> 
     result: dict[str, str] = {}
 
     def hash_source() -> None:
-        with open(src, "rb", buffering=0) as f:
-            result["sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
+        result["checksum"] = cs.of_file(src, algorithm)[1]
 
     hasher = threading.Thread(target=hash_source, name="hash", daemon=True)
     fin = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
@@ -385,37 +393,24 @@ def _copy_hashing(src: str | Path, dst: str | Path, *, durable: bool = True) -> 
             os.close(fout)
     finally:
         os.close(fin)
-    if "sha256" not in result:
+    if "checksum" not in result:
         raise OSError(5, "the source could not be read")
-    return size, result["sha256"]
+    return size, result["checksum"]
 
 
-def _link_hashing(src: str | Path, dst: str | Path) -> tuple[int, str]:
+def _link_hashing(src: str | Path, dst: str | Path, algorithm: str) -> tuple[int, str]:
     """Hard-link ``src`` at ``dst`` and hash it, or copy it where links cannot go."""
     try:
         os.link(src, dst)
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
             raise
-        return _copy_hashing(src, dst, durable=False)
+        return _copy_hashing(src, dst, durable=False, algorithm=algorithm)
     try:
-        return _hash_mapped(dst)
+        return cs.of_file(dst, algorithm)  # from the mapped pages: no read copy
     except BaseException:
         _remove(dst)
         raise
-
-
-def _hash_mapped(path: str | Path) -> tuple[int, str]:
-    """Size and SHA-256 of a file, hashed from its mapped pages (no read copy)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            return 0, hashlib.sha256().hexdigest()
-        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as pages:
-            return size, hashlib.sha256(pages).hexdigest()
-    finally:
-        os.close(fd)
 
 
 def _kernel_copy(fin: int, fout: int, size: int) -> None:

@@ -5,11 +5,12 @@ come from the settings (or, when none are set, boto3's default chain); they
 never appear in an error message, and neither does a signed URL.
 
 Writes stream: a body of at most ``SMALL_BODY`` bytes is read whole, hashed and
-sent in one ``PutObject`` carrying its SHA-256 (and Content-MD5, so the server
+sent in one ``PutObject`` carrying its checksum (BLAKE3, see ``checksum.py``;
+and Content-MD5, so the server
 checks the bytes: SeaweedFS refuses a body that does not match its Content-MD5
 but, unlike AWS, accepts one that does not match the signed
 ``x-amz-content-sha256``).  A larger body goes out as a multipart upload with a
-few parts in memory at a time, hashed on the way; the SHA-256 is only known at
+few parts in memory at a time, hashed on the way; the checksum is only known at
 the end, so the object is then copied onto itself with
 ``MetadataDirective=REPLACE`` to record it (a metadata-only operation on
 SeaweedFS and AWS).  A store that refuses that self-copy keeps the blob without
@@ -51,6 +52,7 @@ from boto3.exceptions import Boto3Error
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
+from hypermedia.storage import checksum as cs
 from hypermedia.storage.base import (
     CHUNK,
     BlobMissing,
@@ -59,6 +61,7 @@ from hypermedia.storage.base import (
     StorageError,
     StorageUnavailable,
     Stored,
+    algorithm_of,
 )
 from hypermedia.storage.keys import check_key
 
@@ -212,7 +215,11 @@ class S3Backend:
         check_key(key)
         with self._errors("read from"):
             head = self._client.head_object(Bucket=self.bucket, Key=key)
-        return head.get("Metadata", {}).get("sha256") or None
+        meta = head.get("Metadata", {})
+        if meta.get("checksum"):
+            return str(meta["checksum"])
+        # Blobs written before checksums were tagged recorded a bare SHA-256.
+        return cs.tagged("sha256", meta["sha256"]) if meta.get("sha256") else None
 
     def delete(self, key: str) -> None:
         check_key(key)
@@ -252,7 +259,7 @@ class S3Backend:
         A file of at most ``SMALL_BODY`` is one ``PutObject`` as in ``put``.
         A larger one is handed to s3transfer by name (``upload_file``: parts
         read from the file by ``FILE_THREADS`` threads, nothing buffered but
-        the parts in flight) while another thread hashes the file; hashlib
+        the parts in flight) while another thread hashes the file; the hash
         and the sockets release the GIL, so the checksum costs little time.
         It is then recorded with the self-copy, as in ``put``.
 
@@ -274,14 +281,15 @@ class S3Backend:
         def hash_file() -> None:
             try:
                 with open(path, "rb", buffering=0) as f:
-                    digest = hashlib.sha256()
+                    # One core: the uploading threads need the other.
+                    digest = cs.new()
                     buf = bytearray(CHUNK)
                     view = memoryview(buf)
                     total = 0
                     while (n := f.readinto(buf) or 0) and not failed.is_set():
                         digest.update(view[:n])
                         total += n
-                result["stored"] = Stored(total, digest.hexdigest())
+                result["stored"] = Stored(total, cs.tagged(cs.DEFAULT, digest.hexdigest()))
             except BaseException as exc:  # re-raised in the caller's thread
                 result["error"] = exc
 
@@ -302,7 +310,7 @@ class S3Backend:
         if stored.size != size:
             self._discard(key)
             raise StorageUnavailable("the file changed size while it was uploaded")
-        self._record_checksum(key, stored.size, stored.sha256)
+        self._record_checksum(key, stored.size, stored.checksum)
         return stored
 
     def put_files(self, items: list[tuple[str, Path]]) -> list[Stored]:
@@ -327,8 +335,8 @@ class S3Backend:
                 raise exc
         return [f.result() for f in futures]
 
-    def get_file(self, key: str, dst: Path, sha256: str, *, link: bool = False) -> None:
-        """Download a blob to a new file ``dst`` and check it against ``sha256``.
+    def get_file(self, key: str, dst: Path, checksum: str, *, link: bool = False) -> None:
+        """Download a blob to a new file ``dst`` and check it against ``checksum`` (tagged).
 
         ``link`` (a local pool's hard link for job inputs) has no S3
         counterpart: a remote blob is always downloaded.
@@ -347,6 +355,7 @@ class S3Backend:
         ``dst`` raises FileExistsError and is left alone.
         """
         check_key(key)
+        algorithm = algorithm_of(checksum)
         with self._errors("read from"):
             try:
                 first = self._client.get_object(
@@ -370,27 +379,29 @@ class S3Backend:
                     with body:
                         data = body.read()
                     _pwrite_all(fd, data, 0)
-                    actual = hashlib.sha256(data).hexdigest()
+                    actual = cs.of_bytes(data, algorithm)
                 elif not first.get("ContentRange"):  # a store that ignores Range
                     with body:
-                        actual = _stream_hashing(body, fd)
+                        actual = _stream_hashing(body, fd, algorithm)
                 else:
                     etag = str(first.get("ETag") or "")
-                    actual = self._get_ranges(key, etag, body, fd, total)
+                    actual = self._get_ranges(key, etag, body, fd, total, algorithm)
             finally:
                 os.close(fd)
-            if actual != sha256:
+            if actual != checksum:
                 raise ChecksumMismatch("the stored bytes do not match their checksum")
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(dst)
             raise
 
-    def _get_ranges(self, key: str, etag: str, first: _Body, fd: int, total: int) -> str:
+    def _get_ranges(
+        self, key: str, etag: str, first: _Body, fd: int, total: int, algorithm: str
+    ) -> str:
         """Fetch [SMALL_GET, total) by ranges into ``fd`` (``first`` streams the
-        start) while a thread hashes the complete prefix; return the SHA-256."""
+        start) while a thread hashes the complete prefix; return the checksum."""
         done = _Prefix()
-        digest = hashlib.sha256()
+        digest = cs.new(algorithm)
 
         def fetch(start: int, end: int, body: _Body | None) -> None:
             if body is None:
@@ -448,7 +459,7 @@ class S3Backend:
             raise
         finally:
             hasher.join()
-        return digest.hexdigest()
+        return cs.tagged(algorithm, digest.hexdigest())
 
     # -- more ------------------------------------------------------------------
 
@@ -512,11 +523,11 @@ class S3Backend:
                 key,
                 Config=_TRANSFER,
             )
-        self._record_checksum(key, hashing.size, hashing.sha256)
-        return Stored(hashing.size, hashing.sha256)
+        self._record_checksum(key, hashing.size, hashing.checksum)
+        return Stored(hashing.size, hashing.checksum)
 
     def _put_small(self, key: str, body: bytes) -> Stored:
-        sha256 = hashlib.sha256(body).hexdigest()
+        checksum = cs.of_bytes(body)
         md5 = base64.b64encode(hashlib.md5(body, usedforsecurity=False).digest()).decode()
         with self._errors("upload to"):
             self._client.put_object(
@@ -524,13 +535,13 @@ class S3Backend:
                 Key=key,
                 Body=body,
                 ContentMD5=md5,
-                Metadata={"sha256": sha256},
+                Metadata={"checksum": checksum},
             )
-        return Stored(len(body), sha256)
+        return Stored(len(body), checksum)
 
-    def _record_checksum(self, key: str, size: int, sha256: str) -> None:
+    def _record_checksum(self, key: str, size: int, checksum: str) -> None:
         source = {"Bucket": self.bucket, "Key": key}
-        meta = {"sha256": sha256}
+        meta = {"checksum": checksum}
         with self._errors("upload to"):
             try:
                 if size <= MAX_COPY_OBJECT:
@@ -700,14 +711,14 @@ def _total_size(answer: Any) -> int:
     return int(answer.get("ContentLength") or 0)  # the whole object (Range ignored)
 
 
-def _stream_hashing(body: _Body, fd: int) -> str:
+def _stream_hashing(body: _Body, fd: int, algorithm: str) -> str:
     """The whole body into ``fd`` from offset 0, hashed on the way."""
-    digest, offset = hashlib.sha256(), 0
+    digest, offset = cs.new(algorithm), 0
     while chunk := body.read(NET_READ):
         _pwrite_all(fd, chunk, offset)
         digest.update(chunk)
         offset += len(chunk)
-    return digest.hexdigest()
+    return cs.tagged(algorithm, digest.hexdigest())
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:

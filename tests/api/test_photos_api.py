@@ -3,13 +3,13 @@ project scoping and scopes."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from fastapi.testclient import TestClient
 
 from hypermedia.services import Services
 from tests.api.conftest import Project, bearer
+from tests.harness import checksum_of
 from tests.media import png
 
 Row = dict[str, Any]
@@ -37,7 +37,7 @@ def test_upload_then_show_with_facts_and_urls(client: TestClient, a: Project) ->
     assert client.get(url).content == data  # the original, through its signed URL
     obj = client.get(f"/v1/objects/{photo['object_id']}", headers=bearer(a.admin)).json()
     assert obj["filename"] == "b.png"
-    assert obj["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert obj["checksum"] == checksum_of(data)
     assert "storage_key" not in str(shown.json())
 
 

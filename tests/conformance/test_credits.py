@@ -225,7 +225,7 @@ def test_input_facts_update_the_input_object(engine, driver, storage, settle):
     assert (row["estimated_credits"], row["actual_credits"]) == (2, 14)
     obj = storage.get(oid)
     assert {k: obj[k] for k in facts} == facts
-    assert obj["checksum"].startswith("sha256:") and obj["checksum"] != "forged"
+    assert obj["checksum"].startswith("blake3:") and obj["checksum"] != "forged"
     # The next estimate knows the pages.
     assert _estimate(engine, key, object_id=oid) == 14
 

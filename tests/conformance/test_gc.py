@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
 import uuid
 
 from hypermedia.queue.models import AttemptResult, NewJob, Output
 from hypermedia.storage.gc import GarbageCollector
 from hypermedia.storage.ledger import Storage
+from tests.harness import checksum_of
 
 
 def _gc(storage: Storage, **settings: float) -> GarbageCollector:
@@ -116,7 +116,7 @@ def test_outputs_of_a_completing_job_become_ready(storage: Storage, engine) -> N
     assert _state(storage, out["object_id"]) == "ready"
     ready = storage.get(out["object_id"])
     assert ready["size"] == 3
-    assert ready["checksum"] == "sha256:" + hashlib.sha256(b"out").hexdigest()
+    assert ready["checksum"] == checksum_of(b"out")
     with storage.open(out["object_id"]) as f:  # a verified read: the checksum is right
         assert f.read() == b"out"
     assert _state(storage, stale["object_id"]) == "pending"

@@ -14,6 +14,7 @@ from hypermedia.errors import Conflict, InvalidRequest, NotFound
 from hypermedia.queue.models import NewJob
 from hypermedia.storage.base import ChecksumMismatch, StorageUnavailable
 from hypermedia.storage.ledger import Storage
+from tests.harness import checksum_of
 from tests.media import png
 
 
@@ -22,7 +23,7 @@ def test_put_makes_a_ready_object_with_facts_from_the_bytes(storage: Storage) ->
     row = storage.put(io.BytesIO(data), filename="../../holiday/IMG 1.PNG")
     assert row["state"] == "ready"
     assert row["size"] == len(data)
-    assert row["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert row["checksum"] == checksum_of(data)
     assert (row["mime_type"], row["width"], row["height"]) == ("image/png", 31, 17)
     assert row["storage_key"] == f"objects/{row['object_id']}/original.png"
     assert row["filename"] == "IMG 1.PNG"  # display only, never part of the key
@@ -135,7 +136,7 @@ def test_put_file_and_download_verify(storage: Storage, tmp_path) -> None:  # ty
     src.write_bytes(data)
     row = storage.put_file(src, filename="my file.bin")
     assert (row["state"], row["size"], row["filename"]) == ("ready", len(data), "my file.bin")
-    assert row["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert row["checksum"] == checksum_of(data)
     dst = tmp_path / "back.bin"
     storage.download(row, dst)
     assert dst.read_bytes() == data
@@ -145,6 +146,42 @@ def test_put_file_and_download_verify(storage: Storage, tmp_path) -> None:  # ty
     with pytest.raises(ChecksumMismatch):
         storage.download(row, again)
     assert not again.exists()  # no unverified bytes left behind
+
+
+def test_objects_recorded_with_sha256_are_still_verified(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Rows written before BLAKE3 became the default carry "sha256:" checksums:
+    read and downloaded with that algorithm, and corruption still caught."""
+    data = os.urandom(5 * 1024 * 1024 + 3)
+    row = storage.put(io.BytesIO(data))
+    legacy = "sha256:" + hashlib.sha256(data).hexdigest()
+    with storage.db.tx() as tx:
+        assert tx.update_object(row["object_id"], ["ready"], {"checksum": legacy})
+    row = storage.get(row["object_id"])
+    assert row["checksum"] == legacy
+    with storage.open(row["object_id"]) as f:
+        assert f.read() == data
+    storage.download(row, tmp_path / "back.bin")
+    assert (tmp_path / "back.bin").read_bytes() == data
+    with storage.db.tx() as tx:  # the same bytes, another (wrong) SHA-256
+        tx.update_object(row["object_id"], ["ready"], {"checksum": "sha256:" + "0" * 64})
+    row = storage.get(row["object_id"])
+    with pytest.raises(ChecksumMismatch), storage.open(row["object_id"]) as f:
+        f.read()
+    with pytest.raises(ChecksumMismatch):
+        storage.download(row, tmp_path / "again.bin")
+    assert not (tmp_path / "again.bin").exists()
+
+
+def test_an_unknown_checksum_algorithm_is_never_read_unverified(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    row = storage.put(io.BytesIO(b"abc"))
+    with storage.db.tx() as tx:
+        tx.update_object(row["object_id"], ["ready"], {"checksum": "blake4:" + "0" * 64})
+    row = storage.get(row["object_id"])
+    with pytest.raises(ChecksumMismatch), storage.open(row["object_id"]) as f:
+        f.read()
+    with pytest.raises(ChecksumMismatch):
+        storage.download(row, tmp_path / "back.bin")
+    assert not (tmp_path / "back.bin").exists()
 
 
 def test_put_files_registers_many_at_once(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -158,7 +195,7 @@ def test_put_files_registers_many_at_once(storage: Storage, tmp_path) -> None:  
     rows = storage.put_files(paths)
     assert [r["state"] for r in rows] == ["ready"] * 21
     for row, b in zip(rows, blobs, strict=False):
-        assert row["checksum"] == "sha256:" + hashlib.sha256(b).hexdigest()
+        assert row["checksum"] == checksum_of(b)
         assert row["storage_key"] == f"objects/{row['object_id']}/original.bin"
         with storage.open(row["object_id"]) as f:
             assert f.read() == b

@@ -3,7 +3,6 @@ served by a real ``hypermedia serve``."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hypermedia.db.driver import Driver
-from tests.harness import cli_env, hypermedia, start_serve, stop
+from tests.harness import checksum_of, cli_env, hypermedia, start_serve, stop
 from tests.media import png
 
 
@@ -58,7 +57,7 @@ def test_objects_put_get_ls_show(driver: Driver, tmp_path: Path) -> None:
     listed = json.loads(_ok("objects", "ls", "--json", url=url, home=home))
     assert {r["object_id"] for r in listed} == {row["object_id"], *(r["object_id"] for r in rows)}
     shown = json.loads(_ok("objects", "show", str(row["object_id"]), "--json", url=url, home=home))
-    assert shown["checksum"] == "sha256:" + hashlib.sha256(pic.read_bytes()).hexdigest()
+    assert shown["checksum"] == checksum_of(pic.read_bytes())
 
 
 def test_corrupted_download_is_refused_and_not_written(driver: Driver, tmp_path: Path) -> None:

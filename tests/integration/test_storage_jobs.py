@@ -7,7 +7,6 @@ after checking it is a regular file inside scratch.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import signal
@@ -24,6 +23,7 @@ from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 from hypermedia.storage.gc import GarbageCollector
 from hypermedia.storage.ledger import Storage
+from tests.harness import checksum_of
 from tests.integration._procs import Procs, eventually, sqlite_only, wait_job
 
 pytestmark = pytest.mark.timeout(120)
@@ -48,7 +48,7 @@ def test_a_job_copies_its_input_to_a_new_object(
     assert obj["state"] == "ready"
     assert obj["storage_key"] == f"objects/{obj['object_id']}/copy.bin" == out["output_key"]
     assert out["output_size_bytes"] == obj["size"] == len(data)
-    assert obj["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert obj["checksum"] == checksum_of(data)
     with storage.open(obj["object_id"]) as f:
         assert f.read() == data
     # The scratch directory was emptied after the attempt.

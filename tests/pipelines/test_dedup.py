@@ -267,17 +267,18 @@ def _finish_with(storage: Storage, obj: dict[str, Any], child: dict[str, Any]) -
 
 def test_a_forged_child_result_is_refused(storage: Storage) -> None:
     obj = put(storage, b"abc", "p1")
-    sha = obj["checksum"].removeprefix("sha256:")
-    good = {"sha256": sha, "hash": "0123456789abcdef", "algorithm": "dhash64"}
+    good = {"checksum": obj["checksum"], "hash": "0123456789abcdef", "algorithm": "dhash64"}
     for child in (
         {},
-        {"sha256": "x' OR 1=1"},
+        {"checksum": "x' OR 1=1"},
+        {"checksum": obj["checksum"].removeprefix("blake3:")},  # untagged
+        {"checksum": "md5:" + "0" * 64},
         {**good, "version": "dhash64/pyvips-8.18.7/1", "hash": "zz"},
         {**good, "version": "'; DROP TABLE objects"},
         {**good, "version": "dhash64/pyvips-8.18.7/1", "algorithm": "md5"},
     ):
         assert _finish_with(storage, obj, child).code == "INVALID_OUTPUT"
-    other = _finish_with(storage, obj, {"sha256": "0" * 64})
+    other = _finish_with(storage, obj, {"checksum": "blake3:" + "0" * 64})
     assert other.code == "CORRUPT_INPUT"
 
 
@@ -288,7 +289,7 @@ def _down(tmp_path: Path) -> Storage:
 
 def test_the_database_down_in_finish_is_retryable(storage: Storage, tmp_path: Path) -> None:
     obj = put(storage, b"abc", "p1")
-    child = {"sha256": obj["checksum"].removeprefix("sha256:"), "hash": None}
+    child = {"checksum": obj["checksum"], "hash": None}
     bad = _down(tmp_path)
     try:
         err = _finish_with(bad, obj, child)
@@ -319,7 +320,7 @@ def test_a_failing_finish_fails_the_attempt_not_the_slot(
 ) -> None:
     obj = put(storage, b"abc", "p1")
     down = _down(tmp_path)
-    result = {"sha256": obj["checksum"].removeprefix("sha256:"), "hash": None}
+    result = {"checksum": obj["checksum"], "hash": None}
     for job_type, code in (
         ("storage.dedup_check", "STORAGE_UNAVAILABLE"),
         (exploding.job_type, "INTERNAL"),

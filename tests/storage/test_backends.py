@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 from urllib.parse import quote
 
+import blake3
 import pytest
 
 from hypermedia.storage.base import (
@@ -29,9 +30,11 @@ from hypermedia.storage.base import (
     StorageUnavailable,
     Stored,
     UnsafeKey,
+    VerifyingReader,
 )
 from hypermedia.storage.local import LocalBackend
 from hypermedia.storage.s3 import SMALL_BODY, S3Backend
+from tests.harness import checksum_of
 from tests.storage.conftest import SeaweedServer
 
 MiB = 1024 * 1024
@@ -55,11 +58,11 @@ def _read_all(backend: Backend, key: str) -> bytes:
 
 
 def _hash_stream(f: BinaryIO) -> tuple[int, str]:
-    digest, size = hashlib.sha256(), 0
+    digest, size = blake3.blake3(), 0
     while chunk := f.read(MiB):
         digest.update(chunk)
         size += len(chunk)
-    return size, digest.hexdigest()
+    return size, "blake3:" + digest.hexdigest()
 
 
 class GeneratedStream:
@@ -73,7 +76,7 @@ class GeneratedStream:
         self._chunks = chunks
         self._rest = b""
         self.size = 0
-        self._hash = hashlib.sha256()
+        self._hash = blake3.blake3()
 
     def read(self, n: int = -1) -> bytes:
         if not self._rest:
@@ -90,8 +93,8 @@ class GeneratedStream:
         return True
 
     @property
-    def sha256(self) -> str:
-        return self._hash.hexdigest()
+    def checksum(self) -> str:
+        return "blake3:" + self._hash.hexdigest()
 
 
 def _chunks(total: int, chunk: int = MiB, fail_after: int = -1) -> Iterator[bytes]:
@@ -137,7 +140,7 @@ class ShortReads(io.RawIOBase):
 def test_put_open_round_trip(backend: Backend, size: int) -> None:
     data = _bytes(size, seed=size)
     stored = backend.put(KEY, io.BytesIO(data))
-    assert stored == Stored(size, hashlib.sha256(data).hexdigest())
+    assert stored == Stored(size, checksum_of(data))
     assert _read_all(backend, KEY) == data
     assert backend.size(KEY) == size  # type: ignore[attr-defined]
     # Reading in small pieces gives the same bytes, then EOF for good.
@@ -160,7 +163,7 @@ def test_short_reads_make_full_parts(backend: Backend) -> None:
     # A source whose read(n) returns less than n (S3 rejects short parts but the last).
     data = _bytes(3 * SMALL_BODY + 7, seed=3)
     stored = backend.put(KEY, cast(BinaryIO, ShortReads(data)))
-    assert stored == Stored(len(data), hashlib.sha256(data).hexdigest())
+    assert stored == Stored(len(data), checksum_of(data))
     assert _read_all(backend, KEY) == data
 
 
@@ -174,13 +177,13 @@ def test_large_put_streams_in_flat_memory(backend: Backend) -> None:
         _, put_peak = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
         with backend.open(KEY) as f:
-            size, sha256 = _hash_stream(f)
+            size, digest = _hash_stream(f)
         _, get_peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert src.size == total
-    assert stored == Stored(total, src.sha256)
-    assert (size, sha256) == (total, src.sha256)
+    assert stored == Stored(total, src.checksum)
+    assert (size, digest) == (total, src.checksum)
     assert put_peak < 32 * MiB, f"put peaked at {put_peak / MiB:.1f} MiB"
     assert get_peak < 32 * MiB, f"open/read peaked at {get_peak / MiB:.1f} MiB"
 
@@ -218,16 +221,16 @@ def _file(tmp_path: Path, name: str, data: bytes) -> Path:
 @pytest.mark.parametrize("size", FILE_SIZES, ids=FILE_IDS)
 def test_put_file_get_file_round_trip(backend: Backend, tmp_path: Path, size: int) -> None:
     data = _bytes(size, seed=size + 1)
-    sha256 = hashlib.sha256(data).hexdigest()
+    checksum = checksum_of(data)
     files: Any = backend
     stored = files.put_file(KEY, _file(tmp_path, "src.bin", data))
-    assert stored == Stored(size, sha256)
+    assert stored == Stored(size, checksum)
     assert _read_all(backend, KEY) == data
     assert backend.size(KEY) == size  # type: ignore[attr-defined]
     if isinstance(backend, S3Backend):  # recorded for every size, as by put
-        assert backend.stored_checksum(KEY) == sha256
+        assert backend.stored_checksum(KEY) == checksum
     dst = tmp_path / "back.bin"
-    files.get_file(KEY, dst, sha256)
+    files.get_file(KEY, dst, checksum)
     assert dst.read_bytes() == data
 
 
@@ -242,8 +245,45 @@ def test_get_file_refuses_bytes_that_do_not_match(
     backend.put(KEY, io.BytesIO(data[:-1] + bytes([data[-1] ^ 1])))
     dst = tmp_path / "back.bin"
     with pytest.raises(ChecksumMismatch):
-        files.get_file(KEY, dst, hashlib.sha256(data).hexdigest())
+        files.get_file(KEY, dst, checksum_of(data))
     assert not dst.exists()  # no unverified bytes left behind
+
+
+@pytest.mark.parametrize("size", [1000, 3 * SMALL_BODY + 5], ids=["small", "threaded"])
+@pytest.mark.parametrize("link", [False, True], ids=["copy", "link"])
+def test_blobs_checked_against_a_sha256_checksum(
+    backend: Backend, tmp_path: Path, size: int, link: bool
+) -> None:
+    """A "sha256:" checksum (objects recorded before BLAKE3) verifies with SHA-256."""
+    data = _bytes(size, seed=23)
+    files: Any = backend
+    backend.put(KEY, io.BytesIO(data))
+    legacy = "sha256:" + hashlib.sha256(data).hexdigest()
+    dst = tmp_path / "back.bin"
+    files.get_file(KEY, dst, legacy, link=link)
+    assert dst.read_bytes() == data
+    dst.unlink()
+    with VerifyingReader(backend.open(KEY), legacy) as r:
+        assert r.read() == data and r.read() == b""
+    backend.put(KEY, io.BytesIO(data[:-1] + bytes([data[-1] ^ 1])))
+    with pytest.raises(ChecksumMismatch):
+        files.get_file(KEY, dst, legacy, link=link)
+    assert not dst.exists()
+    with pytest.raises(ChecksumMismatch), VerifyingReader(backend.open(KEY), legacy) as r:
+        while r.read(MiB):
+            pass
+
+
+def test_an_unknown_checksum_algorithm_is_refused(backend: Backend, tmp_path: Path) -> None:
+    files: Any = backend
+    backend.put(KEY, io.BytesIO(b"abc"))
+    dst = tmp_path / "back.bin"
+    for bad in ("md5:900150983cd24fb0d6963f7d28e17f72", "blake4:" + "0" * 64):
+        with pytest.raises(ChecksumMismatch):
+            files.get_file(KEY, dst, bad)
+        assert not dst.exists()
+        with pytest.raises(ChecksumMismatch):
+            VerifyingReader(io.BytesIO(b"abc"), bad)
 
 
 def test_get_file_missing_and_existing_destination(backend: Backend, tmp_path: Path) -> None:
@@ -255,7 +295,7 @@ def test_get_file_missing_and_existing_destination(backend: Backend, tmp_path: P
     backend.put(KEY, io.BytesIO(b"abc"))
     dst.write_bytes(b"the caller's file")
     with pytest.raises(FileExistsError):
-        files.get_file(KEY, dst, hashlib.sha256(b"abc").hexdigest())
+        files.get_file(KEY, dst, checksum_of(b"abc"))
     assert dst.read_bytes() == b"the caller's file"  # not ours: left as it was
 
 
@@ -263,9 +303,9 @@ def test_get_file_missing_and_existing_destination(backend: Backend, tmp_path: P
 def test_a_job_input_is_a_verified_hard_link_on_a_local_pool(tmp_path: Path, size: int) -> None:
     backend = LocalBackend(tmp_path / "pool")
     data = _bytes(size, seed=size + 7)
-    sha256 = backend.put(KEY, io.BytesIO(data)).sha256
+    checksum = backend.put(KEY, io.BytesIO(data)).checksum
     dst = tmp_path / "input.bin"
-    backend.get_file(KEY, dst, sha256, link=True)
+    backend.get_file(KEY, dst, checksum, link=True)
     assert dst.read_bytes() == data
     assert os.stat(dst).st_ino == os.stat(tmp_path / "pool" / KEY).st_ino  # no copy made
     # Bit rot under a link is caught like under a copy, and the link is gone.
@@ -273,7 +313,7 @@ def test_a_job_input_is_a_verified_hard_link_on_a_local_pool(tmp_path: Path, siz
     with open(tmp_path / "pool" / KEY, "r+b") as f:
         f.write(b"\x00" if size == 0 else bytes([data[0] ^ 1]))
     with pytest.raises(ChecksumMismatch):
-        backend.get_file(KEY, dst, sha256, link=True)
+        backend.get_file(KEY, dst, checksum, link=True)
     assert not dst.exists()
 
 
@@ -304,10 +344,10 @@ def test_a_job_input_across_file_systems_is_a_copy(tmp_path: Path) -> None:
     if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
         pytest.skip("no second file system to copy across")
     backend = LocalBackend(tmp_path / "pool")
-    sha256 = backend.put(KEY, io.BytesIO(b"across" * 1000)).sha256
+    checksum = backend.put(KEY, io.BytesIO(b"across" * 1000)).checksum
     dst = shm / f"hm-test-{os.getpid()}-input.bin"
     try:
-        backend.get_file(KEY, dst, sha256, link=True)
+        backend.get_file(KEY, dst, checksum, link=True)
         assert dst.read_bytes() == b"across" * 1000
         assert os.stat(dst).st_nlink == 1
     finally:
@@ -322,7 +362,7 @@ def test_put_files_stores_a_batch_in_order(backend: Backend, tmp_path: Path) -> 
     ]
     files: Any = backend
     stored = files.put_files(items)
-    assert stored == [Stored(len(d), hashlib.sha256(d).hexdigest()) for d in datas]
+    assert stored == [Stored(len(d), checksum_of(d)) for d in datas]
     for (key, _), d in zip(items, datas, strict=True):
         assert _read_all(backend, key) == d
     assert files.put_files([]) == []
@@ -366,7 +406,7 @@ def test_file_transfers_run_in_flat_memory(backend: Backend, tmp_path: Path) -> 
         stored = files.put_file(KEY, src)
         _, put_peak = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
-        files.get_file(KEY, tmp_path / "back.bin", stored.sha256)
+        files.get_file(KEY, tmp_path / "back.bin", stored.checksum)
         _, get_peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -409,7 +449,7 @@ def test_stored_checksum(backend: Backend, size: int) -> None:
     data = _bytes(size, seed=5)
     stored = backend.put(KEY, io.BytesIO(data))
     if isinstance(backend, S3Backend):
-        assert backend.stored_checksum(KEY) == hashlib.sha256(data).hexdigest()
+        assert backend.stored_checksum(KEY) == checksum_of(data)
         # Recording it rewrote metadata only: the bytes are those written.
         assert _read_all(backend, KEY) == data
         assert backend.size(KEY) == stored.size
@@ -428,6 +468,14 @@ def _get(url: str) -> tuple[int, bytes, Any]:
     except urllib.error.HTTPError as exc:
         with exc:
             return exc.code, exc.read(), exc.headers
+
+
+def test_s3_reads_the_bare_sha256_of_older_blobs(s3_backend: S3Backend) -> None:
+    digest = hashlib.sha256(b"old").hexdigest()
+    s3_backend._client.put_object(
+        Bucket=s3_backend.bucket, Key=KEY, Body=b"old", Metadata={"sha256": digest}
+    )
+    assert s3_backend.stored_checksum(KEY) == f"sha256:{digest}"
 
 
 def test_presign(backend: Backend) -> None:
@@ -535,7 +583,7 @@ def test_local_put_files_replace_leftovers_without_writing_through_them(tmp_path
     src.write_bytes(b"new bytes")
     keys = ["objects/1/original.bin", "objects/2/original.bin"]
     stored = backend.put_files([(k, src) for k in keys])
-    assert stored == [Stored(9, hashlib.sha256(b"new bytes").hexdigest())] * 2
+    assert stored == [Stored(9, checksum_of(b"new bytes"))] * 2
     assert [_read_all(backend, k) for k in keys] == [b"new bytes"] * 2
     assert outside.read_bytes() == b"not yours"
     # A symlink planted where a blob goes is refused before anything is written.
@@ -668,13 +716,13 @@ def test_s3_get_file_of_an_object_replaced_midway_fails(
     dst = tmp_path / "back.bin"
     try:
         with pytest.raises(StorageUnavailable, match="PreconditionFailed"):
-            s3_backend.get_file(KEY, dst, hashlib.sha256(old).hexdigest())
+            s3_backend.get_file(KEY, dst, checksum_of(old))
     finally:
         events.unregister("before-parameter-build.s3.GetObject", replace_once)
         other.close()
     assert replaced
     assert not dst.exists()
-    s3_backend.get_file(KEY, dst, hashlib.sha256(new).hexdigest())
+    s3_backend.get_file(KEY, dst, checksum_of(new))
     assert dst.read_bytes() == new
 
 
@@ -690,7 +738,7 @@ def test_s3_get_file_from_a_store_that_ignores_ranges(
     events = s3_backend._client.meta.events
     events.register("before-parameter-build.s3.GetObject", drop_range)
     try:
-        s3_backend.get_file(KEY, tmp_path / "back.bin", hashlib.sha256(data).hexdigest())
+        s3_backend.get_file(KEY, tmp_path / "back.bin", checksum_of(data))
     finally:
         events.unregister("before-parameter-build.s3.GetObject", drop_range)
     assert (tmp_path / "back.bin").read_bytes() == data
