@@ -317,7 +317,7 @@ def _copy_small(src: str | Path, dst: str | Path, algorithm: str = cs.DEFAULT) -
     try:
         fout = os.open(dst, _CREATE, 0o666)  # as open(dst, "xb"): the umask decides
         try:
-            buf = bytearray(min(os.fstat(fin).st_size + 1, CHUNK))
+            buf = bytearray(min(os.fstat(fin).st_size + 1, cs.READ_CHUNK))  # see READ_CHUNK
             view = memoryview(buf)
             while n := os.readv(fin, [buf]):
                 digest.update(view[:n])
@@ -360,8 +360,7 @@ def _syncfs(root: Path) -> None:
 def _copy_hashing(
     src: str | Path, dst: str | Path, *, durable: bool = True, algorithm: str = cs.DEFAULT
 ) -> tuple[int, str]:
-    """Copy ``src`` to a new file ``dst`` in the kernel while hashing ``src`` in a thread
-    (BLAKE3 hashes a big file on every core, beside the copy)."""
+    """Copy ``src`` to a new file ``dst`` in the kernel while hashing ``src`` in a thread."""
     if os.stat(src).st_size <= 4 * CHUNK:
         size, digest = _copy_small(src, dst, algorithm)
         if durable:
@@ -407,7 +406,7 @@ def _link_hashing(src: str | Path, dst: str | Path, algorithm: str) -> tuple[int
             raise
         return _copy_hashing(src, dst, durable=False, algorithm=algorithm)
     try:
-        return cs.of_file(dst, algorithm)  # from the mapped pages: no read copy
+        return cs.of_file(dst, algorithm)
     except BaseException:
         _remove(dst)
         raise

@@ -30,7 +30,9 @@ def test_split_reads_tagged_and_bare_checksums() -> None:
         cs.new("md5")
 
 
-@pytest.mark.parametrize("size", [0, 1, cs.THREADED_FROM - 1, cs.THREADED_FROM, 9 * 1024 * 1024])
+@pytest.mark.parametrize(
+    "size", [0, 1, cs.READ_CHUNK - 1, cs.READ_CHUNK + 1, 5 * cs.READ_CHUNK, cs.THREADED_FROM]
+)
 def test_files_hash_the_same_whichever_way(tmp_path: Path, size: int) -> None:
     """Mapped or not, one thread or all of them: the same digest as the library's."""
     data = os.urandom(size)
