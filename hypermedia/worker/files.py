@@ -84,26 +84,37 @@ def store_outputs(
 
 
 def inside(scratch: Path, name: str) -> Path:
+    """The regular file ``name`` inside ``scratch`` (a directory of the
+    worker's own); INVALID_OUTPUT for anything that is not, or leads out."""
+    if name and "/" not in name and name not in (".", ".."):
+        # A plain file name (what pipelines declare): nothing on the way to
+        # resolve, so one lstat tells it all (a symlink is no regular file).
+        return _regular(scratch / name)
     root = scratch.resolve()
     lexical = root / os.path.normpath(name)
     if os.path.isabs(name) or not lexical.is_relative_to(root) or lexical == root:
         raise JobError(
             "INVALID_OUTPUT", "the pipeline named an output outside its scratch directory"
         )
-    try:
-        st = os.lstat(lexical)
-    except OSError:
-        raise JobError(
-            "INVALID_OUTPUT", "the pipeline named an output file that does not exist"
-        ) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise JobError("INVALID_OUTPUT", "a pipeline output must be a regular file")
+    _regular(lexical)
     # A symlinked directory on the way could still lead out.
     if not lexical.resolve().is_relative_to(root):
         raise JobError(
             "INVALID_OUTPUT", "the pipeline named an output outside its scratch directory"
         )
     return lexical
+
+
+def _regular(path: Path) -> Path:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        raise JobError(
+            "INVALID_OUTPUT", "the pipeline named an output file that does not exist"
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise JobError("INVALID_OUTPUT", "a pipeline output must be a regular file")
+    return path
 
 
 def _role(output_type: str) -> str:

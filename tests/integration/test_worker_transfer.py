@@ -18,6 +18,7 @@ import pytest
 from hypermedia.errors import JobError
 from hypermedia.queue.models import AttemptResult, Claimed
 from hypermedia.storage.ledger import Storage
+from hypermedia.worker.files import inside
 from hypermedia.worker.transfer import Stager, Storer, move_outputs
 from tests.harness import claimed_input
 from tests.integration._procs import sqlite_only
@@ -139,6 +140,25 @@ def test_outputs_outside_scratch_are_refused_when_moved(tmp_path: Path) -> None:
         move_outputs(scratch, [{"path": "../secret"}], tmp_path / "out")
     assert err.value.code == "INVALID_OUTPUT"
     assert (tmp_path / "secret").exists()
+
+
+def test_only_regular_files_inside_scratch_are_outputs(tmp_path: Path) -> None:
+    scratch = _scratch(tmp_path)
+    outside = tmp_path / "secret"
+    outside.write_bytes(b"host file")
+    (scratch / "thumb.webp").write_bytes(b"ok")
+    (scratch / "sub").mkdir()
+    (scratch / "sub" / "page-1.png").write_bytes(b"ok")
+    (scratch / "link.webp").symlink_to(outside)
+    (scratch / "dirlink").symlink_to(tmp_path)
+    assert inside(scratch, "thumb.webp") == scratch / "thumb.webp"
+    assert inside(scratch, "sub/page-1.png") == scratch.resolve() / "sub" / "page-1.png"
+    assert inside(scratch, "./thumb.webp") == scratch.resolve() / "thumb.webp"
+    for name in ("link.webp", "dirlink/secret", "../secret", "sub", "missing.webp", "", ".",
+                 "..", "/etc/passwd", "sub/../../secret"):  # fmt: skip
+        with pytest.raises(JobError) as err:
+            inside(scratch, name)
+        assert err.value.code == "INVALID_OUTPUT", name
 
 
 class _SlowStorage(Storage):
