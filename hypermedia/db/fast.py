@@ -20,6 +20,7 @@ PostgreSQL's hot writes are already one statement per batch
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
@@ -33,13 +34,23 @@ _MISSING = object()
 
 
 @dataclass(frozen=True)
-class Prepared:
+class Prepared:  # cached_property needs a __dict__: no slots
     sql: str
     names: tuple[str, ...]  # parameter names in placeholder order
     binds: tuple[Callable[[Any], Any] | None, ...]
     defaults: tuple[Any, ...]  # values of parameters the statement itself fixed
     columns: tuple[str, ...]  # result columns (SELECT or RETURNING), else ()
     results: tuple[Callable[[Any], Any] | None, ...]
+
+    # Only the positions that have a processor: most values pass as they are,
+    # and this runs for every parameter of every hot statement.
+    @functools.cached_property
+    def bind_at(self) -> tuple[tuple[int, Callable[[Any], Any]], ...]:
+        return tuple((i, f) for i, f in enumerate(self.binds) if f is not None)
+
+    @functools.cached_property
+    def result_at(self) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+        return tuple((c, f) for c, f in zip(self.columns, self.results, strict=True) if f)
 
 
 _CACHE: dict[Hashable, Prepared] = {}
@@ -85,14 +96,18 @@ def _returned(stmt: Any) -> Sequence[Any]:
     return list(returning)
 
 
-def _params(p: Prepared, values: Row) -> tuple[Any, ...]:
-    out = []
-    for name, bind, default in zip(p.names, p.binds, p.defaults, strict=True):
-        v = values.get(name, default)
-        if v is _MISSING:
-            raise KeyError(f"no value for parameter {name!r}")
-        out.append(bind(v) if bind is not None and v is not None else v)
-    return tuple(out)
+def _params(p: Prepared, values: Row) -> list[Any]:
+    try:
+        out = [values[name] for name in p.names]
+    except KeyError:  # a parameter the statement fixed, or one missing
+        out = [values.get(name, default) for name, default in zip(p.names, p.defaults, strict=True)]
+        for name, v in zip(p.names, out, strict=True):
+            if v is _MISSING:
+                raise KeyError(f"no value for parameter {name!r}") from None
+    for i, bind in p.bind_at:
+        if out[i] is not None:
+            out[i] = bind(out[i])
+    return out
 
 
 @contextmanager
@@ -115,14 +130,11 @@ def rows(conn: sa.Connection, p: Prepared, values: Row) -> list[Row]:
     with _cursor_for(conn, p, params) as cur:
         cur.execute(p.sql, params)
         fetched = cur.fetchall()
-    procs = p.results
-    return [
-        {
-            name: (proc(v) if proc is not None else v)
-            for name, proc, v in zip(p.columns, procs, r, strict=True)
-        }
-        for r in fetched
-    ]
+    out = [dict(zip(p.columns, r, strict=True)) for r in fetched]
+    for row in out:
+        for name, proc in p.result_at:
+            row[name] = proc(row[name])
+    return out
 
 
 def execute(conn: sa.Connection, p: Prepared, values: Row) -> tuple[int, int | None]:
