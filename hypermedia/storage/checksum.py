@@ -1,9 +1,9 @@
 """Checksums of stored blobs, written ``"<algorithm>:<lowercase hex>"``.
 
 New blobs get BLAKE3: on a CPU with AVX2 it hashes 2.3 times faster than
-SHA-256 (even with SHA-NI) on one core and spreads over every core for a big
-file, and a blob's checksum is computed on every write and checked on every
-read, so the hash is most of what a verified copy costs beyond the copy.
+SHA-256 (even with SHA-NI) on one core, and a blob's checksum is computed on
+every write and checked on every read, so the hash is most of what a verified
+copy costs beyond the copy.
 Objects recorded with SHA-256 (before BLAKE3 became the default) keep their
 checksum and are verified with it: the prefix names the algorithm, and an
 unknown one is refused rather than passed unchecked.
@@ -12,7 +12,6 @@ unknown one is refused rather than passed unchecked.
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 from typing import Protocol
 
@@ -21,16 +20,16 @@ import blake3
 DEFAULT = "blake3"
 ALGORITHMS = ("blake3", "sha256")
 
-# Hashing runs beside a copy or a child's work, so one core is the rule; only
-# a file this big is hashed on every core (200 MB: 30 ms instead of 57 here).
-THREADED_FROM = 64 * 1024 * 1024
+# One core: hashing runs beside a copy or a child's work, and BLAKE3's own
+# threads need the whole input in memory at once (a mapping of a 200 MB file
+# is 200 MB of resident pages), while memory must stay flat in the file size.
 # Read through a buffer that stays in the core's cache: 128 KiB chunks hash a
 # 3 MB file in 1.3 ms here, 256 KiB ones or a mapping of the file in 1.4-2.4 ms.
 READ_CHUNK = 128 * 1024
 
 
 class Hasher(Protocol):
-    def update(self, data: bytes | bytearray | memoryview | mmap.mmap, /) -> object: ...
+    def update(self, data: bytes | bytearray | memoryview, /) -> object: ...
 
     def hexdigest(self) -> str: ...
 
@@ -39,12 +38,9 @@ class UnknownAlgorithm(ValueError):
     """A checksum whose algorithm this version cannot compute."""
 
 
-def new(algorithm: str = DEFAULT, *, size_hint: int = 0) -> Hasher:
-    """An incremental hasher; ``size_hint`` above THREADED_FROM lets BLAKE3
-    use every core (its threads run without the GIL)."""
+def new(algorithm: str = DEFAULT) -> Hasher:
+    """An incremental hasher (its update runs without the GIL)."""
     if algorithm == "blake3":
-        if size_hint >= THREADED_FROM:
-            return blake3.blake3(max_threads=blake3.blake3.AUTO)
         return blake3.blake3()
     if algorithm == "sha256":
         return hashlib.sha256()
@@ -72,20 +68,14 @@ def algorithm_of(checksum: str) -> str:
 
 def of_bytes(data: bytes | bytearray | memoryview, algorithm: str = DEFAULT) -> str:
     """The tagged checksum of bytes in memory."""
-    h = new(algorithm, size_hint=len(data))
+    h = new(algorithm)
     h.update(data)
     return tagged(algorithm, h.hexdigest())
 
 
 def of_fd(fd: int, algorithm: str = DEFAULT) -> tuple[int, str]:
-    """(size, tagged checksum) of the whole of an open file."""
-    size = os.fstat(fd).st_size
-    h = new(algorithm, size_hint=size)
-    if size >= THREADED_FROM:
-        # The threads split the input among themselves: give them all of it.
-        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as pages:
-            h.update(pages)
-        return size, tagged(algorithm, h.hexdigest())
+    """(size, tagged checksum) of the whole of an open file, in flat memory."""
+    h = new(algorithm)
     buf = bytearray(READ_CHUNK)
     view = memoryview(buf)
     size = 0
