@@ -81,6 +81,11 @@ class Slot:
         self.stager = stager
         self.storer = storer
         self.child: Child | None = None
+        # One scratch directory per slot, emptied after each attempt: cheaper
+        # than a fresh directory per attempt, and never shared between children.
+        # Its path is made once (pathlib costs more than the stat itself).
+        self.scratch = cfg.scratch_root / f"slot-{index}"
+        self._scratch_str = str(self.scratch)
         self._scratch_mtime: int | None = None
         self._handed = 0  # attempts handed to the storer, for unique outboxes
 
@@ -117,12 +122,10 @@ class Slot:
                 self._result(rj, "cancelled", None, "cancelled before start", 0, None, None)
             )
             return True
-        # One scratch directory per slot, emptied after each attempt: cheaper
-        # than a fresh directory per attempt, and never shared between children.
-        scratch = self.cfg.scratch_root / f"slot-{self.index}"
+        scratch = self.scratch
         if self._scratch_mtime is None:
             scratch.mkdir(parents=True, exist_ok=True)
-            self._scratch_mtime = scratch.stat().st_mtime_ns
+            self._scratch_mtime = os.stat(self._scratch_str).st_mtime_ns
         self.flusher.started(job.job_id, job.attempt)
         try:
             done = self._attempt(rj, scratch)
@@ -140,9 +143,9 @@ class Slot:
         finally:
             # A directory's mtime changes whenever an entry is added or removed:
             # one stat() tells whether the attempt left anything behind.
-            if scratch.stat().st_mtime_ns != self._scratch_mtime:
+            if os.stat(self._scratch_str).st_mtime_ns != self._scratch_mtime:
                 _empty(scratch)
-                self._scratch_mtime = scratch.stat().st_mtime_ns
+                self._scratch_mtime = os.stat(self._scratch_str).st_mtime_ns
 
     def _hand_off(
         self, job: Claimed, res: AttemptResult, declared: list[dict], scratch: Path
@@ -178,10 +181,10 @@ class Slot:
             "job_id": job.job_id,
             "job_type": job.job_type,
             "params": job.params,
-            "scratch": str(scratch),
+            "scratch": self._scratch_str,
             "mem_mb": mem,
             "cpu_s": job.timeout_seconds + 5,
-            "input": str(scratch / input_name) if input_name else None,
+            "input": f"{self._scratch_str}/{input_name}" if input_name else None,
         }
         child = self._child_for(message)
         deadline = t0 + job.timeout_seconds
