@@ -67,7 +67,7 @@ SCHEMA: S.Schema = {
     ),
 }
 
-_CHECKSUM = re.compile(r"(blake3|sha256):[0-9a-f]{64}")
+_CHECKSUM = re.compile(rf"({'|'.join(cs.ALGORITHMS)}):[0-9a-f]{{64}}")
 _HASH = re.compile(r"[0-9a-f]{16}")
 _VERSION = re.compile(r"dhash64/pyvips-\d{1,4}\.\d{1,4}\.\d{1,4}/\d{1,4}")
 

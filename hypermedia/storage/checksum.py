@@ -73,21 +73,17 @@ def of_bytes(data: bytes | bytearray | memoryview, algorithm: str = DEFAULT) -> 
     return tagged(algorithm, h.hexdigest())
 
 
-def of_fd(fd: int, algorithm: str = DEFAULT) -> tuple[int, str]:
-    """(size, tagged checksum) of the whole of an open file, in flat memory."""
+def of_file(path: str | os.PathLike[str], algorithm: str = DEFAULT) -> tuple[int, str]:
+    """(size, tagged checksum) of a whole file, in flat memory."""
     h = new(algorithm)
     buf = bytearray(READ_CHUNK)
     view = memoryview(buf)
     size = 0
-    while n := os.preadv(fd, [buf], size):
-        h.update(view[:n])
-        size += n
-    return size, tagged(algorithm, h.hexdigest())
-
-
-def of_file(path: str | os.PathLike[str], algorithm: str = DEFAULT) -> tuple[int, str]:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return of_fd(fd, algorithm)
+        while n := os.preadv(fd, [buf], size):
+            h.update(view[:n])
+            size += n
     finally:
         os.close(fd)
+    return size, tagged(algorithm, h.hexdigest())

@@ -7,6 +7,8 @@ import io
 import os
 import time
 import urllib.parse
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,34 +156,35 @@ def test_objects_recorded_with_sha256_are_still_verified(storage: Storage, tmp_p
     data = os.urandom(5 * 1024 * 1024 + 3)
     row = storage.put(io.BytesIO(data))
     legacy = "sha256:" + hashlib.sha256(data).hexdigest()
-    with storage.db.tx() as tx:
-        assert tx.update_object(row["object_id"], ["ready"], {"checksum": legacy})
-    row = storage.get(row["object_id"])
+    row = _with_checksum(storage, row, legacy)
     assert row["checksum"] == legacy
     with storage.open(row["object_id"]) as f:
         assert f.read() == data
     storage.download(row, tmp_path / "back.bin")
     assert (tmp_path / "back.bin").read_bytes() == data
-    with storage.db.tx() as tx:  # the same bytes, another (wrong) SHA-256
-        tx.update_object(row["object_id"], ["ready"], {"checksum": "sha256:" + "0" * 64})
-    row = storage.get(row["object_id"])
-    with pytest.raises(ChecksumMismatch), storage.open(row["object_id"]) as f:
-        f.read()
-    with pytest.raises(ChecksumMismatch):
-        storage.download(row, tmp_path / "again.bin")
-    assert not (tmp_path / "again.bin").exists()
+    # The same bytes, another (wrong) SHA-256.
+    _refused(storage, _with_checksum(storage, row, "sha256:" + "0" * 64), tmp_path / "again.bin")
 
 
 def test_an_unknown_checksum_algorithm_is_never_read_unverified(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
     row = storage.put(io.BytesIO(b"abc"))
+    _refused(storage, _with_checksum(storage, row, "blake4:" + "0" * 64), tmp_path / "back.bin")
+
+
+def _with_checksum(storage: Storage, row: dict[str, Any], checksum: str) -> dict[str, Any]:
+    """The ready object ``row`` as if the ledger had recorded ``checksum`` for it."""
     with storage.db.tx() as tx:
-        tx.update_object(row["object_id"], ["ready"], {"checksum": "blake4:" + "0" * 64})
-    row = storage.get(row["object_id"])
+        assert tx.update_object(row["object_id"], ["ready"], {"checksum": checksum})
+    return storage.get(row["object_id"])
+
+
+def _refused(storage: Storage, row: dict[str, Any], dst: Path) -> None:
+    """Neither a stream nor a download hands over the object's bytes."""
     with pytest.raises(ChecksumMismatch), storage.open(row["object_id"]) as f:
         f.read()
     with pytest.raises(ChecksumMismatch):
-        storage.download(row, tmp_path / "back.bin")
-    assert not (tmp_path / "back.bin").exists()
+        storage.download(row, dst)
+    assert not dst.exists()
 
 
 def test_put_files_registers_many_at_once(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
