@@ -222,7 +222,7 @@ def _claim_sqlite(conn, worker_id, queues, n, now, lease_until):
     def build() -> Any:
         return (
             sa.update(J)
-            .where(J.c.job_id.in_(fast.id_params(ids)), J.c.status == "queued")
+            .where(J.c.job_id.in_(fast.id_params(ids)), fast.unindexed(J.c.status) == "queued")
             .values(
                 status="claimed", attempt_count=J.c.attempt_count + 1, started_at=None, **values
             )

@@ -302,7 +302,7 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
                     sa.update(J)
                     .where(
                         J.c.job_id.in_(fast.id_params(ids)),
-                        sa.or_(*(J.c.status == s for s in statuses)),
+                        sa.or_(*(fast.unindexed(J.c.status) == s for s in statuses)),
                     )
                     .values({c: sa.bindparam(f"v_{c}") for c in cols})
                 ),
@@ -359,7 +359,9 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
     def _fenced_sqlite(self, worker_id: str | None, ids: Sequence[int]) -> list[Row]:
         def build(in_ids: Any) -> Any:
             q = sa.select(*_FENCED).where(J.c.job_id.in_(in_ids))
-            return q if worker_id is None else q.where(J.c.claimed_by == sa.bindparam("worker"))
+            if worker_id is None:
+                return q
+            return q.where(fast.unindexed(J.c.claimed_by) == sa.bindparam("worker"))
 
         shape = "fenced" if worker_id is None else "fenced_by_worker"
         return self._rows_by_ids(shape, build, ids, worker=worker_id)

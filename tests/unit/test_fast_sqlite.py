@@ -133,3 +133,42 @@ def test_the_claim_reads_the_queue_index_in_order_without_statistics(db: Driver)
         plan = [r[3] for r in cur.execute("EXPLAIN QUERY PLAN " + sql, ("bulk", "2030", 10))]
     assert any("USING INDEX idx_status_queue" in step for step in plan), plan
     assert not any("TEMP B-TREE" in step for step in plan), plan
+
+
+def test_statements_keyed_by_job_ids_go_through_the_primary_key(
+    db: Driver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claim, fence and settle name their jobs by id; their status and worker
+    terms only guard.  Without statistics SQLite used to answer those terms
+    from idx_available or idx_claimed, reading every queued job (or every job
+    the worker ever claimed) to find ten: the claim slowed as the queue grew."""
+    from hypermedia.config import Settings
+    from hypermedia.queue.engine import Engine
+    from hypermedia.queue.models import AttemptResult, NewJob
+
+    seen: dict[str, list[object]] = {}
+    for name in ("rows", "execute", "execute_many"):
+        real = getattr(fast, name)
+
+        def spy(conn: object, p: fast.Prepared, values: object, real: object = real) -> object:
+            one = values if isinstance(values, dict) else values[0]  # type: ignore[index]
+            seen.setdefault(p.sql, fast._params(p, one))
+            return real(conn, p, values)  # type: ignore[operator]
+
+        monkeypatch.setattr(fast, name, spy)
+    eng = Engine(db, Settings(database_url=str(db.url)))
+    eng.enqueue_many([NewJob("debug.noop") for _ in range(30)])
+    got = eng.claim("w1", ["bulk"], 10)
+    eng.flush("w1", [(c.job_id, c.attempt) for c in got[:5]], [])
+    done = [AttemptResult(job_id=c.job_id, attempt=c.attempt, status="completed") for c in got]
+    eng.flush("w1", [], done)
+    keyed = {s: v for s, v in seen.items() if "processing_jobs.job_id IN" in s}
+    assert len(keyed) >= 3, list(seen)  # the claim, the fence, the settling update
+    with db.read() as tx:
+        cur = tx.conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        for sql, params in keyed.items():
+            plan = [r[3] for r in cur.execute("EXPLAIN QUERY PLAN " + sql, params)]
+            assert plan == ["SEARCH processing_jobs USING INTEGER PRIMARY KEY (rowid=?)"], (
+                sql,
+                plan,
+            )
