@@ -98,6 +98,11 @@ class Driver:
         """Whether ``auto()`` commits statement by statement (PostgreSQL)."""
         return "auto" in self._engines
 
+    @property
+    def single_writer(self) -> bool:
+        """Whether write transactions take turns on one lock (SQLite)."""
+        return self.name == "sqlite"
+
     @contextmanager
     def auto(self) -> Iterator[Tx]:
         """Each statement its own transaction on PostgreSQL; one write transaction elsewhere.

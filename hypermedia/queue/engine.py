@@ -268,12 +268,17 @@ class Engine:
         """Take up to ``n`` ready jobs: status, lease and attempt row in one transaction."""
         if n <= 0 or not queues:
             return []
+        with self.db.auto() as tx:
+            return self._claim(tx, worker_id, queues, n)
+
+    def _claim(self, tx: Any, worker_id: str, queues: Sequence[str], n: int) -> list[Claimed]:
+        if n <= 0 or not queues:
+            return []
         now = self.clock()
         until = now + timedelta(seconds=self.settings.lease_seconds)
-        with self.db.auto() as tx:
-            # The driver writes the attempt rows and claim events too: on
-            # PostgreSQL all of it is a single statement.
-            rows = tx.claim(worker_id, list(queues), n, now, until)
+        # The driver writes the attempt rows and claim events too: on
+        # PostgreSQL all of it is a single statement.
+        rows = tx.claim(worker_id, list(queues), n, now, until)
         return [_claimed(r) for r in rows]
 
     def start(self, worker_id: str, items: Sequence[tuple[int, int]]) -> set[int]:
@@ -324,6 +329,28 @@ class Engine:
             if starts:
                 self._start(tx, worker_id, starts)
             return self._settle(tx, worker_id, results)
+
+    def flush_and_claim(
+        self,
+        worker_id: str,
+        starts: Sequence[tuple[int, int]],
+        results: Sequence[AttemptResult],
+        queues: Sequence[str],
+        n: int,
+    ) -> tuple[set[int], list[Claimed]]:
+        """``flush``, then ``claim`` up to ``n`` jobs, in one transaction.
+
+        For a database with one writer at a time (SQLite): one BEGIN, one
+        durable commit and one hand-over of the write lock per batch instead
+        of two, which is most of what a batch of ten tiny jobs costs.
+        """
+        if self.db.autocommit:  # nothing shared to save: two round trips either way
+            return self.flush(worker_id, starts, results), self.claim(worker_id, queues, n)
+        with self.db.tx() as tx:
+            if starts:
+                self._start(tx, worker_id, starts)
+            accepted = self._settle(tx, worker_id, results)
+            return accepted, self._claim(tx, worker_id, queues, n)
 
     def _flush_optimistic(
         self,
@@ -411,13 +438,14 @@ class Engine:
         decisions: list[Decision] = []
         for row, res in taken:
             job_input = inputs.get(res.job_id)
+            credits = None
             if res.outputs or res.status == "completed":
                 version, prices = self._priced(tx, row["profile_id"])
                 for o in res.outputs:
                     o.profile_version = o.profile_version or version
                 if res.status == "completed" and res.actual_credits is None:
-                    res = replace(res, actual_credits=_actual_credits(prices, job_input, res))
-            d = decide(row, res, now, self.settings, self.rng)
+                    credits = _actual_credits(prices, job_input, res)
+            d = decide(row, res, now, self.settings, self.rng, credits)
             if d.action == "complete" and job_input and job_input["object_id"] is not None:
                 d.input_facts = pricing.input_facts(res.result)
                 d.object_id = job_input["object_id"]
@@ -461,9 +489,9 @@ class Engine:
         # Jobs that end the same way (say, a batch of completions with no
         # result) share one UPDATE … WHERE job_id IN (…); the rest go as one
         # executemany per action and column set (pipelined by the driver).
-        groups: dict[tuple[str, str], tuple[Row, list[int]]] = {}
+        groups: dict[tuple[str, Any], tuple[Row, list[int]]] = {}
         for d in decisions:
-            key = (d.action, json.dumps(d.job_values, sort_keys=True, default=str))
+            key = (d.action, _same_values_key(d.job_values))
             groups.setdefault(key, (d.job_values, []))[1].append(d.job_id)
         singles: dict[tuple[str, tuple[str, ...]], list[Row]] = {}
         for (action, _), (values, ids) in groups.items():
@@ -743,6 +771,17 @@ class Engine:
             if job is None:
                 raise NotFound(f"job {job_id} not found")
             return job["status"], tx.events(job_id, after_id)
+
+
+def _same_values_key(values: Row) -> Any:
+    """Equal for equal column values: a tuple when every value is hashable
+    (the usual case, and five times cheaper than JSON), else JSON text."""
+    key = tuple(sorted(values.items()))  # keys are unique: values never compared
+    try:
+        hash(key)
+    except TypeError:  # a JSON result (dict or list)
+        return json.dumps(values, sort_keys=True, default=str)
+    return key
 
 
 def _input_object(tx: Any, object_id: int, project_id: str) -> Row:

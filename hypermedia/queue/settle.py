@@ -44,8 +44,15 @@ class Decision:
 
 
 def decide(
-    job: Row, res: AttemptResult, now: datetime, settings: Settings, rng: random.Random
+    job: Row,
+    res: AttemptResult,
+    now: datetime,
+    settings: Settings,
+    rng: random.Random,
+    credits: int | None = None,
 ) -> Decision:
+    """What ``res`` does to ``job``; ``credits`` prices a completion that
+    reported no ``actual_credits`` of its own."""
     code = res.code or IMPLIED_CODE.get(res.status)
     if res.status == "completed":
         code = None
@@ -78,7 +85,7 @@ def decide(
                 "safe_reason": None,
                 "completed_at": now,
                 "result": res.result,
-                "actual_credits": res.actual_credits,
+                "actual_credits": credits if res.actual_credits is None else res.actual_credits,
             },
         )
         message = "attempt completed"

@@ -5,6 +5,11 @@ next job.  Whatever piles up while one transaction runs goes into the next,
 so batches grow exactly when the database is the bottleneck.  If the database
 is down, reports are kept and retried; a result that arrives after its lease
 was taken over is dropped by the engine's fencing, never applied twice.
+
+On SQLite the flusher also claims the worker's next jobs, in the transaction
+that writes the last ones' results: the database has one writer at a time,
+and a claim transaction of its own would wait for the flusher's lock, then
+make it wait in turn, with a durable commit each.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hypermedia.queue.engine import Engine
-from hypermedia.queue.models import AttemptResult
+from hypermedia.queue.models import AttemptResult, Claimed
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +30,18 @@ MAX_BATCH = 500
 # ends sooner has its start folded into its result (one write instead of two).
 # Nothing waits on the "processing" status: the lease was taken at the claim.
 START_DELAY = 0.2
+# With one writer at a time (SQLite), results wait up to this long for the
+# worker's next claim, or until a batch of them is ready: each transaction
+# on its own is a durable commit, and a claim comes every half batch anyway.
+RESULT_DELAY = 0.005
+
+
+class _ClaimRequest:
+    def __init__(self, queues: list[str], n: int) -> None:
+        self.queues, self.n = queues, n
+        self.done = threading.Event()
+        self.jobs: list[Claimed] = []
+        self.error: BaseException | None = None
 
 
 class Flusher(threading.Thread):
@@ -33,6 +50,8 @@ class Flusher(threading.Thread):
         engine: Engine,
         worker_id: str,
         on_result: Callable[[AttemptResult, bool], None] | None = None,
+        *,
+        gather: int | None = None,
     ) -> None:
         super().__init__(name="flusher", daemon=True)
         self.engine = engine
@@ -44,7 +63,11 @@ class Flusher(threading.Thread):
         self._cond = threading.Condition()
         self._starts: dict[tuple[int, int], float] = {}  # (job, attempt) -> when started
         self._results: list[AttemptResult] = []
+        self._results_since = 0.0  # when the oldest waiting result came
+        # Results to gather before a transaction of their own (None: no wait).
+        self._gather = gather
         self._progress: dict[tuple[int, int], dict[str, Any]] = {}
+        self._claim: _ClaimRequest | None = None
         self._busy = False
         self._closing = False
 
@@ -57,6 +80,8 @@ class Flusher(threading.Thread):
 
     def finished(self, result: AttemptResult) -> None:
         with self._cond:
+            if not self._results:
+                self._results_since = time.monotonic()
             self._results.append(result)
             self._cond.notify()
 
@@ -64,6 +89,25 @@ class Flusher(threading.Thread):
         with self._cond:
             self._progress[(job_id, attempt)] = payload
             self._cond.notify()
+
+    def claim(self, queues: list[str], n: int) -> list[Claimed]:
+        """Claim up to ``n`` jobs in the next transaction (waits for it).
+
+        Raises what the transaction raised: the caller backs off as after a
+        failed claim of its own.
+        """
+        req = _ClaimRequest(queues, n)
+        with self._cond:
+            if self._closing or not self.is_alive():
+                return []
+            self._claim = req
+            self._cond.notify()
+        while not req.done.wait(1.0):
+            if not self.is_alive():
+                return []
+        if req.error is not None:
+            raise req.error
+        return req.jobs
 
     def idle(self) -> bool:
         with self._cond:
@@ -75,11 +119,20 @@ class Flusher(threading.Thread):
         delay = 0.05
         while True:
             with self._cond:
-                while not (self._results or self._progress or self._closing or self._due()):
+                while not (
+                    self._results_due()
+                    or self._progress
+                    or self._claim
+                    or self._closing
+                    or self._due()
+                ):
                     self._cond.wait(self._until_due())
                 if self._closing and not (self._starts or self._results or self._progress):
+                    self._refuse_claim()
                     return
+                claim, self._claim = self._claim, None
                 results, self._results = self._results[:MAX_BATCH], self._results[MAX_BATCH:]
+                self._results_since = time.monotonic()
                 progress, self._progress = self._progress, {}
                 # Folded into their results, or due (old enough, reporting
                 # progress, or the worker is stopping): the rest wait on.
@@ -91,10 +144,13 @@ class Flusher(threading.Thread):
                     del self._starts[k]
                 self._busy = True
             try:
-                self._write(starts, results, progress)
+                self._write(starts, results, progress, claim)
                 delay = 0.05
             except Exception as exc:  # database away: keep everything, try again
                 log.warning("could not record results (%s); retrying", type(exc).__name__)
+                if claim is not None:
+                    claim.error = exc
+                    claim.done.set()
                 with self._cond:
                     for k in starts:
                         self._starts.setdefault(k, 0.0)
@@ -113,35 +169,58 @@ class Flusher(threading.Thread):
     def _due(self) -> bool:
         return bool(self._starts) and self._due_now(next(iter(self._starts)))
 
+    def _results_due(self) -> bool:
+        if not self._results:
+            return False
+        if self._gather is None or len(self._results) >= self._gather:
+            return True
+        return time.monotonic() - self._results_since >= RESULT_DELAY
+
     def _until_due(self) -> float | None:
-        """How long the oldest waiting start has left (None: nothing waits)."""
-        if not self._starts:
-            return None
-        return max(0.0, START_DELAY - (time.monotonic() - next(iter(self._starts.values()))))
+        """How long until the oldest waiting start or result is due (None: nothing waits)."""
+        now = time.monotonic()
+        left = [RESULT_DELAY - (now - self._results_since)] if self._results else []
+        if self._starts:
+            left.append(START_DELAY - (now - next(iter(self._starts.values()))))
+        return max(0.0, min(left)) if left else None
 
     def _write(
         self,
         starts: list[tuple[int, int]],
         results: list[AttemptResult],
         progress: dict[tuple[int, int], dict[str, Any]],
+        claim: _ClaimRequest | None = None,
     ) -> None:
         if progress:
             self.engine.report_progress(self.worker_id, progress)
         if results and self.before_results is not None:
             self.before_results()
-        if starts or results:
+        if claim is not None:
+            accepted, claim.jobs = self.engine.flush_and_claim(
+                self.worker_id, starts, results, claim.queues, claim.n
+            )
+            claim.done.set()
+        elif starts or results:
             accepted = self.engine.flush(self.worker_id, starts, results)
-            for r in results:
-                ok = r.job_id in accepted
-                if not ok:
-                    log.info("dropped a stale result for job %s attempt %s", r.job_id, r.attempt)
-                if self.on_result:
-                    self.on_result(r, ok)
+        else:
+            return
+        for r in results:
+            ok = r.job_id in accepted
+            if not ok:
+                log.info("dropped a stale result for job %s attempt %s", r.job_id, r.attempt)
+            if self.on_result:
+                self.on_result(r, ok)
+
+    def _refuse_claim(self) -> None:
+        if self._claim is not None:
+            self._claim.done.set()  # no jobs: the worker is stopping
+            self._claim = None
 
     def close(self, timeout: float) -> bool:
         """Stop after writing what is pending; False if that took too long."""
         with self._cond:
             self._closing = True
+            self._refuse_claim()
             self._cond.notify()
         self.join(timeout)
         return not self.is_alive()

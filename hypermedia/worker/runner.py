@@ -56,7 +56,12 @@ class Worker:
         self.burst = burst
         self.worker_id = worker_id or new_worker_id()
         self.stats = Stats()
-        self.flusher = Flusher(engine, self.worker_id, self._on_result)
+        self.flusher = Flusher(
+            engine,
+            self.worker_id,
+            self._on_result,
+            gather=self.batch if engine.db.single_writer else None,
+        )
         self.buffer: queue.Queue[Running] = queue.Queue()
         self._running: dict[int, Running] = {}
         self._lock = threading.Lock()
@@ -185,7 +190,12 @@ class Worker:
 
     def _claim(self, n: int) -> int:
         queues = [q for q in self.queues if q not in self._paused_queues()]
-        jobs = self.engine.claim(self.worker_id, queues, n) if queues else []
+        if not queues:
+            jobs = []
+        elif self.engine.db.single_writer:  # in the flusher's transaction: see flusher.py
+            jobs = self.flusher.claim(queues, n)
+        else:
+            jobs = self.engine.claim(self.worker_id, queues, n)
         for job in jobs:
             rj = Running(job)
             if self.stager is not None:

@@ -577,3 +577,35 @@ def test_list_filters(engine):
     assert [r["job_id"] for r in engine.list(queue="images")] == [b]
     assert [r["job_id"] for r in engine.list()] == [b, a]
     assert [r["job_id"] for r in engine.list(before_id=b)] == [a]
+
+
+# -- flush and claim in one call (the SQLite worker's batch) ---------------------
+
+
+def test_flush_and_claim_settles_then_claims_the_next_jobs(engine, driver):
+    job_id, a = _running(engine)
+    stale_id, stale_a = _running(engine)
+    nxt = [new_job(engine) for _ in range(3)]
+    accepted, claimed = engine.flush_and_claim(
+        W1,
+        [],
+        [done(job_id, a), done(stale_id, stale_a + 1)],
+        ["bulk"],
+        2,  # stale: dropped
+    )
+    assert accepted == {job_id}
+    assert status_of(driver, job_id) == "completed"
+    assert status_of(driver, stale_id) == "processing"
+    assert [c.job_id for c in claimed] == nxt[:2]
+    assert {status_of(driver, j) for j in nxt[:2]} == {"claimed"}
+    assert status_of(driver, nxt[2]) == "queued"
+    assert [c.attempt for c in claimed] == [1, 1]
+    assert transitions(driver, nxt[0]) == [(None, "queued"), ("queued", "claimed")]
+
+
+def test_flush_and_claim_with_nothing_to_write_only_claims(engine, driver):
+    j = new_job(engine)
+    accepted, claimed = engine.flush_and_claim(W1, [], [], ["bulk"], 10)
+    assert accepted == set()
+    assert [c.job_id for c in claimed] == [j]
+    assert engine.flush_and_claim(W1, [], [], ["bulk"], 10) == (set(), [])

@@ -11,8 +11,10 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from hypermedia.queue.models import AttemptResult
-from hypermedia.worker.flusher import START_DELAY, Flusher
+from hypermedia.worker.flusher import RESULT_DELAY, START_DELAY, Flusher
 
 
 class Recorder:
@@ -20,6 +22,7 @@ class Recorder:
         self.calls: list[tuple[float, list[tuple[int, int]], list[int]]] = []
         self.fail = fail
         self.wrote = threading.Event()
+        self.claims: list[tuple[list[str], int, list[int]]] = []
 
     def flush(self, worker_id: str, starts: Any, results: Any) -> set[int]:
         if self.fail:
@@ -32,9 +35,16 @@ class Recorder:
     def report_progress(self, worker_id: str, reports: Any) -> int:
         return len(reports)
 
+    def flush_and_claim(
+        self, worker_id: str, starts: Any, results: Any, queues: list[str], n: int
+    ) -> tuple[set[int], list[Any]]:
+        accepted = self.flush(worker_id, starts, results)
+        self.claims.append((list(queues), n, [r.job_id for r in results]))
+        return accepted, [f"job-{i}" for i in range(n)]
 
-def _flusher(engine: Recorder) -> Flusher:
-    f = Flusher(engine, "w1")  # type: ignore[arg-type]
+
+def _flusher(engine: Recorder, gather: int | None = None) -> Flusher:
+    f = Flusher(engine, "w1", gather=gather)  # type: ignore[arg-type]
     f.start()
     return f
 
@@ -82,3 +92,39 @@ def test_closing_writes_waiting_starts_and_a_failed_write_is_retried() -> None:
     assert f.close(10)
     assert sorted(s for _, starts, _ in engine.calls for s in starts) == [(4, 1), (5, 1)]
     assert f.idle()
+
+
+def test_a_claim_rides_in_the_transaction_of_waiting_results() -> None:
+    engine = Recorder()
+    f = _flusher(engine, gather=10)
+    f.finished(AttemptResult(5, 1, "completed"))
+    f.finished(AttemptResult(6, 1, "completed"))
+    # Fewer than a batch: they wait for the claim (up to RESULT_DELAY).
+    assert f.claim(["bulk"], 3) == ["job-0", "job-1", "job-2"]
+    assert engine.claims == [(["bulk"], 3, [5, 6])]
+    assert [r for _, _, r in engine.calls] == [[5, 6]]
+    assert f.close(5)
+
+
+def test_gathered_results_are_written_alone_after_the_delay() -> None:
+    engine = Recorder()
+    f = _flusher(engine, gather=10)
+    t0 = time.monotonic()
+    f.finished(AttemptResult(7, 1, "completed"))
+    assert engine.wrote.wait(5)
+    when, _, results = engine.calls[0]
+    assert results == [7] and engine.claims == []
+    assert RESULT_DELAY <= when - t0 < RESULT_DELAY + 1.0
+    assert f.close(5)
+
+
+def test_a_failed_claim_raises_to_the_claimer_and_keeps_the_results() -> None:
+    engine = Recorder(fail=1)
+    f = _flusher(engine, gather=10)
+    f.finished(AttemptResult(8, 1, "completed"))
+    with pytest.raises(ConnectionError):
+        f.claim(["bulk"], 2)
+    assert engine.wrote.wait(5)  # the retry wrote the result on its own
+    assert [r for _, _, r in engine.calls] == [[8]]
+    assert f.close(5)
+    assert f.claim(["bulk"], 2) == []  # closed: nothing more is claimed
