@@ -341,8 +341,8 @@ class Engine:
         """``flush``, then ``claim`` up to ``n`` jobs, in one transaction.
 
         For a database with one writer at a time (SQLite): one BEGIN, one
-        durable commit and one hand-over of the write lock per batch instead
-        of two, which is most of what a batch of ten tiny jobs costs.
+        durable commit and one taking of the write lock per batch instead of
+        two, and no claim loop and flusher waiting on each other's lock.
         """
         if self.db.autocommit:  # nothing shared to save: two round trips either way
             return self.flush(worker_id, starts, results), self.claim(worker_id, queues, n)
@@ -775,7 +775,7 @@ class Engine:
 
 def _same_values_key(values: Row) -> Any:
     """Equal for equal column values: a tuple when every value is hashable
-    (the usual case, and five times cheaper than JSON), else JSON text."""
+    (the usual case, and several times cheaper than JSON), else JSON text."""
     key = tuple(sorted(values.items()))  # keys are unique: values never compared
     try:
         hash(key)
