@@ -9,9 +9,10 @@ Two halves, because the child that reads the file has no database:
   ``object_hashes`` (idempotent: a retried attempt inserts nothing twice),
   lists the project's other ``ready`` objects with the same
   ``objects.checksum`` (exact duplicates; an object recorded with SHA-256
-  before BLAKE3 became the default is matched by both), and the project's images whose dHash
-  of the same algorithm and version is within ``max_distance`` bits (near
-  duplicates; an exact duplicate is not listed again as a near one).
+  before BLAKE3 became the default is matched by both), and the project's
+  images whose dHash of the same algorithm and version is within
+  ``max_distance`` bits (near duplicates; an exact duplicate is not listed
+  again as a near one).
 
 The project is the input object's.  The result is
 ``{"exact": [ids], "near": [{"object_id", "distance"}], "algorithm",

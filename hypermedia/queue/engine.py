@@ -272,8 +272,6 @@ class Engine:
             return self._claim(tx, worker_id, queues, n)
 
     def _claim(self, tx: Any, worker_id: str, queues: Sequence[str], n: int) -> list[Claimed]:
-        if n <= 0 or not queues:
-            return []
         now = self.clock()
         until = now + timedelta(seconds=self.settings.lease_seconds)
         # The driver writes the attempt rows and claim events too: on

@@ -92,16 +92,15 @@ def inside(scratch: Path, name: str) -> Path:
         return _regular(scratch / name)
     root = scratch.resolve()
     lexical = root / os.path.normpath(name)
+    outside = JobError(
+        "INVALID_OUTPUT", "the pipeline named an output outside its scratch directory"
+    )
     if os.path.isabs(name) or not lexical.is_relative_to(root) or lexical == root:
-        raise JobError(
-            "INVALID_OUTPUT", "the pipeline named an output outside its scratch directory"
-        )
+        raise outside
     _regular(lexical)
     # A symlinked directory on the way could still lead out.
     if not lexical.resolve().is_relative_to(root):
-        raise JobError(
-            "INVALID_OUTPUT", "the pipeline named an output outside its scratch directory"
-        )
+        raise outside
     return lexical
 
 
