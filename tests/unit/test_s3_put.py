@@ -1,0 +1,135 @@
+"""The lean PutObject's own logic: retries, error documents, when it steps aside.
+
+Against a scripted local HTTP server (the real store is in
+tests/storage/test_backends.py, which sends every small put this way)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import botocore.exceptions
+import pytest
+import urllib3
+from botocore.credentials import Credentials
+
+from hypermedia.storage import s3_put
+from hypermedia.storage.s3_put import LeanPut
+
+CREDS = Credentials("AKIDEXAMPLE", "not-a-real-secret")
+
+
+class Script:
+    def __init__(self) -> None:
+        self.answers: list[tuple[int, bytes]] = []
+        self.seen: list[dict[str, Any]] = []
+
+
+@pytest.fixture
+def store() -> Iterator[tuple[str, Script]]:
+    script = Script()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            script.seen.append({"path": self.path, "headers": dict(self.headers), "body": body})
+            status, doc = script.answers.pop(0) if script.answers else (200, b"")
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(doc)))
+            self.end_headers()
+            self.wfile.write(doc)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", script
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(s3_put, "_backoff", lambda attempt: None)
+
+
+def _lean(url: str) -> LeanPut:
+    return LeanPut(url, "bkt", "us-east-1", CREDS, 2, (1.0, 5.0))
+
+
+def _error(code: str) -> bytes:
+    return f"<Error><Code>{code}</Code><Message>m {code}</Message></Error>".encode()
+
+
+def test_a_put_is_signed_and_sent_as_given(store: tuple[str, Script]) -> None:
+    url, script = store
+    _lean(url).put("a/b c.bin", b"data", {"Content-MD5": "x==", "x-amz-meta-checksum": "c"})
+    (req,) = script.seen
+    assert req["path"] == "/bkt/a/b%20c.bin"
+    assert req["body"] == b"data"
+    h = {k.lower(): v for k, v in req["headers"].items()}
+    assert h["authorization"].startswith("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/")
+    assert "content-md5" in h["authorization"] and h["content-md5"] == "x=="
+    assert h["x-amz-meta-checksum"] == "c"
+    assert len(h["x-amz-content-sha256"]) == 64  # plain HTTP: the payload is signed
+
+
+def test_a_busy_store_is_tried_once_more(store: tuple[str, Script]) -> None:
+    url, script = store
+    script.answers = [(503, _error("SlowDown")), (200, b"")]
+    _lean(url).put("k", b"x", {})
+    assert len(script.seen) == 2
+
+
+def test_a_store_busy_twice_raises_its_error(store: tuple[str, Script]) -> None:
+    url, script = store
+    script.answers = [(500, _error("InternalError")), (500, _error("InternalError"))]
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        _lean(url).put("k", b"x", {})
+    assert info.value.response["Error"]["Code"] == "InternalError"
+    assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500
+    assert len(script.seen) == 2
+
+
+@pytest.mark.parametrize(
+    "status,code", [(400, "BadDigest"), (403, "SignatureDoesNotMatch"), (404, "NoSuchBucket")]
+)
+def test_a_refusal_is_not_retried(store: tuple[str, Script], status: int, code: str) -> None:
+    url, script = store
+    script.answers = [(status, _error(code))]
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        _lean(url).put("k", b"x", {})
+    assert info.value.response["Error"] == {"Code": code, "Message": f"m {code}"}
+    assert len(script.seen) == 1
+
+
+def test_an_answer_without_an_error_document_keeps_its_status() -> None:
+    error = s3_put._client_error(502, b"<html>bad gateway</html>")
+    assert error.response["Error"]["Code"] == "502"
+
+
+def test_a_store_that_is_not_there_is_a_transport_error() -> None:
+    with pytest.raises(urllib3.exceptions.HTTPError):
+        _lean("http://127.0.0.1:9").put("k", b"x", {})
+
+
+def test_it_steps_aside_for_proxies_and_missing_credentials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Client:
+        class meta:
+            endpoint_url = "http://127.0.0.1:9"
+
+            class config:
+                connect_timeout, read_timeout = 5, 60
+
+    assert LeanPut.of(Client(), CREDS, "b", "us-east-1", 2) is not None
+    assert LeanPut.of(Client(), None, "b", "us-east-1", 2) is None
+    monkeypatch.setenv("https_proxy", "http://proxy.invalid:3128")
+    assert LeanPut.of(Client(), CREDS, "b", "us-east-1", 2) is None
