@@ -6,11 +6,11 @@ never appear in an error message, and neither does a signed URL.
 
 Writes stream: a body of at most ``SMALL_BODY`` bytes is read whole, hashed and
 sent in one ``PutObject`` carrying its checksum (BLAKE3, see ``checksum.py``;
-and Content-MD5, so the server
-checks the bytes: SeaweedFS refuses a body that does not match its Content-MD5
-but, unlike AWS, accepts one that does not match the signed
-``x-amz-content-sha256``), built, signed and sent without botocore's per-call
-machinery (``s3_put.py``: half the CPU per small object).  A larger body goes out as a multipart upload with a
+and Content-MD5, so the server checks the bytes: SeaweedFS refuses a body that
+does not match its Content-MD5 but, unlike AWS, accepts one that does not
+match the signed ``x-amz-content-sha256``).  That request, and the first GET
+of a download, skip botocore's per-call machinery (``s3_lean.py``: half the
+CPU per small object).  A larger body goes out as a multipart upload with a
 few parts in memory at a time, hashed on the way; the checksum is only known at
 the end, so the object is then copied onto itself with
 ``MetadataDirective=REPLACE`` to record it (a metadata-only operation on
@@ -66,7 +66,7 @@ from hypermedia.storage.base import (
     algorithm_of,
 )
 from hypermedia.storage.keys import check_key
-from hypermedia.storage.s3_put import LeanPut
+from hypermedia.storage.s3_lean import LeanS3
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -198,8 +198,8 @@ class S3Backend:
         credentials = (
             Credentials(access_key_id, secret_access_key) if explicit else session.get_credentials()
         )
-        # Small PutObjects skip botocore's request machinery (see s3_put.py).
-        self._lean = LeanPut.of(
+        # Small requests skip botocore's request machinery (see s3_lean.py).
+        self._lean = LeanS3.of(
             self._client, credentials, bucket, self.region, BATCH_THREADS * FILE_THREADS
         )
 
@@ -368,13 +368,11 @@ class S3Backend:
         algorithm = algorithm_of(checksum)
         with self._errors("read from"):
             try:
-                first = self._client.get_object(
-                    Bucket=self.bucket, Key=key, Range=f"bytes=0-{SMALL_GET - 1}"
-                )
+                first = self._get(key, {"Range": f"bytes=0-{SMALL_GET - 1}"})
             except botocore.exceptions.ClientError as exc:
                 if _code(exc) != "InvalidRange":
                     raise
-                first = self._client.get_object(Bucket=self.bucket, Key=key)  # empty
+                first = self._get(key, {})  # an empty object has no byte 0
         body = _Body(first["Body"], self._where)
         total = _total_size(first)
         try:
@@ -537,6 +535,13 @@ class S3Backend:
             )
         self._record_checksum(key, hashing.size, hashing.checksum)
         return Stored(hashing.size, hashing.checksum)
+
+    def _get(self, key: str, headers: dict[str, str]) -> dict[str, Any]:
+        """GetObject's answer (Body, ContentLength, ContentRange, ETag), the lean way if we can."""
+        if self._lean is not None:
+            return self._lean.get(key, headers)
+        extra = {"Range": headers["Range"]} if "Range" in headers else {}
+        return dict(self._client.get_object(Bucket=self.bucket, Key=key, **extra))
 
     def _put_small(self, key: str, body: bytes) -> Stored:
         checksum = cs.of_bytes(body)

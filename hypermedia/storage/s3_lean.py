@@ -1,19 +1,21 @@
-"""A single ``PutObject`` without botocore's per-call machinery.
+"""Small S3 requests without botocore's per-call machinery.
 
-Storing a batch of small files, the worker's CPU, not the network, was the
-limit: botocore spends about 0.85 ms of Python on each ``PutObject`` (event
-hooks, endpoint rules, parameter validation, response parsing), for a request
-whose bytes the socket sends in a fraction of that.  Here the request is
-built by hand (path-style URL, Content-MD5, the checksum metadata), signed by
-botocore's own SigV4 signer with the client's credentials, and sent on a
-urllib3 pool of our own: about half the CPU per object.
+Storing or fetching a batch of small files, the worker's CPU, not the network,
+was the limit: botocore spends about 0.85 ms of Python on each ``PutObject``
+or ``GetObject`` (event hooks, endpoint rules, parameter validation, response
+parsing), for a request whose bytes the socket moves in a fraction of that.
+Here the request is built by hand (path-style URL, the caller's headers),
+signed by botocore's own SigV4 signer with the client's credentials, and sent
+on a urllib3 pool of our own: about half the CPU per object.
 
-Everything else keeps going through the boto3 client; so does this request
-whenever it cannot be sent the lean way (proxies configured in the
-environment, no credentials found): ``LeanPut.of`` returns None then.
-Failures look exactly like the client's: a non-2xx answer becomes a
-botocore ``ClientError`` built from the store's error document, transport
-errors stay urllib3's, and ``S3Backend._errors`` maps both as for any call.
+Only the requests of small objects come here (``S3Backend._put_small`` and the
+first, ranged GET of ``get_file``); everything else keeps going through the
+boto3 client, and so do these whenever they cannot be sent the lean way
+(proxies configured in the environment, no credentials found):
+``LeanS3.of`` returns None then.  Failures look exactly like the client's: a
+non-2xx answer becomes a botocore ``ClientError`` built from the store's
+error document, transport errors stay urllib3's, and ``S3Backend._errors``
+maps both as for any call.
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ _RETRY_STATUS = {500, 502, 503, 504}
 _RETRY_CODES = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout"}
 _CODE = re.compile(rb"<Code>([^<]{1,100})</Code>")
 _MESSAGE = re.compile(rb"<Message>([^<]{0,500})</Message>")
+_OPERATION = {"PUT": "PutObject", "GET": "GetObject"}
 
 
-class LeanPut:
-    """PutObject of bytes to ``bucket`` at ``endpoint_url`` (path style)."""
+class LeanS3:
+    """PutObject and GetObject on ``bucket`` at ``endpoint_url`` (path style)."""
 
     def __init__(
         self,
@@ -55,9 +58,8 @@ class LeanPut:
         self._base = f"{endpoint_url.rstrip('/')}/{quote(bucket, safe='')}/"
         self._region = region
         self._credentials = credentials
-        https = endpoint_url.startswith("https")
         tls: dict[str, Any] = {}
-        if https:  # the CA bundle botocore would use
+        if endpoint_url.startswith("https"):  # the CA bundle botocore would use
             tls = {"cert_reqs": "CERT_REQUIRED", "ca_certs": _ca_bundle()}
         self._pool = urllib3.PoolManager(
             maxsize=pool_size,
@@ -69,7 +71,7 @@ class LeanPut:
     @classmethod
     def of(
         cls, client: Any, credentials: Any, bucket: str, region: str, pool_size: int
-    ) -> LeanPut | None:
+    ) -> LeanS3 | None:
         """The lean path beside this boto3 client (signing with ``credentials``,
         the client's), or None where only the client will do."""
         if credentials is None or any(
@@ -91,30 +93,66 @@ class LeanPut:
 
     def put(self, key: str, body: bytes, headers: dict[str, str]) -> None:
         """PUT ``body`` under ``key`` with ``headers`` (Content-MD5, x-amz-meta-*)."""
+        self._request("PUT", key, headers, body).release_conn()
+
+    def get(self, key: str, headers: dict[str, str]) -> dict[str, Any]:
+        """GET ``key`` (``headers``: a Range, say); the answer's fields as boto3
+        names them, ``Body`` a stream to read and close."""
+        answer = self._request("GET", key, headers, None)
+        h = answer.headers
+        return {
+            "Body": _Body(answer),
+            "ContentLength": int(h.get("Content-Length") or 0),
+            "ContentRange": h.get("Content-Range", ""),
+            "ETag": h.get("ETag", ""),
+        }
+
+    def _request(self, method: str, key: str, headers: dict[str, str], body: bytes | None) -> Any:
         url = self._base + quote(key, safe="/~")
         for attempt in range(ATTEMPTS):
-            request = AWSRequest("PUT", url, headers={**headers}, data=body)
+            request = AWSRequest(method, url, headers={**headers}, data=body)
             frozen = self._credentials.get_frozen_credentials()
             S3SigV4Auth(frozen, "s3", self._region).add_auth(request)
             last = attempt == ATTEMPTS - 1
             try:
-                answer = self.send(url, dict(request.headers.items()), body)
+                answer = self.send(method, url, dict(request.headers.items()), body)
             except (urllib3.exceptions.HTTPError, OSError):
                 if last:
                     raise
                 _backoff(attempt)
                 continue
             if 200 <= answer.status < 300:
-                return
-            error = _client_error(answer.status, answer.data)
+                return answer
+            error = _client_error(method, answer.status, answer.read())
+            answer.release_conn()
             code = error.response["Error"]["Code"]
             if last or not (answer.status in _RETRY_STATUS or code in _RETRY_CODES):
                 raise error
             _backoff(attempt)
+        raise AssertionError("unreachable")  # the last attempt returned or raised
 
-    def send(self, url: str, headers: dict[str, str], body: bytes) -> Any:
-        """One HTTP request; a seam where tests corrupt bytes in flight."""
-        return self._pool.request("PUT", url, body=body, headers=headers, redirect=False)
+    def send(self, method: str, url: str, headers: dict[str, str], body: bytes | None) -> Any:
+        """One HTTP request, its body left to stream; a seam for tests."""
+        return self._pool.request(
+            method, url, body=body, headers=headers, redirect=False, preload_content=False
+        )
+
+
+class _Body:
+    """A GET's body; closing it returns the connection to the pool once the
+    body was read to its end (a half-read one is closed instead)."""
+
+    def __init__(self, answer: Any) -> None:
+        self._answer = answer
+
+    def read(self, size: int | None = None) -> bytes:
+        return bytes(self._answer.read(size))
+
+    def close(self) -> None:
+        if self._answer.length_remaining == 0:
+            self._answer.release_conn()
+        else:
+            self._answer.close()
 
 
 def _backoff(attempt: int) -> None:
@@ -122,7 +160,7 @@ def _backoff(attempt: int) -> None:
     time.sleep(random.uniform(0, min(20.0, 2.0**attempt)))
 
 
-def _client_error(status: int, data: bytes) -> botocore.exceptions.ClientError:
+def _client_error(method: str, status: int, data: bytes) -> botocore.exceptions.ClientError:
     """The ClientError botocore would raise for this answer."""
     code = _CODE.search(data or b"")
     message = _MESSAGE.search(data or b"")
@@ -131,7 +169,7 @@ def _client_error(status: int, data: bytes) -> botocore.exceptions.ClientError:
         "Message": message.group(1).decode("utf-8", "replace") if message else "",
     }
     response: Any = {"Error": error, "ResponseMetadata": {"HTTPStatusCode": status}}
-    return botocore.exceptions.ClientError(response, "PutObject")
+    return botocore.exceptions.ClientError(response, _OPERATION[method])
 
 
 def _ca_bundle() -> str:

@@ -1,7 +1,8 @@
-"""The lean PutObject's own logic: retries, error documents, when it steps aside.
+"""The lean PutObject and GetObject's own logic: retries, error documents, when
+it steps aside.
 
 Against a scripted local HTTP server (the real store is in
-tests/storage/test_backends.py, which sends every small put this way)."""
+tests/storage/test_backends.py, which sends every small request this way)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import pytest
 import urllib3
 from botocore.credentials import Credentials
 
-from hypermedia.storage import s3_put
-from hypermedia.storage.s3_put import LeanPut
+from hypermedia.storage import s3_lean
+from hypermedia.storage.s3_lean import LeanS3
 
 CREDS = Credentials("AKIDEXAMPLE", "not-a-real-secret")
 
@@ -33,11 +34,20 @@ def store() -> Iterator[tuple[str, Script]]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_PUT(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            script.seen.append({"path": self.path, "headers": dict(self.headers), "body": body})
+            self._answer(self.rfile.read(int(self.headers["Content-Length"])))
+
+        def do_GET(self) -> None:
+            self._answer(b"")
+
+        def _answer(self, body: bytes) -> None:
+            seen = {"method": self.command, "path": self.path, "body": body}
+            script.seen.append({**seen, "headers": dict(self.headers)})
             status, doc = script.answers.pop(0) if script.answers else (200, b"")
             self.send_response(status)
             self.send_header("Content-Length", str(len(doc)))
+            if status == 206:
+                self.send_header("Content-Range", f"bytes 0-{len(doc) - 1}/1000")
+                self.send_header("ETag", '"abc"')
             self.end_headers()
             self.wfile.write(doc)
 
@@ -56,11 +66,11 @@ def store() -> Iterator[tuple[str, Script]]:
 
 @pytest.fixture(autouse=True)
 def no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(s3_put, "_backoff", lambda attempt: None)
+    monkeypatch.setattr(s3_lean, "_backoff", lambda attempt: None)
 
 
-def _lean(url: str) -> LeanPut:
-    return LeanPut(url, "bkt", "us-east-1", CREDS, 2, (1.0, 5.0))
+def _lean(url: str) -> LeanS3:
+    return LeanS3(url, "bkt", "us-east-1", CREDS, 2, (1.0, 5.0))
 
 
 def _error(code: str) -> bytes:
@@ -110,7 +120,7 @@ def test_a_refusal_is_not_retried(store: tuple[str, Script], status: int, code: 
 
 
 def test_an_answer_without_an_error_document_keeps_its_status() -> None:
-    error = s3_put._client_error(502, b"<html>bad gateway</html>")
+    error = s3_lean._client_error("PUT", 502, b"<html>bad gateway</html>")
     assert error.response["Error"]["Code"] == "502"
 
 
@@ -129,7 +139,45 @@ def test_it_steps_aside_for_proxies_and_missing_credentials(
             class config:
                 connect_timeout, read_timeout = 5, 60
 
-    assert LeanPut.of(Client(), CREDS, "b", "us-east-1", 2) is not None
-    assert LeanPut.of(Client(), None, "b", "us-east-1", 2) is None
+    assert LeanS3.of(Client(), CREDS, "b", "us-east-1", 2) is not None
+    assert LeanS3.of(Client(), None, "b", "us-east-1", 2) is None
     monkeypatch.setenv("https_proxy", "http://proxy.invalid:3128")
-    assert LeanPut.of(Client(), CREDS, "b", "us-east-1", 2) is None
+    assert LeanS3.of(Client(), CREDS, "b", "us-east-1", 2) is None
+
+
+def test_a_get_returns_the_answer_as_boto3_names_it(store: tuple[str, Script]) -> None:
+    url, script = store
+    script.answers = [(206, b"0123456789")]
+    answer = _lean(url).get("objects/1/original.jpg", {"Range": "bytes=0-9"})
+    assert answer["Body"].read() == b"0123456789"
+    answer["Body"].close()
+    assert (answer["ContentLength"], answer["ContentRange"], answer["ETag"]) == (
+        10,
+        "bytes 0-9/1000",
+        '"abc"',
+    )
+    (req,) = script.seen
+    h = {k.lower(): v for k, v in req["headers"].items()}
+    assert (req["method"], req["path"], h["range"]) == (
+        "GET",
+        "/bkt/objects/1/original.jpg",
+        "bytes=0-9",
+    )
+    assert "range" in h["authorization"]  # signed with the request
+
+
+def test_a_missing_key_is_the_client_error_of_getobject(store: tuple[str, Script]) -> None:
+    url, script = store
+    script.answers = [(404, _error("NoSuchKey"))]
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        _lean(url).get("k", {})
+    assert info.value.operation_name == "GetObject"
+    assert info.value.response["Error"]["Code"] == "NoSuchKey"
+    assert len(script.seen) == 1
+
+
+def test_a_get_from_a_busy_store_is_tried_once_more(store: tuple[str, Script]) -> None:
+    url, script = store
+    script.answers = [(503, _error("SlowDown")), (200, b"body")]
+    assert _lean(url).get("k", {})["Body"].read() == b"body"
+    assert len(script.seen) == 2
