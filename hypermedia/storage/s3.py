@@ -540,8 +540,11 @@ class S3Backend:
         """GetObject's answer (Body, ContentLength, ContentRange, ETag), the lean way if we can."""
         if self._lean is not None:
             return self._lean.get(key, headers)
-        extra = {"Range": headers["Range"]} if "Range" in headers else {}
-        return dict(self._client.get_object(Bucket=self.bucket, Key=key, **extra))
+        if "Range" in headers:
+            return dict(
+                self._client.get_object(Bucket=self.bucket, Key=key, Range=headers["Range"])
+            )
+        return dict(self._client.get_object(Bucket=self.bucket, Key=key))
 
     def _put_small(self, key: str, body: bytes) -> Stored:
         checksum = cs.of_bytes(body)
