@@ -30,9 +30,12 @@ MAX_BATCH = 500
 # ends sooner has its start folded into its result (one write instead of two).
 # Nothing waits on the "processing" status: the lease was taken at the claim.
 START_DELAY = 0.2
-# With one writer at a time (SQLite), results wait up to this long for the
-# worker's next claim, or until a batch of them is ready: each transaction
-# on its own is a durable commit, and a claim comes every half batch anyway.
+# With one writer at a time (SQLite), results that come in a stream (the
+# last one less than this long ago) wait up to this long for the worker's next
+# claim, or until a batch of them is ready: each transaction on its own is a
+# durable commit, and a claim comes every half batch anyway.  A result that
+# comes alone (attempts that run longer than this) is written at once: waiting
+# would only make its job end later.
 RESULT_DELAY = 0.005
 
 
@@ -64,6 +67,8 @@ class Flusher(threading.Thread):
         self._starts: dict[tuple[int, int], float] = {}  # (job, attempt) -> when started
         self._results: list[AttemptResult] = []
         self._results_since = 0.0  # when the oldest waiting result came
+        self._last_result = -1e9  # when the latest result came
+        self._hold = False  # whether the waiting results came in a stream
         # Results to gather before a transaction of their own (None: no wait).
         self._gather = gather
         self._progress: dict[tuple[int, int], dict[str, Any]] = {}
@@ -80,8 +85,11 @@ class Flusher(threading.Thread):
 
     def finished(self, result: AttemptResult) -> None:
         with self._cond:
+            now = time.monotonic()
             if not self._results:
-                self._results_since = time.monotonic()
+                self._results_since = now
+                self._hold = now - self._last_result < RESULT_DELAY
+            self._last_result = now
             self._results.append(result)
             self._cond.notify()
 
@@ -172,7 +180,7 @@ class Flusher(threading.Thread):
     def _results_due(self) -> bool:
         if not self._results:
             return False
-        if self._gather is None or len(self._results) >= self._gather:
+        if self._gather is None or not self._hold or len(self._results) >= self._gather:
             return True
         return time.monotonic() - self._results_since >= RESULT_DELAY
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from hypermedia.queue.models import AttemptResult
-from hypermedia.worker.flusher import RESULT_DELAY, START_DELAY, Flusher
+from hypermedia.worker import flusher
+from hypermedia.worker.flusher import START_DELAY, Flusher
 
 
 class Recorder:
@@ -94,9 +95,21 @@ def test_closing_writes_waiting_starts_and_a_failed_write_is_retried() -> None:
     assert f.idle()
 
 
-def test_a_claim_rides_in_the_transaction_of_waiting_results() -> None:
+def _in_a_stream(f: Flusher, engine: Recorder) -> None:
+    """One result written, so that the next ones come in a stream."""
+    f.finished(AttemptResult(1, 1, "completed"))
+    assert engine.wrote.wait(5)
+    engine.calls.clear()
+    engine.wrote.clear()
+
+
+def test_a_claim_rides_in_the_transaction_of_waiting_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(flusher, "RESULT_DELAY", 1.0)
     engine = Recorder()
     f = _flusher(engine, gather=10)
+    _in_a_stream(f, engine)
     f.finished(AttemptResult(5, 1, "completed"))
     f.finished(AttemptResult(6, 1, "completed"))
     # Fewer than a batch: they wait for the claim (up to RESULT_DELAY).
@@ -106,21 +119,43 @@ def test_a_claim_rides_in_the_transaction_of_waiting_results() -> None:
     assert f.close(5)
 
 
-def test_gathered_results_are_written_alone_after_the_delay() -> None:
+def test_results_in_a_stream_are_written_alone_after_the_delay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(flusher, "RESULT_DELAY", 0.3)
     engine = Recorder()
     f = _flusher(engine, gather=10)
+    _in_a_stream(f, engine)
     t0 = time.monotonic()
     f.finished(AttemptResult(7, 1, "completed"))
     assert engine.wrote.wait(5)
     when, _, results = engine.calls[0]
     assert results == [7] and engine.claims == []
-    assert RESULT_DELAY <= when - t0 < RESULT_DELAY + 1.0
+    assert 0.3 <= when - t0 < 0.3 + 1.0
     assert f.close(5)
 
 
-def test_a_failed_claim_raises_to_the_claimer_and_keeps_the_results() -> None:
-    engine = Recorder(fail=1)
+def test_a_result_that_comes_alone_is_written_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An attempt longer than the delay: holding its result would only make
+    # its job end later.
+    monkeypatch.setattr(flusher, "RESULT_DELAY", 5.0)
+    engine = Recorder()
     f = _flusher(engine, gather=10)
+    t0 = time.monotonic()
+    f.finished(AttemptResult(9, 1, "completed"))
+    assert engine.wrote.wait(4)
+    assert engine.calls[0][2] == [9] and engine.calls[0][0] - t0 < 4
+    assert f.close(5)
+
+
+def test_a_failed_claim_raises_to_the_claimer_and_keeps_the_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(flusher, "RESULT_DELAY", 1.0)
+    engine = Recorder()
+    f = _flusher(engine, gather=10)
+    _in_a_stream(f, engine)
+    engine.fail = 1
     f.finished(AttemptResult(8, 1, "completed"))
     with pytest.raises(ConnectionError):
         f.claim(["bulk"], 2)
