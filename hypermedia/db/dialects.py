@@ -1,7 +1,8 @@
 """The few places where SQL differs per database, each saying why.
 
 * claim: how to take ready jobs without two workers taking the same one;
-* notify / listen: PostgreSQL can wake idle workers, the others are polled.
+* notify / listen: PostgreSQL can wake idle workers, the others are polled;
+* which errors mean "chosen as a deadlock's victim: run the transaction again".
 """
 
 from __future__ import annotations
@@ -460,3 +461,23 @@ def pg_apply(conn: sa.Connection, worker_id: str | None, items: Sequence[Any]) -
             params[f"e_{c}"] = [d.event.get(c) for d in group]
         done.update(r[0] for r in conn.execute(_pg_apply_sql(job_cols, attempt_cols), params))
     return done
+
+
+# -- deadlock victims ---------------------------------------------------------------
+# InnoDB takes a shared lock on the key a failed INSERT collided with; two such
+# losers that then UPDATE the row wait on each other, and one is rolled back
+# (error 1213).  PostgreSQL reports its own deadlocks as SQLSTATE 40P01.
+
+_DEADLOCK_MYSQL = {1213}
+_DEADLOCK_PG = {"40P01"}
+
+
+def is_deadlock(exc: BaseException) -> bool:
+    """Whether ``exc`` rolled the transaction back as a deadlock's victim."""
+    orig = getattr(exc, "orig", None)
+    if orig is None:
+        return False
+    if getattr(orig, "sqlstate", None) in _DEADLOCK_PG:
+        return True
+    args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
+    return bool(args) and args[0] in _DEADLOCK_MYSQL

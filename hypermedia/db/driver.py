@@ -7,11 +7,13 @@ SQL the rest of the code can reach.
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -19,6 +21,8 @@ from sqlalchemy.engine import make_url
 
 from hypermedia.db import dialects
 from hypermedia.db.queries import Tx
+
+T = TypeVar("T")
 
 # No pre-ping: it would add a round trip to every transaction. A connection
 # that died with its server is detected on use, the pool is invalidated, and
@@ -92,6 +96,23 @@ class Driver:
         """A write transaction, committed on success, rolled back on error."""
         with self._sqlite_writer, self._engines["write"].begin() as conn:
             yield Tx(conn, self.name)
+
+    def tx_retrying(self, work: Callable[[Tx], T], attempts: int = 3) -> T:
+        """``work(tx)`` in a write transaction, run again (on a fresh one) when the
+        database rolled it back as a deadlock's victim.
+
+        For short upserts racing on one new key ("update, else insert, else
+        update"), which InnoDB can deadlock; ``work`` must be safe to repeat.
+        """
+        for attempt in range(attempts):
+            try:
+                with self.tx() as tx:
+                    return work(tx)
+            except sa.exc.OperationalError as exc:
+                if attempt == attempts - 1 or not dialects.is_deadlock(exc):
+                    raise
+                time.sleep(random.uniform(0, 0.02 * 2**attempt))
+        raise AssertionError("unreachable")  # the last attempt returned or raised
 
     @property
     def autocommit(self) -> bool:

@@ -303,8 +303,8 @@ class Credits:
             raise InvalidRequest("a project id has 1 to 64 characters")
         if credits is not None:
             _bounded("budget", credits, 0, MAX_BUDGET)
-        with self.db.tx() as tx:
-            tx.set_budget(project_id, credits, self.clock())
+        # Concurrent first budgets of a project race on one new row.
+        self.db.tx_retrying(lambda tx: tx.set_budget(project_id, credits, self.clock()))
         return self.show(project_id)[0]
 
 

@@ -74,10 +74,13 @@ class Queues:
 
     def _switch(self, name: str, paused: bool) -> Row:
         check_queue_name(name)
+
         # The switch records no actor (queue_states has no such column).
-        with self.db.tx() as tx:
+        def switch(tx: Any) -> Row | None:
             tx.set_queue_paused(name, paused, self.clock())
-            state = tx.queue_state(name)
+            return tx.queue_state(name)
+
+        state = self.db.tx_retrying(switch)  # concurrent first switches race
         assert state is not None
         return {
             "queue_name": name,

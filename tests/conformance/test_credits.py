@@ -162,6 +162,23 @@ def test_concurrent_enqueues_never_overrun_the_budget(engine, database_url, sett
     assert Credits(engine).show("race")[0]["used"] == 9
 
 
+def test_concurrent_first_budgets_of_a_project_are_one_row(engine, database_url, settings):
+    # Racing first writes of one new row: on InnoDB two losers of the insert
+    # deadlock on its key; the victim's transaction is run again.
+    for round_ in range(5):
+        project = f"first-{round_}"
+        got = race(
+            database_url,
+            6,
+            lambda drv, i, project=project: Credits(Engine(drv, settings)).set_budget(
+                project, 100 + i
+            ),
+        )
+        assert all(isinstance(g, dict) for g in got), got
+        (row,) = Credits(engine).show(project)
+        assert row["budget"] in {100 + i for i in range(6)}
+
+
 # -- actual credits ------------------------------------------------------------------------
 
 
