@@ -37,6 +37,7 @@ import contextlib
 import hashlib
 import http.client
 import io
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -67,6 +68,8 @@ from hypermedia.storage.base import (
 )
 from hypermedia.storage.keys import check_key
 from hypermedia.storage.s3_lean import LeanS3
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -125,6 +128,9 @@ _DENIED = {
     "ExpiredToken",
     "AllAccessDisabled",
 }
+# A bucket in another region than the pool says: the lean requests hand over
+# to the boto3 client, which follows the redirect.
+_REDIRECTS = {"PermanentRedirect", "TemporaryRedirect", "AuthorizationHeaderMalformed"}
 # A store that cannot rewrite an object's metadata in place answers one of these.
 _NO_SELF_COPY = {"NotImplemented", "InvalidRequest", "501"}
 
@@ -195,12 +201,14 @@ class S3Backend:
             aws_secret_access_key=secret_access_key if explicit else None,
             config=_client_config(),
         )
-        credentials = (
-            Credentials(access_key_id, secret_access_key) if explicit else session.get_credentials()
-        )
+        static = Credentials(access_key_id, secret_access_key)
         # Small requests skip botocore's request machinery (see s3_lean.py).
         self._lean = LeanS3.of(
-            self._client, credentials, bucket, self.region, BATCH_THREADS * FILE_THREADS
+            self._client,
+            (lambda: static) if explicit else session.get_credentials,
+            bucket,
+            self.region,
+            BATCH_THREADS * FILE_THREADS,
         )
 
     def __repr__(self) -> str:
@@ -539,7 +547,10 @@ class S3Backend:
     def _get(self, key: str, headers: dict[str, str]) -> dict[str, Any]:
         """GetObject's answer (Body, ContentLength, ContentRange, ETag), the lean way if we can."""
         if self._lean is not None:
-            return self._lean.get(key, headers)
+            try:
+                return self._lean.get(key, headers)
+            except botocore.exceptions.ClientError as exc:
+                self._step_aside(exc)
         if "Range" in headers:
             return dict(
                 self._client.get_object(Bucket=self.bucket, Key=key, Range=headers["Range"])
@@ -551,16 +562,30 @@ class S3Backend:
         md5 = base64.b64encode(hashlib.md5(body, usedforsecurity=False).digest()).decode()
         with self._errors("upload to"):
             if self._lean is not None:
-                self._lean.put(key, body, {"Content-MD5": md5, "x-amz-meta-checksum": checksum})
-            else:
-                self._client.put_object(
-                    Bucket=self.bucket,
-                    Key=key,
-                    Body=body,
-                    ContentMD5=md5,
-                    Metadata={"checksum": checksum},
-                )
+                try:
+                    self._lean.put(key, body, {"Content-MD5": md5, "x-amz-meta-checksum": checksum})
+                    return Stored(len(body), checksum)
+                except botocore.exceptions.ClientError as exc:
+                    self._step_aside(exc)
+            self._client.put_object(
+                Bucket=self.bucket,
+                Key=key,
+                Body=body,
+                ContentMD5=md5,
+                Metadata={"checksum": checksum},
+            )
         return Stored(len(body), checksum)
+
+    def _step_aside(self, exc: botocore.exceptions.ClientError) -> None:
+        """Re-raise a lean request's error, unless it was a redirect: then the
+        boto3 client, which follows a bucket into its region, sends this
+        request and every later one."""
+        if _code(exc) not in _REDIRECTS and _status(exc) not in (301, 307):
+            raise exc
+        log.info("S3 storage at %s redirects; leaving the lean path", self._where)
+        lean, self._lean = self._lean, None
+        if lean is not None:
+            lean.close()
 
     def _record_checksum(self, key: str, size: int, checksum: str) -> None:
         source = {"Bucket": self.bucket, "Key": key}

@@ -10,12 +10,13 @@ on a urllib3 pool of our own: about half the CPU per object.
 
 Only the requests of small objects come here (``S3Backend._put_small`` and the
 first, ranged GET of ``get_file``); everything else keeps going through the
-boto3 client, and so do these whenever they cannot be sent the lean way
-(proxies configured in the environment, no credentials found):
-``LeanS3.of`` returns None then.  Failures look exactly like the client's: a
-non-2xx answer becomes a botocore ``ClientError`` built from the store's
-error document, transport errors stay urllib3's, and ``S3Backend._errors``
-maps both as for any call.
+boto3 client, and so do these whenever they cannot be sent the lean way: with
+proxies configured in the environment ``LeanS3.of`` returns None, and a store
+that answers with a redirect (a bucket in another region, which botocore
+follows) makes ``S3Backend`` leave the lean path for good.  Failures look
+exactly like the client's: a non-2xx answer becomes a botocore ``ClientError``
+built from the store's error document, transport errors stay urllib3's, and
+``S3Backend._errors`` maps both as for any call.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import random
 import re
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -51,13 +53,16 @@ class LeanS3:
         endpoint_url: str,
         bucket: str,
         region: str,
-        credentials: Any,
+        credentials: Callable[[], Any],
         pool_size: int,
         timeouts: tuple[float, float],
     ) -> None:
         self._base = f"{endpoint_url.rstrip('/')}/{quote(bucket, safe='')}/"
         self._region = region
-        self._credentials = credentials
+        # Resolved at the first request, as the client does: the default chain
+        # may ask the instance metadata service, which takes time off EC2.
+        self._resolve = credentials
+        self._credentials: Any = None
         tls: dict[str, Any] = {}
         if endpoint_url.startswith("https"):  # the CA bundle botocore would use
             tls = {"cert_reqs": "CERT_REQUIRED", "ca_certs": _ca_bundle()}
@@ -70,13 +75,11 @@ class LeanS3:
 
     @classmethod
     def of(
-        cls, client: Any, credentials: Any, bucket: str, region: str, pool_size: int
+        cls, client: Any, credentials: Callable[[], Any], bucket: str, region: str, pool_size: int
     ) -> LeanS3 | None:
-        """The lean path beside this boto3 client (signing with ``credentials``,
-        the client's), or None where only the client will do."""
-        if credentials is None or any(
-            k in ("http", "https", "all") for k in urllib.request.getproxies()
-        ):
+        """The lean path beside this boto3 client (signing with what
+        ``credentials()`` returns: the client's), or None where only the client will do."""
+        if any(k in ("http", "https", "all") for k in urllib.request.getproxies()):
             return None
         cfg = client.meta.config
         return cls(
@@ -111,8 +114,7 @@ class LeanS3:
         url = self._base + quote(key, safe="/~")
         for attempt in range(ATTEMPTS):
             request = AWSRequest(method, url, headers={**headers}, data=body)
-            frozen = self._credentials.get_frozen_credentials()
-            S3SigV4Auth(frozen, "s3", self._region).add_auth(request)
+            S3SigV4Auth(self._frozen(), "s3", self._region).add_auth(request)
             last = attempt == ATTEMPTS - 1
             try:
                 answer = self.send(method, url, dict(request.headers.items()), body)
@@ -130,6 +132,13 @@ class LeanS3:
                 raise error
             _backoff(attempt)
         raise AssertionError("unreachable")  # the last attempt returned or raised
+
+    def _frozen(self) -> Any:
+        if self._credentials is None:
+            self._credentials = self._resolve()
+            if self._credentials is None:
+                raise botocore.exceptions.NoCredentialsError()
+        return self._credentials.get_frozen_credentials()
 
     def send(self, method: str, url: str, headers: dict[str, str], body: bytes | None) -> Any:
         """One HTTP request, its body left to stream; a seam for tests."""

@@ -6,6 +6,7 @@ tests/storage/test_backends.py, which sends every small request this way)."""
 
 from __future__ import annotations
 
+import io
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,6 +18,8 @@ import urllib3
 from botocore.credentials import Credentials
 
 from hypermedia.storage import s3_lean
+from hypermedia.storage.base import StorageUnavailable
+from hypermedia.storage.s3 import S3Backend
 from hypermedia.storage.s3_lean import LeanS3
 
 CREDS = Credentials("AKIDEXAMPLE", "not-a-real-secret")
@@ -70,7 +73,7 @@ def no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _lean(url: str) -> LeanS3:
-    return LeanS3(url, "bkt", "us-east-1", CREDS, 2, (1.0, 5.0))
+    return LeanS3(url, "bkt", "us-east-1", lambda: CREDS, 2, (1.0, 5.0))
 
 
 def _error(code: str) -> bytes:
@@ -129,9 +132,7 @@ def test_a_store_that_is_not_there_is_a_transport_error() -> None:
         _lean("http://127.0.0.1:9").put("k", b"x", {})
 
 
-def test_it_steps_aside_for_proxies_and_missing_credentials(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_it_steps_aside_for_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
     class Client:
         class meta:
             endpoint_url = "http://127.0.0.1:9"
@@ -139,10 +140,72 @@ def test_it_steps_aside_for_proxies_and_missing_credentials(
             class config:
                 connect_timeout, read_timeout = 5, 60
 
-    assert LeanS3.of(Client(), CREDS, "b", "us-east-1", 2) is not None
-    assert LeanS3.of(Client(), None, "b", "us-east-1", 2) is None
+    assert LeanS3.of(Client(), lambda: CREDS, "b", "us-east-1", 2) is not None
     monkeypatch.setenv("https_proxy", "http://proxy.invalid:3128")
-    assert LeanS3.of(Client(), CREDS, "b", "us-east-1", 2) is None
+    assert LeanS3.of(Client(), lambda: CREDS, "b", "us-east-1", 2) is None
+
+
+def test_credentials_are_resolved_at_the_first_request_once(store: tuple[str, Script]) -> None:
+    url, script = store
+    asked: list[int] = []
+
+    def resolve() -> Credentials:
+        asked.append(1)
+        return CREDS
+
+    lean = LeanS3(url, "bkt", "us-east-1", resolve, 2, (1.0, 5.0))
+    assert asked == []
+    lean.put("a", b"x", {})
+    lean.put("b", b"x", {})
+    assert asked == [1] and len(script.seen) == 2
+
+
+def test_no_credentials_is_the_clients_error(store: tuple[str, Script]) -> None:
+    url, script = store
+    lean = LeanS3(url, "bkt", "us-east-1", lambda: None, 2, (1.0, 5.0))
+    with pytest.raises(botocore.exceptions.NoCredentialsError):
+        lean.put("k", b"x", {})
+    assert script.seen == []
+
+
+def _backend(url: str, **keys: str) -> S3Backend:
+    return S3Backend("bkt", endpoint=url, **keys)
+
+
+def test_a_redirect_hands_this_and_later_requests_to_the_client(
+    store: tuple[str, Script],
+) -> None:
+    url, script = store
+    script.answers = [(301, _error("PermanentRedirect"))]  # then 200 for the rest
+    backend = _backend(url, access_key_id="AKIDEXAMPLE", secret_access_key="not-a-real-secret")
+    try:
+        backend.put("objects/1/original.bin", io.BytesIO(b"data"))
+        assert backend._lean is None
+        backend.put("objects/2/original.bin", io.BytesIO(b"more"))
+    finally:
+        backend.close()
+    agents = [r["headers"].get("User-Agent", "") for r in script.seen]
+    assert len(agents) == 3
+    assert "Botocore" not in agents[0]  # the lean request, answered with the redirect
+    assert all("Botocore" in a for a in agents[1:])  # the same put again, and the next
+
+
+def test_a_backend_without_credentials_says_so(
+    store: tuple[str, Script], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    url, script = store
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    backend = _backend(url)
+    try:
+        with pytest.raises(StorageUnavailable, match="no S3 credentials"):
+            backend.put("objects/1/original.bin", io.BytesIO(b"data"))
+    finally:
+        backend.close()
+    assert script.seen == []
 
 
 def test_a_get_returns_the_answer_as_boto3_names_it(store: tuple[str, Script]) -> None:
