@@ -96,7 +96,9 @@ class LeanS3:
 
     def put(self, key: str, body: bytes, headers: dict[str, str]) -> None:
         """PUT ``body`` under ``key`` with ``headers`` (Content-MD5, x-amz-meta-*)."""
-        self._request("PUT", key, headers, body).release_conn()
+        answer = self._request("PUT", key, headers, body)
+        answer.drain_conn()  # whatever the store said beside the status: not ours to keep
+        answer.release_conn()
 
     def get(self, key: str, headers: dict[str, str]) -> dict[str, Any]:
         """GET ``key`` (``headers``: a Range, say); the answer's fields as boto3
