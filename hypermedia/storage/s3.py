@@ -546,9 +546,10 @@ class S3Backend:
 
     def _get(self, key: str, headers: dict[str, str]) -> dict[str, Any]:
         """GetObject's answer (Body, ContentLength, ContentRange, ETag), the lean way if we can."""
-        if self._lean is not None:
+        lean = self._lean  # once: another thread may step aside meanwhile
+        if lean is not None:
             try:
-                return self._lean.get(key, headers)
+                return lean.get(key, headers)
             except botocore.exceptions.ClientError as exc:
                 self._step_aside(exc)
         if "Range" in headers:
@@ -561,9 +562,10 @@ class S3Backend:
         checksum = cs.of_bytes(body)
         md5 = base64.b64encode(hashlib.md5(body, usedforsecurity=False).digest()).decode()
         with self._errors("upload to"):
-            if self._lean is not None:
+            lean = self._lean  # once: another thread may step aside meanwhile
+            if lean is not None:
                 try:
-                    self._lean.put(key, body, {"Content-MD5": md5, "x-amz-meta-checksum": checksum})
+                    lean.put(key, body, {"Content-MD5": md5, "x-amz-meta-checksum": checksum})
                     return Stored(len(body), checksum)
                 except botocore.exceptions.ClientError as exc:
                     self._step_aside(exc)
