@@ -86,6 +86,24 @@ class StorageQueries:
         row = self.conn.execute(q).first()
         return dict(row._mapping) if row else None
 
+    def ready_inputs(self, ids: Sequence[int]) -> dict[int, Row]:
+        """pool_id, storage_key and checksum of those of ``ids`` that are ready."""
+        cols = (OB.c.object_id, OB.c.pool_id, OB.c.storage_key, OB.c.checksum)
+        if self.dialect == "sqlite":  # prepared: see db/fast.py
+            prepared = fast.prepare(
+                self.conn,
+                ("ready_inputs", len(ids)),
+                lambda: sa.select(*cols).where(
+                    sa.or_(*(OB.c.object_id == p for p in fast.id_params(ids))),
+                    fast.unindexed(OB.c.state) == "ready",
+                ),
+            )
+            found = fast.rows(self.conn, prepared, fast.id_values(ids))
+        else:
+            q = sa.select(*cols).where(OB.c.object_id.in_(list(ids)), OB.c.state == "ready")
+            found = [dict(r._mapping) for r in self.conn.execute(q)]
+        return {r["object_id"]: r for r in found}
+
     def objects_where(self, ids: Sequence[int], *, lock: bool = False) -> list[Row]:
         if not ids:
             return []

@@ -277,7 +277,11 @@ class Engine:
         # The driver writes the attempt rows and claim events too: on
         # PostgreSQL all of it is a single statement.
         rows = tx.claim(worker_id, list(queues), n, now, until)
-        return [_claimed(r) for r in rows]
+        # Their inputs' rows too, in one statement: the worker fetches each
+        # input without a read transaction of its own.
+        ids = sorted({r["object_id"] for r in rows if r["object_id"] is not None})
+        inputs = tx.ready_inputs(ids) if ids else {}
+        return [_claimed(r, inputs.get(r["object_id"])) for r in rows]
 
     def start(self, worker_id: str, items: Sequence[tuple[int, int]]) -> set[int]:
         """claimed → processing for these (job, attempt); returns the ids that moved."""
@@ -816,7 +820,7 @@ def _locked_job(tx: Any, job_id: int) -> Row:
     return dict(job)
 
 
-def _claimed(r: Row) -> Claimed:
+def _claimed(r: Row, input_object: Row | None = None) -> Claimed:
     return Claimed(
         job_id=r["job_id"],
         job_uuid=r["job_uuid"],
@@ -834,6 +838,9 @@ def _claimed(r: Row) -> Claimed:
         pool_id=r["pool_id"],
         input_key=r["input_key"],
         input_size_bytes=r["input_size_bytes"],
+        input_object=None
+        if input_object is None
+        else {k: input_object[k] for k in ("pool_id", "storage_key", "checksum")},
     )
 
 

@@ -32,9 +32,11 @@ def fetch_input(storage: Storage, job: Claimed, scratch: Path) -> str | None:
     ext = job.input_key.rsplit(".", 1)[-1] if "." in job.input_key.rsplit("/", 1)[-1] else "bin"
     name = f"{INPUT_NAME}.{ext}"
     try:
-        row = storage.get(job.object_id)
-        if row["state"] != "ready":
-            raise JobError("CORRUPT_INPUT", "the input object is no longer available")
+        row = job.input_object  # read (ready) with the claim
+        if row is None:
+            row = storage.get(job.object_id)
+            if row["state"] != "ready":
+                raise JobError("CORRUPT_INPUT", "the input object is no longer available")
         # A hard link where the pool is local: pipelines only read their input.
         storage.download(row, scratch / name, link=True)
     except ChecksumMismatch:

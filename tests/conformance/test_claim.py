@@ -182,3 +182,27 @@ def test_concurrent_claimers_never_share_a_job(engine, driver, database_url, set
     with driver.read() as tx:
         n_attempts = tx.conn.exec_driver_sql("SELECT COUNT(*) FROM job_attempts").scalar()
     assert n_attempts == total
+
+
+def test_a_claim_carries_its_inputs_rows_when_they_are_ready(engine, driver, storage):
+    import io
+
+    ready = [storage.put(io.BytesIO(b"x" * (10 + i))) for i in range(3)]
+    ids = [engine.enqueue(NewJob("debug.sleep", object_id=o["object_id"])) for o in ready]
+    ids.append(engine.enqueue(NewJob("debug.sleep", object_id=ready[0]["object_id"])))
+    no_input = engine.enqueue(NewJob("debug.noop"))
+    # One input that is no longer ready by the time of the claim.
+    gone = storage.put(io.BytesIO(b"y"))
+    late = engine.enqueue(NewJob("debug.sleep", object_id=gone["object_id"]))
+    with driver.tx() as tx:
+        assert tx.update_object(gone["object_id"], ["ready"], {"state": "deleting"})
+    got = {c.job_id: c for c in engine.claim(W1, ["bulk"], 10)}
+    assert set(got) == {*ids, no_input, late}
+    for job_id, obj in zip(ids, [*ready, ready[0]], strict=True):
+        assert got[job_id].input_object == {
+            "pool_id": obj["pool_id"],
+            "storage_key": obj["storage_key"],
+            "checksum": obj["checksum"],
+        }
+    assert got[no_input].input_object is None
+    assert got[late].input_object is None  # the worker looks it up, and refuses it

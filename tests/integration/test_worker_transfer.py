@@ -195,3 +195,28 @@ def test_outputs_are_stored_after_the_slot_has_moved_on(storage: Storage, tmp_pa
     assert out.object_id is not None and out.output_size_bytes == 25
     assert slow.get(out.object_id)["state"] == "pending"  # ready only when the job completes
     assert not outbox.exists()
+
+
+@sqlite_only
+def test_an_input_read_with_the_claim_is_fetched_without_a_lookup(
+    storage: Storage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hypermedia.worker.files import fetch_input
+
+    data = b"z" * 70_000
+    obj = _put(storage, data)
+    job = _job(obj)
+    job.input_object = {k: obj[k] for k in ("pool_id", "storage_key", "checksum")}
+
+    def no_lookup(object_id: int) -> dict[str, Any]:
+        raise AssertionError("the claim's row should have been used")
+
+    monkeypatch.setattr(storage, "get", no_lookup)
+    name = fetch_input(storage, job, _scratch(tmp_path))
+    assert name is not None and (tmp_path / "slot" / name).read_bytes() == data
+    # The row from the claim still has its bytes checked.
+    job.input_object = {**job.input_object, "checksum": "blake3:" + "0" * 64}
+    with pytest.raises(JobError) as info:
+        fetch_input(storage, job, _scratch(tmp_path, "slot2"))
+    assert info.value.code == "CORRUPT_INPUT"
+    assert list((tmp_path / "slot2").iterdir()) == []
