@@ -25,10 +25,6 @@ class NewJob:
     pool_id: int | None = None
     input_key: str = ""
     input_size_bytes: int = 0
-    # The input object's row (pool_id, storage_key, checksum) as the claim read
-    # it, when it was ready then: the worker fetches the input without a read
-    # transaction of its own.  None: look it up (and refuse it if not ready).
-    input_object: dict[str, Any] | None = None
     run_at: datetime | None = None
     hold: bool = False  # stay 'created' until released
     created_by: str | None = None
