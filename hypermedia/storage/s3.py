@@ -201,11 +201,12 @@ class S3Backend:
             aws_secret_access_key=secret_access_key if explicit else None,
             config=_client_config(),
         )
-        static = Credentials(access_key_id, secret_access_key)
         # Small requests skip botocore's request machinery (see s3_lean.py).
         self._lean = LeanS3.of(
             self._client,
-            (lambda: static) if explicit else session.get_credentials,
+            (lambda: Credentials(access_key_id, secret_access_key))
+            if explicit
+            else session.get_credentials,
             bucket,
             self.region,
             BATCH_THREADS * FILE_THREADS,

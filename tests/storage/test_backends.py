@@ -598,6 +598,16 @@ def test_local_put_files_replace_leftovers_without_writing_through_them(tmp_path
 # -- S3 failures ---------------------------------------------------------------------
 
 
+def _backend_at(endpoint: dict[str, str], bucket: str, secret: str = "") -> S3Backend:
+    """Another S3Backend on the test server (its own client and pool)."""
+    return S3Backend(
+        bucket,
+        endpoint=endpoint["endpoint"],
+        access_key_id=endpoint["access_key_id"],
+        secret_access_key=secret or endpoint["secret_access_key"],
+    )
+
+
 def _assert_clean(exc: BaseException, *secrets: str) -> None:
     text = str(exc)
     whole = "".join(traceback.format_exception(exc))
@@ -720,12 +730,7 @@ def test_s3_without_the_lean_path_puts_through_the_client(
     # A proxy in the environment is honoured by botocore, not by our pool.
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    backend = S3Backend(
-        "t-proxied",
-        endpoint=s3_endpoint["endpoint"],
-        access_key_id=s3_endpoint["access_key_id"],
-        secret_access_key=s3_endpoint["secret_access_key"],
-    )
+    backend = _backend_at(s3_endpoint, "t-proxied")
     try:
         assert backend._lean is None
         backend.ensure_bucket()
@@ -745,12 +750,7 @@ def test_s3_get_file_of_an_object_replaced_midway_fails(
     # between them, the download fails rather than mixing two versions.
     old, new = _bytes(3 * SMALL_BODY, seed=41), _bytes(3 * SMALL_BODY, seed=42)
     s3_backend.put(KEY, io.BytesIO(old))
-    other = S3Backend(
-        s3_backend.bucket,
-        endpoint=s3_endpoint["endpoint"],
-        access_key_id=s3_endpoint["access_key_id"],
-        secret_access_key=s3_endpoint["secret_access_key"],
-    )
+    other = _backend_at(s3_endpoint, s3_backend.bucket)
     replaced = []
 
     def replace_once(params: dict[str, Any], **_: Any) -> None:
@@ -795,12 +795,7 @@ def test_s3_wrong_secret_is_access_denied(
     s3_backend: S3Backend, s3_endpoint: dict[str, str]
 ) -> None:
     wrong = "wrong-" + os.urandom(8).hex()
-    intruder = S3Backend(
-        s3_backend.bucket,
-        endpoint=s3_endpoint["endpoint"],
-        access_key_id=s3_endpoint["access_key_id"],
-        secret_access_key=wrong,
-    )
+    intruder = _backend_at(s3_endpoint, s3_backend.bucket, wrong)
     try:
         for call in (
             lambda: intruder.put(KEY, io.BytesIO(b"x")),
@@ -816,12 +811,7 @@ def test_s3_wrong_secret_is_access_denied(
 
 def test_s3_missing_bucket_is_not_a_missing_blob(s3_endpoint: dict[str, str]) -> None:
     # A pool pointed at the wrong bucket must not make the ledger think blobs are lost.
-    nowhere = S3Backend(
-        "t-nosuchbucket",
-        endpoint=s3_endpoint["endpoint"],
-        access_key_id=s3_endpoint["access_key_id"],
-        secret_access_key=s3_endpoint["secret_access_key"],
-    )
+    nowhere = _backend_at(s3_endpoint, "t-nosuchbucket")
     try:
         with pytest.raises(StorageUnavailable, match="does not exist"):
             nowhere.open(KEY)

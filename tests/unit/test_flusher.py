@@ -95,21 +95,23 @@ def test_closing_writes_waiting_starts_and_a_failed_write_is_retried() -> None:
     assert f.idle()
 
 
-def _in_a_stream(f: Flusher, engine: Recorder) -> None:
-    """One result written, so that the next ones come in a stream."""
+def _in_a_stream(monkeypatch: pytest.MonkeyPatch, delay: float) -> tuple[Recorder, Flusher]:
+    """A gathering flusher (RESULT_DELAY = ``delay``) that has written one
+    result, so that the next ones come in a stream."""
+    monkeypatch.setattr(flusher, "RESULT_DELAY", delay)
+    engine = Recorder()
+    f = _flusher(engine, gather=10)
     f.finished(AttemptResult(1, 1, "completed"))
     assert engine.wrote.wait(5)
     engine.calls.clear()
     engine.wrote.clear()
+    return engine, f
 
 
 def test_a_claim_rides_in_the_transaction_of_waiting_results(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(flusher, "RESULT_DELAY", 1.0)
-    engine = Recorder()
-    f = _flusher(engine, gather=10)
-    _in_a_stream(f, engine)
+    engine, f = _in_a_stream(monkeypatch, 1.0)
     f.finished(AttemptResult(5, 1, "completed"))
     f.finished(AttemptResult(6, 1, "completed"))
     # Fewer than a batch: they wait for the claim (up to RESULT_DELAY).
@@ -122,10 +124,7 @@ def test_a_claim_rides_in_the_transaction_of_waiting_results(
 def test_results_in_a_stream_are_written_alone_after_the_delay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(flusher, "RESULT_DELAY", 0.3)
-    engine = Recorder()
-    f = _flusher(engine, gather=10)
-    _in_a_stream(f, engine)
+    engine, f = _in_a_stream(monkeypatch, 0.3)
     t0 = time.monotonic()
     f.finished(AttemptResult(7, 1, "completed"))
     assert engine.wrote.wait(5)
@@ -151,10 +150,7 @@ def test_a_result_that_comes_alone_is_written_at_once(monkeypatch: pytest.Monkey
 def test_a_failed_claim_raises_to_the_claimer_and_keeps_the_results(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(flusher, "RESULT_DELAY", 1.0)
-    engine = Recorder()
-    f = _flusher(engine, gather=10)
-    _in_a_stream(f, engine)
+    engine, f = _in_a_stream(monkeypatch, 1.0)
     engine.fail = 1
     f.finished(AttemptResult(8, 1, "completed"))
     with pytest.raises(ConnectionError):
