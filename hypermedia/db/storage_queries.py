@@ -119,8 +119,13 @@ class StorageQueries:
         before_id: int | None = None,
         limit: int = 50,
         project_id: str | None = None,
+        reserved: bool = False,
     ) -> list[Row]:
+        """Objects, newest first; without ``reserved``, not the rows a worker holds
+        for outputs still being made (storage/reserve.py): nothing to show yet."""
         q = sa.select(OB)
+        if not reserved:
+            q = q.where(OB.c.storage_key.not_like("pending/%"))
         if project_id is not None:
             q = q.where(OB.c.project_id == project_id)
         if state is not None:
@@ -156,8 +161,10 @@ class StorageQueries:
         return self.conn.execute(q).rowcount == 1
 
     def promote_objects(self, rows: Sequence[Row], now: datetime) -> int:
-        """pending → ready for a completing job's outputs; rows with a checksum
-        also set the object's size and checksum (the upload left them for now)."""
+        """pending → ready for a completing job's outputs.  Rows with a checksum
+        also write what the upload left for now: the object's size and checksum,
+        and (its row being a reserved one, storage/reserve.py) its key, media
+        type and dimensions."""
         if not rows:
             return 0
         done = 0
@@ -166,13 +173,20 @@ class StorageQueries:
             q = sa.update(OB).where(OB.c.object_id.in_(plain), OB.c.state == "pending")
             done += int(self.conn.execute(q.values(state="ready", updated_at=now)).rowcount)
         valued = [
-            {"_id": r["object_id"], "_size": r["size"], "_checksum": r["checksum"]}
+            {
+                "_id": r["object_id"],
+                "_size": r["size"],
+                "_checksum": r["checksum"],
+                "_key": r["storage_key"],
+                "_mime": r["mime_type"],
+                "_width": r.get("width"),
+                "_height": r.get("height"),
+                "_now": now,
+            }
             for r in rows
             if r.get("checksum")
         ]
         if valued:
-            for v in valued:
-                v["_now"] = now
 
             def build() -> Any:
                 return (
@@ -182,6 +196,10 @@ class StorageQueries:
                         state="ready",
                         size=sa.bindparam("_size"),
                         checksum=sa.bindparam("_checksum"),
+                        storage_key=sa.bindparam("_key"),
+                        mime_type=sa.bindparam("_mime"),
+                        width=sa.bindparam("_width"),
+                        height=sa.bindparam("_height"),
                         updated_at=sa.bindparam("_now"),
                     )
                 )
@@ -247,6 +265,17 @@ class StorageQueries:
             .limit(limit)
         )
         return [dict(r._mapping) for r in self.conn.execute(q)]
+
+    def delete_unused_reservations(self, ids: Sequence[int]) -> int:
+        """Reserved output rows no output took (storage/reserve.py): no blob, no reference."""
+        if not ids:
+            return 0
+        q = sa.delete(OB).where(
+            OB.c.object_id.in_(list(ids)),
+            OB.c.state == "pending",
+            OB.c.storage_key.startswith("pending/"),
+        )
+        return int(self.conn.execute(q).rowcount)
 
     def delete_object_row(self, object_id: int) -> bool:
         q = sa.delete(OB).where(OB.c.object_id == object_id, OB.c.state == "deleting")

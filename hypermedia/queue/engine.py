@@ -34,6 +34,8 @@ from hypermedia.queue.settle import Decision, decide
 from hypermedia.redact import redact
 
 Row = dict[str, Any]
+# Carried with a decision's outputs for their objects' rows, not job_outputs columns.
+_OBJECT_ONLY = ("checksum", "width", "height")
 
 
 def utcnow() -> datetime:
@@ -507,16 +509,20 @@ class Engine:
             tx.update_jobs_many(states.sources(action), rows)
         tx.finish_attempts([d.attempt_values for d in decisions])
         outputs = [o for d in decisions for o in d.outputs]
-        tx.insert_outputs([{k: v for k, v in o.items() if k != "checksum"} for o in outputs])
-        # Output blobs were uploaded as pending objects; the completion makes
-        # them ready, with their size and checksum, in the same transaction
-        # (DESIGN §3): one write per output less than recording those apart.
+        tx.insert_outputs([{k: v for k, v in o.items() if k not in _OBJECT_ONLY} for o in outputs])
+        # Output blobs were uploaded under reserved pending rows; the completion
+        # makes them ready, with their key, type, size and checksum, in the same
+        # transaction (DESIGN §3; storage/reserve.py).
         tx.promote_objects(
             [
                 {
                     "object_id": o["object_id"],
                     "size": o["output_size_bytes"],
                     "checksum": o.get("checksum", ""),
+                    "storage_key": o["output_key"],
+                    "mime_type": o["mime_type"],
+                    "width": o.get("width") or 0,
+                    "height": o.get("height") or 0,
                 }
                 for o in outputs
                 if o["object_id"]

@@ -68,6 +68,9 @@ class Output:
     # "blake3:…" (storage/checksum.py) of the stored blob: written on the object when the job
     # completes (the object stays pending, without size or checksum, till then).
     checksum: str = ""
+    # The blob's dimensions as sniffed when it was stored (0: not an image), for the object.
+    width: int = 0
+    height: int = 0
 
 
 @dataclass

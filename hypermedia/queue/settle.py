@@ -128,7 +128,10 @@ def decide(
             "metadata": o.metadata,
             "profile_version": o.profile_version,
             "created_at": now,
-            "checksum": o.checksum,  # for the object, not a job_outputs column
+            # For the object, not job_outputs columns:
+            "checksum": o.checksum,
+            "width": o.width,
+            "height": o.height,
         }
         for o in (res.outputs if action == "complete" else [])
     ]

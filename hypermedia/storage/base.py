@@ -64,6 +64,9 @@ class Backend(Protocol):
     def delete(self, key: str) -> None:
         """Remove the blob; no error if it is already gone."""
 
+    def delete_prefix(self, prefix: str) -> None:
+        """Remove every blob under ``prefix`` (``keys.object_prefix``: one object's)."""
+
     def exists(self, key: str) -> bool: ...
 
     def presign(self, key: str, expires_seconds: int, filename: str = "") -> str | None:

@@ -23,7 +23,9 @@ from datetime import datetime, timedelta
 
 from hypermedia.queue.engine import utcnow
 from hypermedia.storage.base import StorageError
+from hypermedia.storage.keys import object_prefix
 from hypermedia.storage.ledger import Storage
+from hypermedia.storage.reserve import is_placeholder
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +106,12 @@ class GarbageCollector:
                 return
             for row in rows:
                 try:
-                    self.storage.backend(row["pool_id"]).delete(row["storage_key"])
+                    backend = self.storage.backend(row["pool_id"])
+                    if is_placeholder(row["storage_key"]):
+                        # A reserved output row: its blob, if any, is under its id.
+                        backend.delete_prefix(object_prefix(row["object_id"]))
+                    else:
+                        backend.delete(row["storage_key"])
                 except StorageError as exc:
                     # The store is away: keep the row, try again next round.
                     log.warning("gc: could not delete a blob (%s)", exc)

@@ -48,6 +48,11 @@ def object_key(object_id: int, role: str, mime: str) -> str:
     return check_key(f"objects/{int(object_id)}/{role}.{extension_for(mime)}")
 
 
+def object_prefix(object_id: int) -> str:
+    """Where every blob of one object lives: ``objects/{id}/`` (no other object's)."""
+    return f"objects/{int(object_id)}/"
+
+
 def check_key(key: str) -> str:
     """Return ``key`` if it is a relative path of plain segments; raise UnsafeKey otherwise."""
     if not key or len(key) > 500 or key.startswith("/") or "\\" in key or "\x00" in key:

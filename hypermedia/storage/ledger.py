@@ -36,6 +36,7 @@ from hypermedia.storage.base import (
     algorithm_of,
 )
 from hypermedia.storage.keys import display_name, object_key
+from hypermedia.storage.reserve import Reservations
 
 Row = dict[str, Any]
 DEFAULT_POOL = "local"
@@ -50,6 +51,7 @@ class Storage:
         # (pool, key) of output blobs written without fsync: see make_durable.
         self._unsynced: list[tuple[int, str]] = []
         self._unsynced_lock = threading.Lock()
+        self.reservations = Reservations(db)
 
     # -- pools ---------------------------------------------------------------
 
@@ -238,24 +240,39 @@ class Storage:
     ) -> Row:
         """A job's output: uploaded now, left ``pending`` until the job completes.
 
-        The row's size and checksum are returned, not written: the completing
-        transaction writes them as it makes the object ready (one database
-        write per output instead of two; nothing reads a pending object's size).
-        With ``durable=False`` a local blob is not fsynced yet: ``make_durable``
-        must run before the transaction that makes it ready (the worker's
-        flusher does, once per batch of results).
+        Its row is a reserved one (storage/reserve.py): the key, media type,
+        dimensions, size and checksum are returned, not written; the
+        completing transaction writes them as it makes the object ready
+        (``Tx.promote_objects``).  With ``durable=False`` a local blob is not
+        fsynced yet: ``make_durable`` must run before that transaction (the
+        worker's flusher does, once per batch of results).
         """
-        obj = self._pending_for_file(pool_id, path, role, mime, project_id)
+        with open(path, "rb") as f:
+            head = _read_head(f)
+        mime = mime or sniff.media_type(head)
+        width, height = sniff.dimensions(head, mime)
+        object_id = self.reservations.take(pool_id, project_id)
+        key = object_key(object_id, role, mime)
         backend = self.backend(pool_id)
         try:
-            stored = self._put_path(backend, obj["storage_key"], path, durable)
+            stored = self._put_path(backend, key, path, durable)
         except Exception:
-            self._abandon(obj["object_id"])
+            self._abandon(object_id)
             raise
         if not durable and hasattr(backend, "make_durable"):
             with self._unsynced_lock:
-                self._unsynced.append((pool_id, obj["storage_key"]))
-        return {**obj, **_stored_values(stored)}
+                self._unsynced.append((pool_id, key))
+        return {
+            "object_id": object_id,
+            "pool_id": pool_id,
+            "project_id": project_id,
+            "storage_key": key,
+            "mime_type": mime,
+            "width": width,
+            "height": height,
+            "state": "pending",
+            **_stored_values(stored),
+        }
 
     def make_durable(self) -> None:
         """fsync every blob ``add_output(durable=False)`` wrote so far (StorageUnavailable

@@ -232,6 +232,22 @@ class LocalBackend:
         with contextlib.suppress(OSError):
             path.parent.rmdir()
 
+    def delete_prefix(self, prefix: str) -> None:
+        # One object's directory: its files go, then the directory.  A symlink
+        # inside is unlinked itself, never followed.
+        path = self._checked(prefix.rstrip("/"))
+        try:
+            with os.scandir(path) as entries:
+                names = [e.path for e in entries if not e.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as exc:
+            raise StorageUnavailable(f"could not list local storage ({exc.strerror})") from exc
+        for name in names:
+            _remove(name)
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 

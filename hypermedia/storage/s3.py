@@ -249,6 +249,14 @@ class S3Backend:
                 if _code(exc) not in _MISSING:  # S3 itself says 204; some stores 404
                     raise
 
+    def delete_prefix(self, prefix: str) -> None:
+        check_key(prefix.rstrip("/"))
+        with self._errors("delete from"):
+            pages = self._client.get_paginator("list_objects_v2")
+            for page in pages.paginate(Bucket=self.bucket, Prefix=prefix):
+                for item in page.get("Contents", []):
+                    self.delete(item["Key"])
+
     def exists(self, key: str) -> bool:
         check_key(key)
         try:

@@ -81,6 +81,7 @@ def store_outputs(
             out.output_key = obj["storage_key"]
             out.output_size_bytes = obj["size"]
             out.checksum = obj["checksum"]
+            out.width, out.height = obj["width"], obj["height"]
         outputs.append(out)
     return outputs
 

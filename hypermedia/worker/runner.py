@@ -319,6 +319,7 @@ class Worker:
             self.stager.close()
         if self.storer is not None:
             self.storer.close(now=self.stop_now.is_set())
+            self.storer.storage.reservations.release()  # no output will take them now
         # Fix: the worker's scratch root (HOME/scratch/<worker_id>) was left
         # behind by every worker that ever ran; each start makes a new one.
         # Every slot has closed its child by now, so nothing writes there.

@@ -8,6 +8,7 @@ import uuid
 from hypermedia.queue.models import AttemptResult, NewJob, Output
 from hypermedia.storage.gc import GarbageCollector
 from hypermedia.storage.ledger import Storage
+from hypermedia.storage.reserve import RESERVE
 from tests.harness import checksum_of
 
 
@@ -109,20 +110,66 @@ def test_outputs_of_a_completing_job_become_ready(storage: Storage, engine) -> N
         [],
         [AttemptResult(job_id, c.attempt + 1, "completed", outputs=[_out(stale)])],
     )
-    # Until the job completes, the row holds no size or checksum: the
-    # completing transaction writes them with the promotion.
-    assert (storage.get(out["object_id"])["checksum"], out["size"]) == ("", 3)
+    # Until the job completes, the row is a reserved one: no key of its own,
+    # size or checksum; the completing transaction writes them as it promotes it.
+    pending = storage.get(out["object_id"])
+    assert (pending["checksum"], out["size"]) == ("", 3)
+    assert pending["storage_key"].startswith("pending/") and out["storage_key"].startswith(
+        f"objects/{out['object_id']}/copy."
+    )
     engine.flush("w1", [], [AttemptResult(job_id, c.attempt, "completed", outputs=[_out(out)])])
     assert _state(storage, out["object_id"]) == "ready"
     ready = storage.get(out["object_id"])
     assert ready["size"] == 3
     assert ready["checksum"] == checksum_of(b"out")
+    assert (ready["storage_key"], ready["mime_type"]) == (out["storage_key"], "text/plain")
     with storage.open(out["object_id"]) as f:  # a verified read: the checksum is right
         assert f.read() == b"out"
     assert _state(storage, stale["object_id"]) == "pending"
     report = _gc(storage, pending=0, unreferenced=3600).run_once()
-    assert report.marked_pending == 1
+    assert report.marked_pending == RESERVE - 1  # the stale output and the unused reservations
     assert _state(storage, stale["object_id"]) is None
+
+
+def test_outputs_share_a_reserving_transaction(storage: Storage) -> None:
+    pool_id = storage.pool()["pool_id"]
+    first = storage.add_output(pool_id, "copy", _tmpfile(storage, b"1"), "text/plain", "")
+    pending = storage.list(state="pending", reserved=True)
+    assert len(pending) == RESERVE  # one transaction reserved a batch of rows
+    for i in range(RESERVE - 1):
+        storage.add_output(pool_id, "copy", _tmpfile(storage, b"%d" % i), "text/plain", "")
+    assert len(storage.list(state="pending", reserved=True)) == RESERVE  # all taken from it
+    storage.add_output(pool_id, "copy", _tmpfile(storage, b"x"), "text/plain", "")
+    assert len(storage.list(state="pending", reserved=True)) == 2 * RESERVE
+    assert first["object_id"] in {r["object_id"] for r in pending}
+
+
+def test_unused_reservations_are_deleted(storage: Storage) -> None:
+    pool_id = storage.pool()["pool_id"]
+    storage.reservations.ttl = 0.0  # every reservation is stale at once
+    a = storage.add_output(pool_id, "copy", _tmpfile(storage, b"a"), "text/plain", "")
+    b = storage.add_output(pool_id, "copy", _tmpfile(storage, b"b"), "text/plain", "")
+    # The second output found the first batch stale: its unused rows went with
+    # the next reservation; the taken one stays.
+    assert _state(storage, a["object_id"]) == "pending" and a["object_id"] != b["object_id"]
+    assert len(storage.list(state="pending", reserved=True)) == 1 + RESERVE
+    storage.reservations.release()  # a worker that stops
+    pending = storage.list(state="pending", reserved=True)
+    assert {r["object_id"] for r in pending} == {a["object_id"], b["object_id"]}
+    assert storage.list(state="deleting", reserved=True) == []
+
+
+def test_a_reserved_row_whose_worker_died_takes_its_blob_along(storage: Storage) -> None:
+    """A worker killed after writing an output blob, before its job completed:
+    the row still has its placeholder key; GC finds the blob by the row's id."""
+    pool_id = storage.pool()["pool_id"]
+    out = storage.add_output(pool_id, "copy", _tmpfile(storage, b"blob"), "text/plain", "")
+    assert _blob(storage, out)  # written under objects/{id}/
+    report = _gc(storage, pending=0).run_once()
+    assert report.deleted == RESERVE  # the output's row and the unused ones
+    assert _state(storage, out["object_id"]) is None
+    assert not _blob(storage, out)
+    assert not (storage.settings.home / "storage" / "objects" / str(out["object_id"])).exists()
 
 
 def _out(row: dict) -> Output:  # type: ignore[type-arg]

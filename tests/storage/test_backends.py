@@ -436,6 +436,21 @@ def test_delete_is_idempotent(backend: Backend) -> None:
     assert _read_all(backend, other) == b"def"  # its neighbour is untouched
 
 
+def test_delete_prefix_removes_one_objects_blobs_only(backend: Backend) -> None:
+    for key in ("objects/7/thumb.webp", "objects/7/preview.webp", "objects/70/thumb.webp"):
+        backend.put(key, io.BytesIO(key.encode()))
+    backend.delete_prefix("objects/7/")
+    assert not backend.exists("objects/7/thumb.webp")
+    assert not backend.exists("objects/7/preview.webp")
+    assert _read_all(backend, "objects/70/thumb.webp") == b"objects/70/thumb.webp"
+    if isinstance(backend, LocalBackend):
+        assert not (backend.root / "objects" / "7").exists()  # its directory goes too
+    backend.delete_prefix("objects/7/")  # nothing left: no error
+    backend.delete_prefix("objects/404/")
+    with pytest.raises(UnsafeKey):
+        backend.delete_prefix("objects/../")
+
+
 def test_exists(backend: Backend) -> None:
     assert not backend.exists(KEY)
     backend.put(KEY, io.BytesIO(b""))
