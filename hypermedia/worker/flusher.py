@@ -35,7 +35,8 @@ START_DELAY = 0.2
 # claim, or until a batch of them is ready: each transaction on its own is a
 # durable commit, and a claim comes every half batch anyway.  A result that
 # comes alone (attempts that run longer than this) is written at once: waiting
-# would only make its job end later.
+# would only make its job end later.  So is the last of a stream, when the
+# worker holds no other job whose result could join it (the end of a burst).
 RESULT_DELAY = 0.005
 
 
@@ -55,6 +56,7 @@ class Flusher(threading.Thread):
         on_result: Callable[[AttemptResult, bool], None] | None = None,
         *,
         gather: int | None = None,
+        held: Callable[[], int] | None = None,
     ) -> None:
         super().__init__(name="flusher", daemon=True)
         self.engine = engine
@@ -71,6 +73,9 @@ class Flusher(threading.Thread):
         self._hold = False  # whether the waiting results came in a stream
         # Results to gather before a transaction of their own (None: no wait).
         self._gather = gather
+        # How many jobs the worker holds (running, buffered, or with a result
+        # waiting here): None when unknown.
+        self._held = held
         self._progress: dict[tuple[int, int], dict[str, Any]] = {}
         self._claim: _ClaimRequest | None = None
         self._busy = False
@@ -180,14 +185,22 @@ class Flusher(threading.Thread):
     def _results_due(self) -> bool:
         if not self._results:
             return False
-        if self._gather is None or not self._hold or len(self._results) >= self._gather:
+        if self._gather is None or len(self._results) >= self._gather:
             return True
-        return time.monotonic() - self._results_since >= RESULT_DELAY
+        return time.monotonic() - self._results_since >= self._window()
+
+    def _window(self) -> float:
+        """How long the oldest waiting result may wait for more (when gathering)."""
+        if not self._hold:
+            return 0.0
+        if self._held is not None and self._held() <= len(self._results):
+            return 0.0  # nothing else could come
+        return RESULT_DELAY
 
     def _until_due(self) -> float | None:
         """How long until the oldest waiting start or result is due (None: nothing waits)."""
         now = time.monotonic()
-        left = [RESULT_DELAY - (now - self._results_since)] if self._results else []
+        left = [self._window() - (now - self._results_since)] if self._results else []
         if self._starts:
             left.append(START_DELAY - (now - next(iter(self._starts.values()))))
         return max(0.0, min(left)) if left else None

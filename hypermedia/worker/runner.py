@@ -61,6 +61,7 @@ class Worker:
             self.worker_id,
             self._on_result,
             gather=self.batch if engine.db.single_writer else None,
+            held=self._held,
         )
         self.buffer: queue.Queue[Running] = queue.Queue()
         self._running: dict[int, Running] = {}
@@ -224,6 +225,10 @@ class Worker:
         except Exception as exc:  # database away: the claim below backs off
             log.warning("could not read worker status (%s)", type(exc).__name__)
             return False
+
+    def _held(self) -> int:
+        with self._lock:
+            return len(self._running)
 
     def _idle(self) -> bool:
         with self._lock:

@@ -44,8 +44,8 @@ class Recorder:
         return accepted, [f"job-{i}" for i in range(n)]
 
 
-def _flusher(engine: Recorder, gather: int | None = None) -> Flusher:
-    f = Flusher(engine, "w1", gather=gather)  # type: ignore[arg-type]
+def _flusher(engine: Recorder, gather: int | None = None, held: Any = None) -> Flusher:
+    f = Flusher(engine, "w1", gather=gather, held=held)  # type: ignore[arg-type]
     f.start()
     return f
 
@@ -95,12 +95,14 @@ def test_closing_writes_waiting_starts_and_a_failed_write_is_retried() -> None:
     assert f.idle()
 
 
-def _in_a_stream(monkeypatch: pytest.MonkeyPatch, delay: float) -> tuple[Recorder, Flusher]:
+def _in_a_stream(
+    monkeypatch: pytest.MonkeyPatch, delay: float, held: Any = None
+) -> tuple[Recorder, Flusher]:
     """A gathering flusher (RESULT_DELAY = ``delay``) that has written one
     result, so that the next ones come in a stream."""
     monkeypatch.setattr(flusher, "RESULT_DELAY", delay)
     engine = Recorder()
-    f = _flusher(engine, gather=10)
+    f = _flusher(engine, gather=10, held=held)
     f.finished(AttemptResult(1, 1, "completed"))
     assert engine.wrote.wait(5)
     engine.calls.clear()
@@ -144,6 +146,23 @@ def test_a_result_that_comes_alone_is_written_at_once(monkeypatch: pytest.Monkey
     f.finished(AttemptResult(9, 1, "completed"))
     assert engine.wrote.wait(4)
     assert engine.calls[0][2] == [9] and engine.calls[0][0] - t0 < 4
+    assert f.close(5)
+
+
+def test_the_last_result_of_a_stream_goes_at_once_when_no_other_job_is_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    held = [5]
+    engine, f = _in_a_stream(monkeypatch, 5.0, held=lambda: held[0])
+    f.finished(AttemptResult(7, 1, "completed"))
+    time.sleep(0.1)
+    assert engine.calls == []  # other jobs held: it waits for their results
+    held[0] = 2
+    t0 = time.monotonic()
+    f.finished(AttemptResult(8, 1, "completed"))  # the two results are all there is
+    assert engine.wrote.wait(4)
+    when, _, results = engine.calls[0]
+    assert results == [7, 8] and when - t0 < 1.0
     assert f.close(5)
 
 
