@@ -202,7 +202,7 @@ def _pipeline(
             schema=schema,
             available=available,
             doc=doc,
-            warm=imaging.load,
+            warm=imaging.warm,
         )
     )
 

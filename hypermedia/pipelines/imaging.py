@@ -93,6 +93,17 @@ def load() -> Any:
     return pyvips
 
 
+def warm() -> Any:
+    """``load``, then one tiny JPEG to WebP thumbnail in memory (a child's
+    warm-up, before its first job): the first attempt then finds libjpeg,
+    libwebp and the resize code set up, instead of paying 2-3 ms for it.
+    A failure here is the registry's to ignore: the attempt reports it."""
+    vips = load()
+    jpeg = vips.Image.black(64, 48, bands=3).jpegsave_buffer(Q=90)
+    vips.Image.thumbnail_buffer(jpeg, 16, height=16, crop="centre").webpsave_buffer(Q=85)
+    return vips
+
+
 def probe() -> str | None:
     """None if libvips can run the image pipelines here, else a short reason.
 

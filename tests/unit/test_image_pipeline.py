@@ -970,6 +970,14 @@ def test_other_loaders_are_blocked_inside_libvips(scratch: Path) -> None:
         pyvips.Image.new_from_file(str(svg))
 
 
+def test_the_warm_up_runs_through_the_allowed_loaders(scratch: Path) -> None:
+    """A child's warm-up thumbnails a tiny JPEG in memory: with the loaders
+    allow-listed, the JPEG buffer loader must still be let in (or the warm-up
+    would fail, quietly skipped by the registry, and warm nothing)."""
+    assert imaging.warm() is pyvips
+    assert THUMB.warm is imaging.warm
+
+
 # -- the module and the child's sandbox ------------------------------------------------
 
 
