@@ -173,6 +173,40 @@ def copy_fsync(src: Path, dst: Path) -> None:
     fsync_path(dst)
 
 
+def prefault(mb: int) -> float:
+    """Touch ``mb`` MB of fresh anonymous memory once, then give it back; seconds taken.
+
+    In a VM, guest memory that was never written is not backed by the host
+    yet: the first write to each page is a host page fault, and a page cache
+    that grows into such memory copies at ~0.4 GB/s instead of ~4 GB/s.  On a
+    freshly booted guest that made the local rows bimodal (the same copy 0.05 s
+    or 0.5 s, for either side).  The guest reuses freed pages first, so once
+    this much memory has been touched the rows compare the code, not the host.
+    """
+    import mmap
+
+    t = time.perf_counter()
+    size = mb * MB
+    with mmap.mmap(-1, size) as m:
+        for off in range(0, size, mmap.PAGESIZE):
+            m[off] = 1
+    return time.perf_counter() - t
+
+
+def create_cost_us(folder: Path, n: int = 500) -> float:
+    """µs to create (and later remove) one empty file in ``folder``: ~20 on a
+    quiet ext4, 10-40 times that where the kernel skips recently freed inodes
+    (see local_run), which every file-heavy row here then pays per file."""
+    probe = folder / "create-probe"
+    probe.mkdir()
+    t = time.perf_counter()
+    for i in range(n):
+        os.close(os.open(probe / f"{i}", os.O_CREAT | os.O_WRONLY, 0o600))
+    took = time.perf_counter() - t
+    shutil.rmtree(probe)
+    return took / n * 1e6
+
+
 def clean_up(out: Path) -> None:
     """Remove a run's copies (untimed), then write everything back.
 
@@ -229,10 +263,14 @@ def run_local(
             "dn_cp": Row("local", wl, "download", "shutil.copyfile", "peer", nbytes, nfiles),
         }
         print(f"local {wl}:", end="", flush=True)
+        # Many small files are kept until the row is done: see keep_files.
+        many = nfiles > 1
         for rep in range(-args.warmup, args.repeat):
             into = case if rep >= 0 else _scratch(case)
-            local_run(st, root, srcs, work / "out", rep, into, prof, f"local_{workload}")
+            local_run(st, root, srcs, work / "out", rep, into, prof, f"local_{workload}", many)
             print("." if rep >= 0 else "w", end="", flush=True)
+        if many:
+            clean_up(work / "out")
         print(flush=True)
         rows += case.values()
     return rows
@@ -247,7 +285,14 @@ def local_run(
     case: dict[str, Row],
     prof: Profiler,
     label: str,
+    keep_files: bool = False,
 ) -> None:
+    """One run of each local row.  With ``keep_files`` the copies stay until the
+    caller cleans up: on an ext4 without a journal (this VM's disk), creating a
+    file skips every inode freed in the last 60-300 s (``recently_deleted`` in
+    the kernel's inode allocator), so 2,000 files deleted between runs made the
+    next run's 2,000 creates cost 0.3-0.8 ms each instead of 20 µs, for either
+    side, depending on which block group the directory landed in."""
     peer_dir = reset_dir(out / f"peer{rep}")
     fsync_dir = reset_dir(out / f"peer_fsync{rep}")
     dl_hm = reset_dir(out / f"dl_hm{rep}")
@@ -291,7 +336,8 @@ def local_run(
         [lambda: timed(case["dn_cp"], cp_down)],
     ):
         step()
-    clean_up(out)
+    if not keep_files:
+        clean_up(out)
 
 
 def run_s3(
@@ -584,6 +630,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--verbose", action="store_true", help="print every timed call")
     p.add_argument("--profile", type=Path, help="cProfile each hypermedia row once into DIR")
     p.add_argument("--tmp", type=Path, help="parent of the temporary folder (default: system tmp)")
+    p.add_argument(
+        "--prefault-mb",
+        type=int,
+        default=4096,
+        help="touch this much memory first (VM page faults, see prefault; 0: no)",
+    )
     p.add_argument("--quiet-wait", type=float, default=0.0, help="wait up to S s for load < 0.7")
     p.add_argument("--time-limit", type=float, default=3600.0)
     # internal: the peak-memory child
@@ -614,6 +666,10 @@ def main(argv: list[str] | None = None) -> int:
         C.check_name(make_url(args.database_url).database or "")
     C.set_time_limit(args.time_limit)
     work = Path(tempfile.mkdtemp(prefix="hm_bench_storage_", dir=args.tmp))
+    if args.prefault_mb > 0:
+        took = prefault(args.prefault_mb)
+        print(f"prefault: {args.prefault_mb} MB of memory touched once ({took:.1f} s)", flush=True)
+    print(f"file creation in {work}: {create_cost_us(work):.0f} µs per file", flush=True)
     server: SC.SeaweedServer | None = None
     try:
         big = int(args.big_mb * MB)
