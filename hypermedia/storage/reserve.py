@@ -19,6 +19,7 @@ worker is about to use.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -27,6 +28,9 @@ from typing import Any
 
 from hypermedia.db.driver import Driver
 from hypermedia.queue.engine import utcnow
+from hypermedia.storage.base import StorageUnavailable
+
+log = logging.getLogger(__name__)
 
 RESERVE = 16  # rows per reserving transaction
 RESERVE_TTL = 60.0  # seconds a reserved row may wait for its output
@@ -53,7 +57,11 @@ class Reservations:
         self._stock: dict[tuple[int, str], deque[tuple[int, float]]] = {}
 
     def take(self, pool_id: int, project_id: str) -> int:
-        """A reserved ``pending`` object id of this pool and project."""
+        """A reserved ``pending`` object id of this pool and project.
+
+        StorageUnavailable when no row can be reserved (the database is away):
+        the attempt is then retried later, not failed for good.
+        """
         with self._lock:
             stock = self._stock.setdefault((pool_id, project_id), deque())
             cutoff = time.monotonic() - self.ttl
@@ -61,7 +69,11 @@ class Reservations:
             while stock and stock[0][1] < cutoff:
                 stale.append(stock.popleft()[0])
             if not stock:
-                stock.extend(self._reserve(pool_id, project_id, stale))
+                try:
+                    stock.extend(self._reserve(pool_id, project_id, stale))
+                except Exception as exc:
+                    log.warning("could not reserve output rows (%s)", type(exc).__name__)
+                    raise StorageUnavailable("could not record an output in the ledger") from exc
             elif stale:
                 self._drop(stale)
             return stock.popleft()[0]
