@@ -273,6 +273,23 @@ class Engine:
         with self.db.auto() as tx:
             return self._claim(tx, worker_id, queues, n)
 
+    def prime(self, worker_id: str, queues: Sequence[str], n: int) -> None:
+        """Compile what a claim and its completions execute, before the first
+        real claim: a claim of up to ``n`` jobs, settled as completed, in a
+        transaction that is rolled back, so nothing changes.  A fresh worker's
+        first claim otherwise spends 5-25 ms of CPU compiling its statements,
+        with its first jobs' clocks already running."""
+        if n <= 0 or not queues:
+            return
+        try:
+            with self.db.tx() as tx:
+                jobs = self._claim(tx, worker_id, queues, n)
+                results = [AttemptResult(j.job_id, j.attempt, "completed") for j in jobs]
+                self._settle(tx, worker_id, results)
+                raise _DryRun
+        except _DryRun:
+            pass
+
     def _claim(self, tx: Any, worker_id: str, queues: Sequence[str], n: int) -> list[Claimed]:
         now = self.clock()
         until = now + timedelta(seconds=self.settings.lease_seconds)
@@ -824,6 +841,10 @@ def _locked_job(tx: Any, job_id: int) -> Row:
     if job is None:
         raise NotFound(f"job {job_id} not found")
     return dict(job)
+
+
+class _DryRun(Exception):
+    """Raised to roll back ``Engine.prime``'s transaction."""
 
 
 def _claimed(r: Row, input_object: Row | None = None) -> Claimed:

@@ -151,6 +151,11 @@ class Worker:
     # -- claiming --------------------------------------------------------------
 
     def _claim_loop(self) -> None:
+        # While the children warm up: the claim's statements are compiled too.
+        try:
+            self.engine.prime(self.worker_id, self.queues, self.batch)
+        except Exception as exc:  # the database is away: the claim below backs off
+            log.debug("could not prime the claim (%s)", type(exc).__name__)
         # No claim before every slot's child is warm (bounded by the slots'
         # own timeout): a lease taken by a worker that cannot start the job
         # yet is time another, ready worker could have used.

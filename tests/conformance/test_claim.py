@@ -10,7 +10,7 @@ from hypermedia.db.driver import Driver
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 
-from ._helpers import W1, attempts, events, job_row, new_job, status_of
+from ._helpers import W1, attempts, events, job_row, new_job, snapshot, status_of
 
 
 def test_claim_orders_by_priority_then_age(engine):
@@ -51,6 +51,16 @@ def test_zero_batch_or_no_queue_claims_nothing(engine, driver):
     assert engine.claim(W1, ["bulk"], 0) == []
     assert engine.claim(W1, [], 5) == []
     assert status_of(driver, job_id) == "queued"
+
+
+def test_priming_the_claim_changes_nothing(engine, driver):
+    """A worker's dry-run claim (settled, then rolled back) leaves every job as
+    it was: no lease, attempt, event or completion; the real claim then takes them."""
+    ids = engine.enqueue_many([NewJob("debug.noop") for _ in range(3)])
+    before = [snapshot(driver, i) for i in ids]
+    engine.prime(W1, ["bulk"], 10)
+    assert [snapshot(driver, i) for i in ids] == before
+    assert sorted(c.job_id for c in engine.claim(W1, ["bulk"], 10)) == sorted(ids)
 
 
 def test_only_listed_queues_are_claimed(engine):
