@@ -25,12 +25,13 @@ INPUT_NAME = "input"
 _ROLE_CHARS = re.compile(r"[^a-z0-9_-]+")
 
 
-def fetch_input(storage: Storage, job: Claimed, scratch: Path) -> str | None:
-    """Download the job's input object into scratch; return its file name."""
+def fetch_input(storage: Storage, job: Claimed, scratch: Path, prefix: str = "") -> str | None:
+    """Download the job's input object into scratch as ``{prefix}input.{ext}``;
+    return that file name."""
     if job.object_id is None or not job.input_key:
         return None
     ext = job.input_key.rsplit(".", 1)[-1] if "." in job.input_key.rsplit("/", 1)[-1] else "bin"
-    name = f"{INPUT_NAME}.{ext}"
+    name = f"{prefix}{INPUT_NAME}.{ext}"
     try:
         row = job.input_object  # read (ready) with the claim
         if row is None:

@@ -167,11 +167,11 @@ class Slot:
         self, job: Claimed, res: AttemptResult, declared: list[dict], scratch: Path
     ) -> None:
         assert self.storer is not None
-        # The files leave scratch (the next attempt's) for an outbox of their own.
+        # The files leave scratch (the next attempt's) for the worker's outbox.
         self._handed += 1
-        outbox = self.cfg.scratch_root / "out" / f"{self.index}-{self._handed}"
+        outbox = self.cfg.scratch_root / "out"
         try:
-            move_outputs(scratch, declared, outbox)
+            move_outputs(scratch, declared, outbox, prefix=f"{self.index}-{self._handed}-")
         except JobError as exc:
             res.status, res.code, res.message, res.result = "failed", exc.code, exc.reason, None
             self.flusher.finished(res)

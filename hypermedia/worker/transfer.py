@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -73,8 +72,11 @@ class Stager(threading.Thread):
             self._cond.notify()
         return staging
 
-    def _dir(self, job: Claimed) -> Path:
-        return self.root / f"{job.job_id}-{job.attempt}"
+    @staticmethod
+    def _prefix(job: Claimed) -> str:
+        # Staged inputs sit side by side under root, not in a directory per
+        # job: a hard link makes no inode, a directory does (see move_outputs).
+        return f"{job.job_id}-{job.attempt}-"
 
     def take(self, job: Claimed, staging: Staging | None, scratch: Path) -> str | None:
         """The job's input, moved into ``scratch``: its file name, or JobError."""
@@ -95,11 +97,9 @@ class Stager(threading.Thread):
             raise staging.error
         if staging.name is None:
             return None
-        directory = self._dir(job)
-        os.rename(directory / staging.name, scratch / staging.name)
-        with contextlib.suppress(OSError):
-            os.rmdir(directory)
-        return staging.name
+        name = staging.name[len(self._prefix(job)) :]
+        os.rename(self.root / staging.name, scratch / name)
+        return name
 
     def drop(self, job: Claimed, staging: Staging | None) -> None:
         """The job will not run here (cancelled, handed back): forget its input."""
@@ -111,7 +111,7 @@ class Stager(threading.Thread):
                 self._ready -= 1
                 self._cond.notify()
         if state == "ready":
-            shutil.rmtree(self._dir(job), ignore_errors=True)
+            self._remove(staging)
 
     def close(self) -> None:
         with self._cond:
@@ -133,11 +133,15 @@ class Stager(threading.Thread):
                 self._ready += 1
             self._fetch(job, staging)
 
+    def _remove(self, staging: Staging) -> None:
+        if staging.name is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.root / staging.name)
+
     def _fetch(self, job: Claimed, staging: Staging) -> None:
-        directory = self._dir(job)
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            staging.name = fetch_input(self.storage, job, directory)
+            self.root.mkdir(parents=True, exist_ok=True)
+            staging.name = fetch_input(self.storage, job, self.root, prefix=self._prefix(job))
         except JobError as exc:
             staging.error = exc
         except Exception:  # never the stager's end: the slot reports it
@@ -150,7 +154,7 @@ class Stager(threading.Thread):
                 self._ready -= 1
                 self._cond.notify()
         if dropped:
-            shutil.rmtree(directory, ignore_errors=True)
+            self._remove(staging)
         staging.done.set()
 
 
@@ -208,15 +212,20 @@ def needs_completing(job_type: str, declared: list[dict[str, Any]]) -> bool:
         return False
 
 
-def move_outputs(scratch: Path, declared: list[dict[str, Any]], outbox: Path) -> None:
+def move_outputs(
+    scratch: Path, declared: list[dict[str, Any]], outbox: Path, prefix: str = ""
+) -> None:
     """Move the declared output files out of ``scratch`` (the next attempt's) into
-    ``outbox``, renaming each entry's ``path``; a bad path raises INVALID_OUTPUT."""
+    ``outbox``, as ``{prefix}{i}-{name}``, renaming each entry's ``path``; a bad
+    path raises INVALID_OUTPUT.  One outbox for all: a directory per attempt was
+    an inode made and freed per job, and on an ext4 without a journal every
+    freed inode slows the next creates down for minutes (docs/benchmarks.md)."""
     files = [(o, inside(scratch, o["path"])) for o in declared if o.get("path")]
     if not files:
         return
     outbox.mkdir(parents=True, exist_ok=True)
     for i, (o, src) in enumerate(files):
-        name = f"{i}-{src.name}"
+        name = f"{prefix}{i}-{src.name}"
         os.rename(src, outbox / name)
         o["path"] = name
 
@@ -239,6 +248,7 @@ class Storer:
     def _complete(
         self, job: Claimed, res: AttemptResult, declared: list[dict[str, Any]], outbox: Path
     ) -> None:
+        names = [o["path"] for o in declared if o.get("path")]  # complete() takes them
         try:
             res = complete(self.storage, job, res, declared, outbox)
         except Exception:  # complete() turns JobErrors into failures; anything else is ours
@@ -246,7 +256,9 @@ class Storer:
             res.status, res.code, res.result, res.outputs = "failed", "INTERNAL", None, []
             res.message = "the attempt could not be completed"
         finally:
-            shutil.rmtree(outbox, ignore_errors=True)
+            for name in names:  # this attempt's files only: the outbox is shared
+                with contextlib.suppress(OSError):
+                    os.unlink(outbox / name)
         self.report(res)
 
     def close(self, *, now: bool = False) -> None:

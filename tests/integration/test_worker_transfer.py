@@ -66,7 +66,7 @@ def test_inputs_are_fetched_ahead_then_moved_into_the_slot(
     s = stager()
     staging = s.add(job)
     assert staging is not None and staging.done.wait(10)
-    staged = list((tmp_path / "stage").rglob("input.*"))
+    staged = list((tmp_path / "stage").glob("*input.*"))
     assert [p.read_bytes() for p in staged] == [data]  # there before any slot asked
     scratch = _scratch(tmp_path)
     name = s.take(job, staging, scratch)
@@ -181,8 +181,10 @@ def test_outputs_are_stored_after_the_slot_has_moved_on(storage: Storage, tmp_pa
     scratch = _scratch(tmp_path)
     (scratch / "thumb.webp").write_bytes(b"RIFF\x00\x00\x00\x00WEBPVP8 thumbnail")
     declared = [{"output_type": "thumbnail", "mime_type": "image/webp", "path": "thumb.webp"}]
-    outbox = tmp_path / "out" / "1"
-    move_outputs(scratch, declared, outbox)
+    outbox = tmp_path / "out"
+    (outbox).mkdir()
+    (outbox / "0-1-0-thumb.webp").write_bytes(b"another attempt's, being stored")
+    move_outputs(scratch, declared, outbox, prefix="0-2-")
     assert list(scratch.iterdir()) == []  # the next attempt may use scratch at once
     storer.submit(job, AttemptResult(1, 1, "completed", result={}), declared, outbox)
     time.sleep(0.2)
@@ -194,7 +196,8 @@ def test_outputs_are_stored_after_the_slot_has_moved_on(storage: Storage, tmp_pa
     [out] = res.outputs
     assert out.object_id is not None and out.output_size_bytes == 25
     assert slow.get(out.object_id)["state"] == "pending"  # ready only when the job completes
-    assert not outbox.exists()
+    # Its file left the shared outbox; another attempt's stays.
+    assert [p.name for p in outbox.iterdir()] == ["0-1-0-thumb.webp"]
 
 
 @sqlite_only
