@@ -219,10 +219,12 @@ class Storage:
         return [rows[i] for i in object_ids]
 
     @staticmethod
-    def _put_path(backend: Backend, key: str, path: Path, durable: bool = True) -> Stored:
+    def _put_path(
+        backend: Backend, key: str, path: Path, durable: bool = True, move: bool = False
+    ) -> Stored:
         put_file = getattr(backend, "put_file", None)
-        if put_file is not None and not durable and hasattr(backend, "make_durable"):
-            return cast(Stored, put_file(key, path, durable=False))
+        if put_file is not None and hasattr(backend, "make_durable"):  # local
+            return cast(Stored, put_file(key, path, durable=durable, move=move))
         if put_file is not None:
             return cast(Stored, put_file(key, path))
         with open(path, "rb") as f:
@@ -237,6 +239,7 @@ class Storage:
         project_id: str,
         *,
         durable: bool = True,
+        move: bool = False,
     ) -> Row:
         """A job's output: uploaded now, left ``pending`` until the job completes.
 
@@ -245,7 +248,8 @@ class Storage:
         completing transaction writes them as it makes the object ready
         (``Tx.promote_objects``).  With ``durable=False`` a local blob is not
         fsynced yet: ``make_durable`` must run before that transaction (the
-        worker's flusher does, once per batch of results).
+        worker's flusher does, once per batch of results).  With ``move`` a
+        local pool takes the file itself where it can (``LocalBackend.put_file``).
         """
         with open(path, "rb") as f:
             head = _read_head(f)
@@ -255,7 +259,7 @@ class Storage:
         key = object_key(object_id, role, mime)
         backend = self.backend(pool_id)
         try:
-            stored = self._put_path(backend, key, path, durable)
+            stored = self._put_path(backend, key, path, durable, move)
         except Exception:
             self._abandon(object_id)
             raise

@@ -100,7 +100,7 @@ class LocalBackend:
                 tmp.unlink()
         return Stored(size, cs.tagged(cs.DEFAULT, digest.hexdigest()))
 
-    def put_file(self, key: str, path: Path, *, durable: bool = True) -> Stored:
+    def put_file(self, key: str, path: Path, *, durable: bool = True, move: bool = False) -> Stored:
         """Like ``put`` for a file on disk: the kernel copies while a thread hashes.
 
         Both the in-kernel copy and the hash run without the GIL, so on two
@@ -109,6 +109,8 @@ class LocalBackend:
         not match: reads then fail, never return silently different data.
         With ``durable=False`` nothing is fsynced: the caller must call
         ``make_durable`` with the key before anyone may rely on the blob.
+        With ``move`` the file is taken, renamed into the pool where it is on
+        the same file system (a job's output: no copy, no second inode).
         """
         dst = self._path(key)
         tmp_dir = self.root / ".tmp"
@@ -117,7 +119,10 @@ class LocalBackend:
             new_dirs = _make_parents(dst, self.root)
             tmp = tmp_dir / uuid.uuid4().hex
             try:
-                size, digest = _copy_hashing(path, tmp, durable=durable)
+                if move:
+                    size, digest = _take_hashing(path, tmp, durable=durable)
+                else:
+                    size, digest = _copy_hashing(path, tmp, durable=durable)
                 os.replace(tmp, dst)
                 if durable:
                     for d in {dst.parent, *new_dirs}:
@@ -411,6 +416,27 @@ def _copy_hashing(
     if "checksum" not in result:
         raise OSError(5, "the source could not be read")
     return size, result["checksum"]
+
+
+def _take_hashing(src: str | Path, dst: str | Path, *, durable: bool) -> tuple[int, str]:
+    """Rename ``src`` to the new file ``dst`` and hash it; copy where it cannot be renamed."""
+    try:
+        os.rename(src, dst)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        return _copy_hashing(src, dst, durable=durable)
+    if not stat.S_ISREG(os.lstat(dst).st_mode):  # swapped for a link since it was checked
+        _remove(dst)
+        raise OSError(errno.EINVAL, "an output is not a regular file")
+    size, digest = cs.of_file(dst)
+    if durable:
+        fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return size, digest
 
 
 def _link_hashing(src: str | Path, dst: str | Path, algorithm: str) -> tuple[int, str]:

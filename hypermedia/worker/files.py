@@ -67,7 +67,8 @@ def store_outputs(
             try:
                 # Not fsynced here, off the slot's way: the flusher syncs every
                 # output of a batch at once before the transaction that makes
-                # them ready (Storage.make_durable).
+                # them ready (Storage.make_durable).  The file is the worker's
+                # own (out of scratch, removed afterwards): a local pool takes it.
                 obj = storage.add_output(
                     pool_id,
                     _role(out.output_type),
@@ -75,6 +76,7 @@ def store_outputs(
                     out.mime_type,
                     job.project_id,
                     durable=False,
+                    move=True,
                 )
             except StorageError as exc:
                 raise JobError("STORAGE_UNAVAILABLE", f"could not store an output: {exc}") from None

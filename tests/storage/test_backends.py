@@ -338,6 +338,50 @@ def test_make_durable_syncs_each_blob_and_the_directories_its_write_changed(
     assert synced == [f"{root}/objects/1", f"{root}/objects", root]
 
 
+def test_an_output_moved_into_a_local_pool_is_taken_not_copied(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path / "pool")
+    src = _file(tmp_path, "thumb.webp", b"thumbnail bytes")
+    inode = os.stat(src).st_ino
+    stored = backend.put_file("objects/3/thumb.webp", src, durable=False, move=True)
+    assert not src.exists()  # taken
+    dst = tmp_path / "pool" / "objects" / "3" / "thumb.webp"
+    assert os.stat(dst).st_ino == inode  # the same file: no copy made
+    assert (stored.size, stored.checksum) == (15, checksum_of(b"thumbnail bytes"))
+    assert list((tmp_path / "pool" / ".tmp").iterdir()) == []
+    backend.make_durable(["objects/3/thumb.webp"])  # recorded for the flusher's sync
+
+
+def test_an_output_swapped_for_a_symlink_is_not_moved_in(tmp_path: Path) -> None:
+    """A child that takes over its decoder could replace its output with a link
+    to a host file after the worker checked it: the pool never stores a link."""
+    backend = LocalBackend(tmp_path / "pool")
+    secret = _file(tmp_path, "secret", b"host file")
+    link = tmp_path / "thumb.webp"
+    link.symlink_to(secret)
+    with pytest.raises(StorageUnavailable):
+        backend.put_file("objects/4/thumb.webp", link, durable=False, move=True)
+    assert not (tmp_path / "pool" / "objects" / "4" / "thumb.webp").exists()
+    assert not [p for p in (tmp_path / "pool").rglob("*") if p.is_symlink()]
+    assert secret.read_bytes() == b"host file"
+
+
+def test_an_output_moved_across_file_systems_is_copied(tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second file system to move across")
+    src = shm / f"hm-test-{os.getpid()}-out.webp"
+    src.write_bytes(b"thumbnail bytes")
+    try:
+        backend = LocalBackend(tmp_path / "pool")
+        stored = backend.put_file("objects/5/thumb.webp", src, durable=True, move=True)
+        assert stored.checksum == checksum_of(b"thumbnail bytes")
+        assert (tmp_path / "pool" / "objects" / "5" / "thumb.webp").read_bytes() == (
+            b"thumbnail bytes"
+        )
+    finally:
+        src.unlink(missing_ok=True)
+
+
 def test_a_job_input_across_file_systems_is_a_copy(tmp_path: Path) -> None:
     """/dev/shm is another file system than tmp_path here: the link fails, a copy is made."""
     shm = Path("/dev/shm")
