@@ -144,11 +144,7 @@ class LocalBackend:
         try:
             for key in keys:
                 dst = self._checked(key)
-                fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                _fsync_file(dst)
                 with self._lock:
                     changed = self._unsynced_dirs.pop(key, None)
                 # Written by another process (or before a failed sync): every
@@ -385,11 +381,7 @@ def _copy_hashing(
     if os.stat(src).st_size <= 4 * CHUNK:
         size, digest = _copy_small(src, dst, algorithm)
         if durable:
-            fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync_file(dst)
         return size, digest
     result: dict[str, str] = {}
 
@@ -431,11 +423,7 @@ def _take_hashing(src: str | Path, dst: str | Path, *, durable: bool) -> tuple[i
         raise OSError(errno.EINVAL, "an output is not a regular file")
     size, digest = cs.of_file(dst)
     if durable:
-        fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_file(dst)
     return size, digest
 
 
@@ -466,6 +454,14 @@ def _kernel_copy(fin: int, fout: int, size: int) -> None:
         sent += n
     if sent != size:
         raise OSError(5, "the source changed size while it was copied")
+
+
+def _fsync_file(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(path: str | Path) -> None:
