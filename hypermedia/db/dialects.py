@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -116,8 +117,10 @@ def _record_claims(
             conn.execute(sa.insert(table), values)
 
 
-_PG_CLAIM = sa.text(f"""
-WITH picked AS (
+_PG_CLAIM_CTES = f"""picked AS (
+    -- LIMIT {{n}} is a literal (one statement per batch size): PostgreSQL can
+    -- then keep one generic plan for the prepared claim, where a parameter
+    -- would have it guess 10 % of the queue, so plan the claim afresh each time.
     -- One index scan per queue, each stopping after n rows; a plain
     -- "queue_name = ANY(...)" would sort every queued row instead.
     SELECT c.job_id FROM unnest(CAST(:queues AS text[])) AS q(name)
@@ -125,17 +128,19 @@ WITH picked AS (
         SELECT job_id, priority FROM processing_jobs
         WHERE status = 'queued' AND queue_name = q.name AND available_at <= :now
         ORDER BY priority, job_id
-        LIMIT :n
+        LIMIT {{n}}
         FOR UPDATE SKIP LOCKED
     ) AS c
     ORDER BY c.priority, c.job_id
-    LIMIT :n
+    LIMIT {{n}}
 ), claimed AS (
     UPDATE processing_jobs AS j
     SET status = 'claimed', claimed_by = :worker, claimed_at = :now,
         visibility_timeout = :until, attempt_count = j.attempt_count + 1,
         started_at = NULL, updated_at = :now
-    FROM picked WHERE j.job_id = picked.job_id
+    -- By primary key whatever the statistics say (a join with picked may
+    -- become a hash join over a sequential scan in a generic plan).
+    WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM picked))
     RETURNING {", ".join("j." + c.name for c in CLAIM_COLUMNS)}
 ), attempts AS (
     INSERT INTO job_attempts (job_id, worker_id, attempt_number, status, started_at)
@@ -145,17 +150,44 @@ WITH picked AS (
                             message, actor, created_at)
     SELECT job_id, 'event', 'queued', 'claimed', attempt_count, '', :worker, :now
     FROM claimed
-)
-SELECT * FROM claimed
-""").columns(*CLAIM_COLUMNS)
+)"""
+
+
+@functools.lru_cache(maxsize=64)
+def _pg_claim_ctes(n: int) -> str:
+    return _PG_CLAIM_CTES.format(n=int(n))
+
+
+@functools.lru_cache(maxsize=64)
+def _pg_claim_sql(n: int) -> sa.TextClause:
+    return sa.text(f"WITH {_pg_claim_ctes(n)}\nSELECT * FROM claimed").columns(*CLAIM_COLUMNS)
+
+
+@dataclass(frozen=True)
+class ClaimArgs:
+    """A claim to run with other writes: up to ``n`` jobs of ``queues``."""
+
+    worker_id: str
+    queues: Sequence[str]
+    n: int
+    now: datetime
+    lease_until: datetime
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "queues": list(self.queues),
+            "now": self.now,
+            "worker": self.worker_id,
+            "until": self.lease_until,
+        }
 
 
 def _claim_pg(conn, worker_id, queues, n, now, lease_until):
     # One round trip for the whole claim: SKIP LOCKED lets concurrent workers
     # pass over each other's rows, and data-modifying CTEs write the attempt
     # rows and events in the same statement.
-    params = {"queues": list(queues), "now": now, "n": n, "worker": worker_id, "until": lease_until}
-    return [dict(r._mapping) for r in conn.execute(_PG_CLAIM, params)]
+    params = ClaimArgs(worker_id, queues, n, now, lease_until).params()
+    return [dict(r._mapping) for r in conn.execute(_pg_claim_sql(n), params)]
 
 
 def _ready_ids(
@@ -375,9 +407,11 @@ def pg_bulk_update(
 # A worker's batch of transitions (starts, completions, failures) is written
 # outside any explicit transaction: one statement updates the jobs, closes
 # their attempts and writes their events, so it commits atomically on its own
-# and costs one round trip instead of BEGIN + five statements + COMMIT.  Each
-# job is guarded by the exact status the caller decided from (plus attempt
-# number and worker): a job that changed meanwhile is left alone and reported
+# and costs one round trip instead of BEGIN + five statements + COMMIT.
+# ``Engine.flush_and_claim`` adds a claim to the same statement (its CTEs
+# touch only queued rows, the transitions only running ones).  Each job is
+# guarded by the exact status the caller decided from (plus attempt number
+# and worker): a job that changed meanwhile is left alone and reported
 # missing, for the caller to redo under a lock.
 #
 # The plan must reach the jobs by primary key whatever the statistics say.
@@ -398,69 +432,116 @@ _EVENT_COLUMNS = (
 )  # fmt: skip
 
 
-@functools.cache
-def _pg_apply_sql(job_cols: tuple[str, ...], attempt_cols: tuple[str, ...]) -> sa.TextClause:
-    keys = [
-        "CAST(:k_id AS BIGINT[])",
-        "CAST(:k_att AS INTEGER[])",
-        "CAST(:k_seen AS TEXT[])",
-        "CAST(:k_worker AS TEXT[])",
-    ]
-    args = keys + [_pg_array(J, c, f"j_{c}") for c in job_cols]
-    args += [_pg_array(A, c, f"a_{c}") for c in attempt_cols]
-    args += [_pg_array(E, c, f"e_{c}") for c in _EVENT_COLUMNS]
-    names = ["k_id", "k_att", "k_seen", "k_worker"] + [f"j_{c}" for c in job_cols]
-    names += [f"a_{c}" for c in attempt_cols] + [f"e_{c}" for c in _EVENT_COLUMNS]
-    sql = f"""
-WITH v AS (
-    SELECT * FROM unnest({", ".join(args)}) AS v({", ".join(names)})
-), j AS (
-    UPDATE processing_jobs AS t SET {", ".join(f"{c} = v.j_{c}" for c in job_cols)}
-    FROM v
-    WHERE t.job_id = ANY(CAST(:k_id AS BIGINT[])) AND t.job_id = v.k_id
-      AND t.attempt_count = v.k_att AND t.status = v.k_seen
-      AND (v.k_worker IS NULL OR t.claimed_by = v.k_worker)
-    RETURNING t.job_id
+def _pg_shape_ctes(i: int, job_cols: tuple[str, ...], attempt_cols: tuple[str, ...]) -> str:
+    """The CTEs of one shape of transitions: v{i} (the values, one JSON
+    parameter), j{i} (the jobs changed, RETURNING their ids), a{i} (their
+    attempts), e{i} (their events)."""
+    cols = [("k_id", "BIGINT"), ("k_att", "INTEGER"), ("k_seen", "TEXT"), ("k_worker", "TEXT")]
+    cols += [(f"j_{c}", _pg_type(J, c)) for c in job_cols]
+    cols += [(f"a_{c}", _pg_type(A, c)) for c in attempt_cols]
+    cols += [(f"e_{c}", _pg_type(E, c)) for c in _EVENT_COLUMNS]
+    sql = f"""v{i} AS (
+SELECT * FROM json_to_recordset(CAST(:s{i} AS JSON)) AS v({", ".join(f"{n} {t}" for n, t in cols)})
+), j{i} AS (
+UPDATE processing_jobs AS t SET {", ".join(f"{c} = v.j_{c}" for c in job_cols)} FROM v{i} AS v
+WHERE t.job_id = ANY(CAST(:s{i}_ids AS BIGINT[])) AND t.job_id = v.k_id
+AND t.attempt_count = v.k_att AND t.status = v.k_seen
+AND (v.k_worker IS NULL OR t.claimed_by = v.k_worker)
+RETURNING t.job_id
 )"""
     if attempt_cols:
-        sql += f""", a AS (
-    UPDATE job_attempts AS t SET {", ".join(f"{c} = v.a_{c}" for c in attempt_cols)}
-    FROM v JOIN j ON j.job_id = v.k_id
-    WHERE t.job_id = v.k_id AND t.attempt_number = v.k_att
+        sql += f""", a{i} AS (
+UPDATE job_attempts AS t SET {", ".join(f"{c} = v.a_{c}" for c in attempt_cols)}
+FROM v{i} AS v JOIN j{i} AS j ON j.job_id = v.k_id
+WHERE t.job_id = v.k_id AND t.attempt_number = v.k_att
 )"""
-    sql += f""", e AS (
-    INSERT INTO job_events (job_id, {", ".join(_EVENT_COLUMNS)})
-    SELECT v.k_id, {", ".join(f"v.e_{c}" for c in _EVENT_COLUMNS)}
-    FROM v JOIN j ON j.job_id = v.k_id
-)
-SELECT job_id FROM j"""
-    return sa.text(sql)
+    return (
+        sql
+        + f""", e{i} AS (
+INSERT INTO job_events (job_id, {", ".join(_EVENT_COLUMNS)})
+SELECT v.k_id, {", ".join(f"v.e_{c}" for c in _EVENT_COLUMNS)}
+FROM v{i} AS v JOIN j{i} AS j ON j.job_id = v.k_id
+)"""
+    )
 
 
-def pg_apply(conn: sa.Connection, worker_id: str | None, items: Sequence[Any]) -> set[int]:
+def _json_default(v: Any) -> str:
+    if isinstance(v, datetime):
+        return v.isoformat()
+    raise TypeError(f"cannot send {type(v).__name__} as JSON")
+
+
+_Shape = tuple[tuple[str, ...], tuple[str, ...]]  # (job columns, attempt columns)
+
+
+@functools.lru_cache(maxsize=256)
+def _pg_apply_sql(shapes: tuple[_Shape, ...], claim_n: int | None) -> sa.TextClause:
+    ctes = [_pg_shape_ctes(i, *shape) for i, shape in enumerate(shapes)]
+    changed = " UNION ALL ".join(f"SELECT job_id FROM j{i}" for i in range(len(shapes)))
+    if claim_n is None:
+        return sa.text(f"WITH {', '.join(ctes)}\nSELECT job_id FROM ({changed}) AS c")
+    ctes.append(_pg_claim_ctes(claim_n))
+    # One row at least (the ids changed), joined with each claimed job if any.
+    settled = f"ARRAY({changed})" if shapes else "CAST(ARRAY[] AS BIGINT[])"
+    return sa.text(
+        f"WITH {', '.join(ctes)}\n"
+        f"SELECT s.settled, c.* FROM (SELECT {settled} AS settled) AS s "
+        "LEFT JOIN claimed AS c ON true"
+    ).columns(sa.column("settled"), *CLAIM_COLUMNS)
+
+
+def pg_apply(
+    conn: sa.Connection,
+    worker_id: str | None,
+    items: Sequence[Any],
+    claim: ClaimArgs | None = None,
+) -> tuple[set[int], list[dict[str, Any]]]:
     """Apply transitions (``Decision``-like: job_id, attempt, seen, job_values,
-    attempt_values, event); one statement per shape of values.  Returns the
-    job ids that changed."""
-    shapes: dict[tuple[tuple[str, ...], tuple[str, ...]], list[Any]] = {}
+    attempt_values, event) and, given ``claim``, claim the next jobs: all of
+    it one statement, one commit.  Returns the job ids that changed and the
+    rows claimed.
+
+    Any two items must be of different jobs (one statement changes a row once).
+    """
+    shapes: dict[_Shape, list[Any]] = {}
     for d in items:
         attempt_cols = tuple(c for c in d.attempt_values if c not in ("job_id", "attempt_number"))
         shapes.setdefault((tuple(sorted(d.job_values)), attempt_cols), []).append(d)
-    done: set[int] = set()
-    for (job_cols, attempt_cols), group in shapes.items():
-        params: dict[str, Any] = {
-            "k_id": [d.job_id for d in group],
-            "k_att": [d.attempt for d in group],
-            "k_seen": [d.seen for d in group],
-            "k_worker": [worker_id] * len(group),
-        }
-        for c in job_cols:
-            params[f"j_{c}"] = _pg_values(J, c, [d.job_values[c] for d in group])
-        for c in attempt_cols:
-            params[f"a_{c}"] = _pg_values(A, c, [d.attempt_values[c] for d in group])
-        for c in _EVENT_COLUMNS:
-            params[f"e_{c}"] = [d.event.get(c) for d in group]
-        done.update(r[0] for r in conn.execute(_pg_apply_sql(job_cols, attempt_cols), params))
-    return done
+    if not shapes and claim is None:
+        return set(), []
+    params: dict[str, Any] = claim.params() if claim is not None else {}
+    for i, ((job_cols, attempt_cols), group) in enumerate(shapes.items()):
+        # One JSON document per shape: psycopg would adapt one array per
+        # column in Python (tens of µs each), and json.dumps runs in C.
+        values = [
+            {
+                "k_id": d.job_id,
+                "k_att": d.attempt,
+                "k_seen": d.seen,
+                "k_worker": worker_id,
+                **{f"j_{c}": d.job_values[c] for c in job_cols},
+                **{f"a_{c}": d.attempt_values[c] for c in attempt_cols},
+                **{f"e_{c}": d.event.get(c) for c in _EVENT_COLUMNS},
+            }
+            for d in group
+        ]
+        params[f"s{i}"] = json.dumps(values, default=_json_default)
+        params[f"s{i}_ids"] = [d.job_id for d in group]
+    if claim is None:
+        got = conn.execute(_pg_apply_sql(tuple(shapes), None), params)
+        return {r[0] for r in got}, []
+    changed: set[int] = set()
+    if shapes:
+        sql = _pg_apply_sql(tuple(shapes), claim.n)
+        rows = [dict(r._mapping) for r in conn.execute(sql, params)]
+        changed = set(rows[0].pop("settled"))
+        for r in rows[1:]:
+            del r["settled"]
+        rows = [r for r in rows if r["job_id"] is not None]  # the row of no claim
+    else:
+        rows = [dict(r._mapping) for r in conn.execute(_pg_claim_sql(claim.n), params)]
+    rows.sort(key=lambda r: (r["priority"], r["job_id"]))
+    return changed, rows
 
 
 # -- deadlock victims ---------------------------------------------------------------

@@ -371,10 +371,21 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
     ) -> list[Row]:
         return dialects.claim(self.conn, self.dialect, worker_id, queues, n, now, lease_until)
 
-    def apply_transitions(self, worker_id: str | None, items: Sequence[Any]) -> set[int]:
+    def apply_transitions(
+        self,
+        worker_id: str | None,
+        items: Sequence[Any],
+        claim: tuple[Sequence[str], int, datetime, datetime] | None = None,
+    ) -> tuple[set[int], list[Row]]:
         """PostgreSQL: write decided transitions, each guarded by the status it
-        was decided from; one statement per shape.  Returns the job ids changed."""
-        return dialects.pg_apply(self.conn, worker_id, items)
+        was decided from, and claim (queues, n, now, lease_until) for
+        ``worker_id`` if given, all in one statement.  Returns the job ids
+        changed and the rows claimed."""
+        args = None
+        if claim is not None:
+            assert worker_id is not None, "a claim is always some worker's"
+            args = dialects.ClaimArgs(worker_id, *claim)
+        return dialects.pg_apply(self.conn, worker_id, items, args)
 
     def notify(self, queues: set[str]) -> None:
         dialects.notify(self.conn, self.dialect, queues)

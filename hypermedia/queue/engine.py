@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -291,11 +291,16 @@ class Engine:
             pass
 
     def _claim(self, tx: Any, worker_id: str, queues: Sequence[str], n: int) -> list[Claimed]:
-        now = self.clock()
-        until = now + timedelta(seconds=self.settings.lease_seconds)
         # The driver writes the attempt rows and claim events too: on
         # PostgreSQL all of it is a single statement.
-        rows = tx.claim(worker_id, list(queues), n, now, until)
+        return self._claimed_jobs(tx, tx.claim(worker_id, list(queues), n, *self._lease()))
+
+    def _lease(self) -> tuple[datetime, datetime]:
+        """Now, and when a lease taken now runs out."""
+        now = self.clock()
+        return now, now + timedelta(seconds=self.settings.lease_seconds)
+
+    def _claimed_jobs(self, tx: Any, rows: list[Row]) -> list[Claimed]:
         # Their inputs' rows too, in one statement: the worker fetches each
         # input without a read transaction of its own.
         ids = sorted({r["object_id"] for r in rows if r["object_id"] is not None})
@@ -338,14 +343,17 @@ class Engine:
         worker_id: str,
         starts: Sequence[tuple[int, int]],
         results: Sequence[AttemptResult],
+        held: Mapping[int, Row] | None = None,
     ) -> set[int]:
         """Write a batch of starts and finished attempts.
 
         Returns the job ids whose result was accepted; any other result came
-        from a superseded attempt and was dropped.
+        from a superseded attempt and was dropped.  ``held``: the jobs as the
+        worker holds them (see ``held_row``), which lets plain completions be
+        decided without reading their rows first.
         """
         if self.db.autocommit:
-            return self._flush_optimistic(worker_id, starts, results)
+            return self._flush_optimistic(worker_id, starts, results, held)[0]
         with self.db.tx() as tx:
             if starts:
                 self._start(tx, worker_id, starts)
@@ -358,15 +366,16 @@ class Engine:
         results: Sequence[AttemptResult],
         queues: Sequence[str],
         n: int,
+        held: Mapping[int, Row] | None = None,
     ) -> tuple[set[int], list[Claimed]]:
         """``flush``, then ``claim`` up to ``n`` jobs, in one transaction.
 
-        For a database with one writer at a time (SQLite): one BEGIN, one
-        durable commit and one taking of the write lock per batch instead of
-        two, and no claim loop and flusher waiting on each other's lock.
+        One commit per batch instead of two: on SQLite also one taking of the
+        write lock, and no claim loop and flusher waiting on each other's
+        lock; on PostgreSQL one statement for the results and the claim.
         """
-        if self.db.autocommit:  # nothing shared to save: two round trips either way
-            return self.flush(worker_id, starts, results), self.claim(worker_id, queues, n)
+        if self.db.autocommit:
+            return self._flush_optimistic(worker_id, starts, results, held, (queues, n))
         with self.db.tx() as tx:
             if starts:
                 self._start(tx, worker_id, starts)
@@ -378,18 +387,28 @@ class Engine:
         worker_id: str,
         starts: Sequence[tuple[int, int]],
         results: Sequence[AttemptResult],
-    ) -> set[int]:
-        # Read without locks, decide, then write each job guarded by the status
-        # it was decided from, every write one self-committing statement.  A
-        # job that changed in between (a cancel request, say) is settled again
-        # the careful way, under a lock.
-        now = self.clock()
+        held: Mapping[int, Row] | None,
+        claim: tuple[Sequence[str], int] | None = None,
+    ) -> tuple[set[int], list[Claimed]]:
+        # Decide without locks (from what the worker holds, else from rows
+        # read), then write each job guarded by the status it was decided
+        # from, with the claim, as one self-committing statement.  A job that
+        # changed in between (a cancel request, say) is settled again the
+        # careful way, under a lock.
+        now, until = self._lease()
+        done = {r.job_id for r in results}
+        # A start with its result in the same batch is written first: the
+        # result is decided from "processing" (one statement changes a row once).
+        early = [k for k in starts if k[0] in done]
+        late = [_start_decision(worker_id, k, now) for k in starts if k[0] not in done]
+        jobs: list[Claimed] = []
         with self.db.auto() as tx:
-            if starts:
-                tx.apply_transitions(
-                    worker_id, [_start_decision(worker_id, k, now) for k in starts]
-                )
-            decisions = self._decide(tx, worker_id, results, now)
+            if early:
+                tx.apply_transitions(worker_id, [_start_decision(worker_id, k, now) for k in early])
+            blind = [] if early else self._decide_held(tx, worker_id, results, held or {}, now)
+            known = {d.job_id for d in blind}
+            rest = [r for r in results if r.job_id not in known]
+            decisions = blind + (self._decide(tx, worker_id, rest, now) if rest else [])
             # Outputs and input facts write other tables with the completion:
             # those go the careful way, in one transaction.
             quick = [
@@ -397,11 +416,46 @@ class Engine:
                 for d in decisions
                 if not d.outputs and not d.input_facts and d.seen in states.sources(d.action)
             ]
-            accepted = tx.apply_transitions(worker_id, quick) if quick else set()
+            claim_args = None if claim is None or claim[1] <= 0 else (*claim, now, until)
+            changed, rows = tx.apply_transitions(worker_id, late + quick, claim_args)
+            if rows:
+                jobs = self._claimed_jobs(tx, rows)
+        accepted = changed & {d.job_id for d in quick}
         redo = {d.job_id for d in decisions} - accepted
         if redo:
             accepted |= self.settle(worker_id, [r for r in results if r.job_id in redo])
-        return accepted
+        return accepted, jobs
+
+    def _decide_held(
+        self,
+        tx: Any,
+        worker_id: str,
+        results: Sequence[AttemptResult],
+        held: Mapping[int, Row],
+        now: datetime,
+    ) -> list[Decision]:
+        """Decisions for plain completions of jobs the worker holds, from its
+        own view of them (``held_row``): no row read.  The write's guard
+        (status, attempt, worker) proves the view still true; when it is not,
+        the job is settled again under a lock."""
+        decisions = []
+        for res in results:
+            row = held.get(res.job_id)
+            if (
+                row is None
+                or row["attempt_count"] != res.attempt
+                or res.status != "completed"
+                or res.outputs
+                or (res.worker_id is not None and res.worker_id != worker_id)
+                or pricing.input_facts(res.result)
+            ):
+                continue
+            prices = self._priced(tx, row["profile_id"])[1]
+            if res.actual_credits is None and not prices.flat:
+                continue  # priced by its input: read under the fence
+            credits = _actual_credits(prices, None, res)
+            decisions.append(decide(row, res, now, self.settings, self.rng, credits))
+        return decisions
 
     def settle(self, worker_id: str | None, results: Sequence[AttemptResult]) -> set[int]:
         with self.db.tx() as tx:
@@ -869,6 +923,20 @@ def _claimed(r: Row, input_object: Row | None = None) -> Claimed:
         if input_object is None
         else {k: input_object[k] for k in ("pool_id", "storage_key", "checksum")},
     )
+
+
+def held_row(job: Claimed, worker_id: str, started: bool) -> Row:
+    """A job as the worker holding it knows it (claimed, and started if its
+    start was written), for ``Engine.flush(held=...)``."""
+    return {
+        "job_id": job.job_id,
+        "status": "processing" if started else "claimed",
+        "attempt_count": job.attempt,
+        "max_attempts": job.max_attempts,
+        "claimed_by": worker_id,
+        "memory_limit_mb": job.memory_limit_mb,
+        "profile_id": job.profile_id,
+    }
 
 
 def _start_decision(worker_id: str, key: tuple[int, int], now: datetime) -> Decision:

@@ -22,7 +22,7 @@ from typing import Any
 
 from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
-from hypermedia.queue.models import AttemptResult
+from hypermedia.queue.models import AttemptResult, Claimed
 from hypermedia.storage.ledger import Storage
 from hypermedia.worker.flusher import Flusher
 from hypermedia.worker.monitor import Monitor, Stats, worker_row
@@ -62,6 +62,7 @@ class Worker:
             self._on_result,
             gather=self.batch if engine.db.single_writer else None,
             held=self._held,
+            lookup=self._job,
         )
         self.buffer: queue.Queue[Running] = queue.Queue()
         self._running: dict[int, Running] = {}
@@ -198,7 +199,8 @@ class Worker:
         queues = [q for q in self.queues if q not in self._paused_queues()]
         if not queues:
             jobs = []
-        elif self.engine.db.single_writer:  # in the flusher's transaction: see flusher.py
+        elif self.engine.db.single_writer:
+            # With the flusher's next results: one commit for both (flusher.py).
             jobs = self.flusher.claim(queues, n)
         else:
             jobs = self.engine.claim(self.worker_id, queues, n)
@@ -234,6 +236,10 @@ class Worker:
     def _held(self) -> int:
         with self._lock:
             return len(self._running)
+
+    def _job(self, job_id: int) -> Claimed | None:
+        rj = self._running.get(job_id)  # one dict read: atomic, no lock needed
+        return None if rj is None else rj.job
 
     def _idle(self) -> bool:
         with self._lock:

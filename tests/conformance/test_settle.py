@@ -9,7 +9,7 @@ import pytest
 from hypermedia.errors import ERROR_POLICY
 from hypermedia.queue import states
 from hypermedia.queue.backoff import retry_delay
-from hypermedia.queue.engine import Engine
+from hypermedia.queue.engine import Engine, held_row
 from hypermedia.queue.models import AttemptResult, Output
 
 from ._helpers import (
@@ -609,3 +609,71 @@ def test_flush_and_claim_with_nothing_to_write_only_claims(engine, driver):
     assert accepted == set()
     assert [c.job_id for c in claimed] == [j]
     assert engine.flush_and_claim(W1, [], [], ["bulk"], 10) == (set(), [])
+
+
+# -- completions decided from the worker's own view (``held``) ---------------------
+
+
+def _held(engine: Engine, worker: str = W1) -> tuple[int, int, dict]:
+    """A claimed job and the worker's view of it, as the flusher builds it."""
+    new_job(engine)
+    (job,) = engine.claim(worker, ["bulk"], 1)
+    return job.job_id, job.attempt, {job.job_id: held_row(job, worker, started=False)}
+
+
+def test_a_completion_decided_from_the_held_view_matches_the_read_one(engine, driver):
+    job_id, a, held = _held(engine)
+    res = AttemptResult(job_id, a, "completed", duration_ms=40, cpu_time_ms=3, peak_memory_mb=9)
+    assert engine.flush(W1, [], [res], held) == {job_id}
+    row = engine.get(job_id)
+    assert (row["status"], row["outcome"], row["actual_credits"]) == ("completed", "completed", 0)
+    # The folded start is dated back by the attempt's duration, as when read.
+    gap = row["completed_at"] - row["started_at"]
+    assert timedelta(milliseconds=40) - US <= gap <= timedelta(milliseconds=40) + US
+    assert transitions(driver, job_id)[-1] == ("claimed", "completed")
+    (att,) = attempts(driver, job_id)
+    assert (att["status"], att["duration_ms"], att["cpu_time_ms"]) == ("completed", 40, 3)
+
+
+def test_a_stale_held_view_falls_back_to_the_locked_path(engine, driver):
+    """The view says claimed, but a cancel was requested meanwhile: the guard
+    refuses the blind write and the result is settled again under the lock
+    (a completed attempt wins over the cancel request)."""
+    job_id, a, held = _held(engine)
+    assert engine.cancel(job_id) == "cancel_requested"
+    assert status_of(driver, job_id) == "cancel_requested"
+    assert engine.flush(W1, [], [done(job_id, a)], held) == {job_id}
+    assert status_of(driver, job_id) == "completed"
+    assert transitions(driver, job_id)[-1] == ("cancel_requested", "completed")
+
+
+def test_a_held_view_with_the_wrong_status_is_checked_not_trusted(engine, driver):
+    job_id, a, held = _held(engine)
+    held[job_id]["status"] = "processing"  # the worker thinks its start was written
+    assert engine.flush(W1, [], [done(job_id, a)], held) == {job_id}
+    assert status_of(driver, job_id) == "completed"
+    assert transitions(driver, job_id)[-1] == ("claimed", "completed")
+
+
+def test_a_held_view_of_a_superseded_attempt_changes_nothing(engine, driver, settings, clock):
+    job_id, a1, held = _held(engine)
+    clock.advance(settings.lease_seconds + 1)
+    assert engine.reap()["released_jobs"] == 1
+    clock.advance(settings.backoff_max_seconds + 1)
+    engine.promote()
+    _, a2 = claim_one(engine, "w2")
+    before = snapshot(driver, job_id)
+    assert engine.flush(W1, [], [done(job_id, a1)], held) == set()
+    # Even a view forged with the new attempt number is refused: wrong worker.
+    held[job_id]["attempt_count"] = a2
+    assert engine.flush(W1, [], [done(job_id, a2)], held) == set()
+    assert snapshot(driver, job_id) == before
+
+
+def test_flush_and_claim_with_a_held_view_settles_and_claims_in_one_go(engine, driver):
+    job_id, a, held = _held(engine)
+    nxt = new_job(engine)
+    accepted, claimed = engine.flush_and_claim(W1, [], [done(job_id, a)], ["bulk"], 5, held)
+    assert accepted == {job_id} and [c.job_id for c in claimed] == [nxt]
+    assert status_of(driver, job_id) == "completed" and status_of(driver, nxt) == "claimed"
+    assert transitions(driver, nxt) == [(None, "queued"), ("queued", "claimed")]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from hypermedia.queue.models import AttemptResult
+from hypermedia.queue.models import AttemptResult, Claimed
 from hypermedia.worker import flusher
 from hypermedia.worker.flusher import START_DELAY, Flusher
 
@@ -24,12 +24,14 @@ class Recorder:
         self.fail = fail
         self.wrote = threading.Event()
         self.claims: list[tuple[list[str], int, list[int]]] = []
+        self.held: list[Any] = []
 
-    def flush(self, worker_id: str, starts: Any, results: Any) -> set[int]:
+    def flush(self, worker_id: str, starts: Any, results: Any, held: Any = None) -> set[int]:
         if self.fail:
             self.fail -= 1
             raise ConnectionError("database away")
         self.calls.append((time.monotonic(), list(starts), [r.job_id for r in results]))
+        self.held.append(held)
         self.wrote.set()
         return {r.job_id for r in results}
 
@@ -37,15 +39,17 @@ class Recorder:
         return len(reports)
 
     def flush_and_claim(
-        self, worker_id: str, starts: Any, results: Any, queues: list[str], n: int
+        self, worker_id: str, starts: Any, results: Any, queues: list[str], n: int, held: Any = None
     ) -> tuple[set[int], list[Any]]:
-        accepted = self.flush(worker_id, starts, results)
+        accepted = self.flush(worker_id, starts, results, held)
         self.claims.append((list(queues), n, [r.job_id for r in results]))
         return accepted, [f"job-{i}" for i in range(n)]
 
 
-def _flusher(engine: Recorder, gather: int | None = None, held: Any = None) -> Flusher:
-    f = Flusher(engine, "w1", gather=gather, held=held)  # type: ignore[arg-type]
+def _flusher(
+    engine: Recorder, gather: int | None = None, held: Any = None, lookup: Any = None
+) -> Flusher:
+    f = Flusher(engine, "w1", gather=gather, held=held, lookup=lookup)  # type: ignore[arg-type]
     f.start()
     return f
 
@@ -178,3 +182,35 @@ def test_a_failed_claim_raises_to_the_claimer_and_keeps_the_results(
     assert [r for _, _, r in engine.calls] == [[8]]
     assert f.close(5)
     assert f.claim(["bulk"], 2) == []  # closed: nothing more is claimed
+
+
+def _claimed(job_id: int, attempt: int = 1) -> Claimed:
+    return Claimed(job_id, f"u{job_id}", "debug.noop", "bulk", 5, {}, attempt, 3, 60, None, 7, "p")
+
+
+def test_results_carry_the_held_view_of_their_jobs() -> None:
+    """What the worker holds (lookup) and which starts were written: the view
+    a completion is decided from without a read."""
+    engine = Recorder()
+    jobs = {1: _claimed(1), 2: _claimed(2), 3: _claimed(3, attempt=2)}
+    f = _flusher(engine, lookup=jobs.get)
+    f.started(1, 1)
+    deadline = time.monotonic() + 5
+    while not any(c[1] for c in engine.calls) and time.monotonic() < deadline:
+        time.sleep(0.01)  # job 1's start is written alone, after START_DELAY
+    engine.wrote.clear()
+    for r in (AttemptResult(1, 1, "completed"), AttemptResult(2, 1, "completed")):
+        f.finished(r)
+    f.finished(AttemptResult(3, 1, "failed", "INTERNAL"))  # not the held attempt
+    f.finished(AttemptResult(4, 1, "completed"))  # not held at all
+    assert f.close(5)
+    views: dict[int, Any] = {}
+    for h in engine.held:
+        views.update(h or {})
+    assert views[1]["status"] == "processing" and views[2]["status"] == "claimed"
+    assert (views[1]["attempt_count"], views[1]["profile_id"], views[1]["claimed_by"]) == (
+        1,
+        7,
+        "w1",
+    )
+    assert 3 not in views and 4 not in views
