@@ -438,11 +438,13 @@ class Engine:
         own view of them (``held_row``): no row read.  The write's guard
         (status, attempt, worker) proves the view still true; when it is not,
         the job is settled again under a lock."""
-        decisions = []
+        decisions: list[Decision] = []
+        decided: set[int] = set()  # one decision per job: one statement changes a row once
         for res in results:
             row = held.get(res.job_id)
             if (
                 row is None
+                or res.job_id in decided
                 or row["attempt_count"] != res.attempt
                 or res.status != "completed"
                 or res.outputs
@@ -455,6 +457,7 @@ class Engine:
                 continue  # priced by its input: read under the fence
             credits = _actual_credits(prices, None, res)
             decisions.append(decide(row, res, now, self.settings, self.rng, credits))
+            decided.add(res.job_id)
         return decisions
 
     def settle(self, worker_id: str | None, results: Sequence[AttemptResult]) -> set[int]:
@@ -497,7 +500,10 @@ class Engine:
             )
         }
         taken: list[tuple[Row, AttemptResult]] = []
+        decided: set[int] = set()
         for res in results:
+            if res.job_id in decided:  # one decision per job, whatever the batch repeats
+                continue
             row = held.get(res.job_id)
             # Fix: ``fenced`` returns the job once even when the batch also holds
             # a superseded attempt's result for it; only the current attempt's
@@ -509,6 +515,7 @@ class Engine:
             if lease_expired_before is not None and not _expired(row, lease_expired_before):
                 continue
             taken.append((row, res))
+            decided.add(res.job_id)
         inputs = self._credit_inputs(tx, taken)
         decisions: list[Decision] = []
         for row, res in taken:

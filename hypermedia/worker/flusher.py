@@ -240,6 +240,9 @@ class Flusher(threading.Thread):
             return
         self._written.update(starts)
         self._written.difference_update((r.job_id, r.attempt) for r in results)
+        if len(self._written) > 4 * MAX_BATCH and self._lookup is not None:
+            # Started jobs that never report here (handed back on a drain).
+            self._written = {k for k in self._written if self._lookup(k[0]) is not None}
         for r in results:
             ok = r.job_id in accepted
             if not ok:
@@ -248,7 +251,9 @@ class Flusher(threading.Thread):
                 self.on_result(r, ok)
 
     def _held_rows(self, results: list[AttemptResult]) -> dict[int, dict[str, Any]]:
-        if self._lookup is None:
+        # Only PostgreSQL's optimistic flush uses them: elsewhere the rows
+        # are read under a lock in the flush's own transaction anyway.
+        if self._lookup is None or not self.engine.db.autocommit:
             return {}
         rows = {}
         for r in results:

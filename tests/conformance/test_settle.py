@@ -677,3 +677,10 @@ def test_flush_and_claim_with_a_held_view_settles_and_claims_in_one_go(engine, d
     assert accepted == {job_id} and [c.job_id for c in claimed] == [nxt]
     assert status_of(driver, job_id) == "completed" and status_of(driver, nxt) == "claimed"
     assert transitions(driver, nxt) == [(None, "queued"), ("queued", "claimed")]
+
+
+def test_a_result_reported_twice_in_one_batch_completes_the_job_once(engine, driver):
+    job_id, a, held = _held(engine)
+    assert engine.flush(W1, [], [done(job_id, a), done(job_id, a)], held) == {job_id}
+    assert status_of(driver, job_id) == "completed"
+    assert transitions(driver, job_id).count(("claimed", "completed")) == 1

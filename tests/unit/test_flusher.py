@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ class Recorder:
         self.wrote = threading.Event()
         self.claims: list[tuple[list[str], int, list[int]]] = []
         self.held: list[Any] = []
+        self.db = SimpleNamespace(autocommit=True)  # held views are built for PostgreSQL
 
     def flush(self, worker_id: str, starts: Any, results: Any, held: Any = None) -> set[int]:
         if self.fail:
