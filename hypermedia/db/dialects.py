@@ -159,7 +159,7 @@ def _pg_claim_ctes(n: int) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _pg_claim_sql(n: int) -> sa.TextClause:
+def _pg_claim_sql(n: int) -> sa.Executable:
     return sa.text(f"WITH {_pg_claim_ctes(n)}\nSELECT * FROM claimed").columns(*CLAIM_COLUMNS)
 
 
@@ -475,17 +475,16 @@ _Shape = tuple[tuple[str, ...], tuple[str, ...]]  # (job columns, attempt column
 
 
 @functools.lru_cache(maxsize=256)
-def _pg_apply_sql(shapes: tuple[_Shape, ...], claim_n: int | None) -> sa.TextClause:
+def _pg_apply_sql(shapes: tuple[_Shape, ...], claim_n: int | None) -> sa.Executable:
     ctes = [_pg_shape_ctes(i, *shape) for i, shape in enumerate(shapes)]
     changed = " UNION ALL ".join(f"SELECT job_id FROM j{i}" for i in range(len(shapes)))
     if claim_n is None:
         return sa.text(f"WITH {', '.join(ctes)}\nSELECT job_id FROM ({changed}) AS c")
     ctes.append(_pg_claim_ctes(claim_n))
     # One row at least (the ids changed), joined with each claimed job if any.
-    settled = f"ARRAY({changed})" if shapes else "CAST(ARRAY[] AS BIGINT[])"
     return sa.text(
         f"WITH {', '.join(ctes)}\n"
-        f"SELECT s.settled, c.* FROM (SELECT {settled} AS settled) AS s "
+        f"SELECT s.settled, c.* FROM (SELECT ARRAY({changed}) AS settled) AS s "
         "LEFT JOIN claimed AS c ON true"
     ).columns(sa.column("settled"), *CLAIM_COLUMNS)
 
