@@ -178,10 +178,10 @@ class Worker:
             # Refill once the buffer is half empty, always asking for a whole
             # batch: a claim costs the same round trip for 5 jobs or for 10.
             room = min(self.batch, self._max_held - held)
-            got = 0
+            got, tried = 0, False
             if self.buffer.qsize() <= self.batch // 2 and room >= max(1, self.batch // 2):
                 try:
-                    got = self._claim(room)
+                    got, tried = self._claim(room), True
                     delay = 0.1
                 except Exception as exc:  # database away: back off, keep the jobs we hold
                     log.warning("claim failed (%s); retrying in %.1fs", type(exc).__name__, delay)
@@ -190,7 +190,9 @@ class Worker:
                     continue
             if got:
                 continue
-            if self.burst and self._idle():
+            # Only after a claim that found nothing: the jobs held when no
+            # claim was tried may all have finished since (more are queued).
+            if self.burst and tried and self._idle():
                 return
             self.wake.wait(self.settings.poll_interval_seconds)
             self.wake.clear()
