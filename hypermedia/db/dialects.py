@@ -538,7 +538,7 @@ def pg_apply(
             del r["settled"]
         rows = [r for r in rows if r["job_id"] is not None]  # the row of no claim
     else:
-        rows = [dict(r._mapping) for r in conn.execute(_pg_claim_sql(claim.n), params)]
+        rows = _claim_pg(conn, claim.worker_id, claim.queues, claim.n, claim.now, claim.lease_until)
     rows.sort(key=lambda r: (r["priority"], r["job_id"]))
     return changed, rows
 
