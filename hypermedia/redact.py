@@ -27,6 +27,9 @@ _PATTERNS = [
     # Absolute filesystem paths (POSIX) and Windows drive paths.
     (re.compile(r"(?<![\w/])(?:/[\w.@+-]+){2,}/?"), "[path]"),
     (re.compile(r"\b[A-Za-z]:\\[^\s]+"), "[path]"),
+    # Control characters: PostgreSQL stores no NUL in text, and the others
+    # only garble a terminal (a hostile file's name or tag can carry them).
+    (re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"), "\ufffd"),
 ]
 
 MAX_REASON = 300

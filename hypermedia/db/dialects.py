@@ -2,7 +2,8 @@
 
 * claim: how to take ready jobs without two workers taking the same one;
 * notify / listen: PostgreSQL can wake idle workers, the others are polled;
-* which errors mean "chosen as a deadlock's victim: run the transaction again".
+* which errors mean "chosen as a deadlock's victim: run the transaction again",
+  and which mean "try later" rather than "never".
 """
 
 from __future__ import annotations
@@ -561,3 +562,15 @@ def is_deadlock(exc: BaseException) -> bool:
         return True
     args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
     return bool(args) and args[0] in _DEADLOCK_MYSQL
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether the same statements may go through later: the database was
+    away, busy or locked (or chose us as a deadlock's victim), as opposed to
+    refusing what it was sent (a value it cannot store, a broken constraint),
+    which it will refuse again every time."""
+    if isinstance(exc, sa.exc.DBAPIError):
+        return exc.connection_invalidated or isinstance(
+            exc, sa.exc.OperationalError | sa.exc.InterfaceError
+        )
+    return isinstance(exc, sa.exc.TimeoutError | OSError)

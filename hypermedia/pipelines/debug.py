@@ -6,7 +6,11 @@ process dies with SIGKILL, like a segfaulting decoder would), and
 ``{"alloc_mb": N}`` (allocate memory, to hit the attempt's memory limit), and
 ``{"output": true}`` (declare a data-only output, to check outputs are recorded once),
 and ``{"steps": N}`` (report progress N times while sleeping), and
-``{"nan": true}`` (return a result that is not plain JSON).
+``{"nan": true}`` (return a result that is not plain JSON), and
+``{"forge": KIND, "marker": PATH}`` (write a forged report on the worker's
+pipe, as code that took over the child through a decoder bug would: a
+``pickle`` that creates PATH if anybody unpickles it, a ``huge`` frame header,
+or ``junk``, JSON of the wrong shape).
 
 debug.copy reads its input object and stores a byte-for-byte copy as an output
 object (type ``copy``): the storage path of a job end to end.  To exercise the
@@ -17,8 +21,12 @@ makes the output a symlink instead of a file (must be refused too).
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
 import signal
+import stat
+import struct
 import sys
 import time
 from typing import Any
@@ -38,7 +46,7 @@ def _validate_noop(params: dict[str, Any], settings: dict[str, Any]) -> dict[str
 
 
 def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-    allowed = {"ms", "fail", "crash", "alloc_mb", "steps", "output", "nan"}
+    allowed = {"ms", "fail", "crash", "alloc_mb", "steps", "output", "nan", "forge", "marker"}
     unknown = set(params) - allowed
     if unknown:
         raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
@@ -63,7 +71,45 @@ def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[st
     for flag in ("output", "nan"):
         if not isinstance(params.get(flag, False), bool):
             raise JobError("INVALID_PARAMS", f"{flag} must be true or false")
+    if params.get("forge", "pickle") not in _FORGED:
+        raise JobError("INVALID_PARAMS", f"forge must be one of {', '.join(_FORGED)}")
+    if not isinstance(params.get("marker", ""), str):
+        raise JobError("INVALID_PARAMS", "marker must be a path")
     return dict(params)
+
+
+class _Opens:
+    """Unpickled, creates a file: proof that the reader ran our code."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return open, (self.path, "w")
+
+
+_FORGED = {
+    "pickle": lambda marker: _frame(pickle.dumps({"op": "done", "x": _Opens(marker)})),
+    "huge": lambda marker: struct.pack("!I", 3 << 30),
+    "junk": lambda marker: _frame(b'{"op": "done", "status": "owned"}'),
+}
+
+
+def _frame(body: bytes) -> bytes:
+    return struct.pack("!I", len(body)) + body
+
+
+def _forge(kind: str, marker: str) -> None:
+    """Write a forged report on every pipe this process may write to but
+    stdin/stdout/stderr: the worker's report pipe is among them."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            writable = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
+            if fd > 2 and writable and stat.S_ISFIFO(os.fstat(fd).st_mode):
+                os.write(fd, _FORGED[kind](marker))
+        except OSError:
+            continue
 
 
 def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
@@ -78,6 +124,9 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
         blob[::4096] = b"x" * len(blob[::4096])
     if params.get("crash"):
         os.kill(os.getpid(), signal.SIGKILL)
+    if params.get("forge"):
+        _forge(params["forge"], params.get("marker", "/nonexistent/marker"))
+        time.sleep(5)  # the worker must act on the forgery, not on our real report
     if params.get("fail"):
         raise JobError(params["fail"], f"debug.sleep was asked to fail with {params['fail']}")
     if params.get("output"):

@@ -7,6 +7,7 @@ It may serve many attempts in a row; the parent decides when to recycle it.
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import signal
@@ -15,7 +16,7 @@ import traceback
 from typing import Any
 
 from hypermedia.errors import JobError
-from hypermedia.worker.protocol import read_frame, write_frame
+from hypermedia.worker.protocol import encode, read_frame, write_encoded, write_frame
 
 _CHUNK_PEAK = "/proc/self/clear_refs"
 
@@ -63,11 +64,17 @@ def _limit(mem_mb: int | None, cpu_s: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (used + cpu_s, hard))
 
 
-def run_attempt(msg: dict[str, Any], out: int) -> dict[str, Any]:
+def run_attempt(msg: dict[str, Any], out: int) -> bytes:
+    """Run one attempt; its report, as the frame to send."""
     from hypermedia.pipelines import registry
 
     def report(progress: dict[str, Any]) -> None:
-        write_frame(out, {"op": "progress", **progress})
+        # The frames are strict JSON: a 0/0 percent is dropped here rather
+        # than failing the attempt it merely describes.
+        percent, step = progress.get("percent"), progress.get("step")
+        if not isinstance(percent, int | float) or not math.isfinite(percent):
+            percent = None
+        write_frame(out, {"op": "progress", "percent": percent, "step": step and str(step)})
 
     os.chdir(msg["scratch"])
     _reset_peak()
@@ -91,7 +98,17 @@ def run_attempt(msg: dict[str, Any], out: int) -> dict[str, Any]:
         resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
         os.chdir("/")
     done.update(op="done", cpu_ms=_cpu_ms() - cpu0, cpu_total_ms=_cpu_ms(), peak_mb=_peak_mb())
-    return done
+    try:
+        return encode(done)
+    except (TypeError, ValueError):  # NaN, bytes, objects: nothing the worker may store
+        done.update(
+            status="failed",
+            code="INVALID_OUTPUT",
+            message="the pipeline returned a result that is not plain JSON",
+            result=None,
+            outputs=[],
+        )
+        return encode(done)
 
 
 def _die_with_worker(worker_pid: int | None) -> None:
@@ -139,7 +156,7 @@ def main() -> None:
             registry.warm(msg.get("job_types") or [])
             write_frame(out, {"op": "warm"})
             continue
-        write_frame(out, run_attempt(msg, out))
+        write_encoded(out, run_attempt(msg, out))
 
 
 if __name__ == "__main__":

@@ -130,20 +130,36 @@ def _role(output_type: str) -> str:
 MAX_RESULT_BYTES = 256 * 1024
 
 
-def check_storable(result: object, declared: list[dict[str, Any]]) -> None:
+def storable(result: Any, declared: list[dict[str, Any]]) -> tuple[Any, list[dict[str, Any]]]:
     """A result and output metadata the database can store, or INVALID_OUTPUT.
 
-    The child speaks pickle, so NaN, infinities, bytes or a megabyte of text
-    reach us; stored as they are, the settling transaction would fail every
-    time and the job would never end.
+    The child's frames are strict JSON (no NaN, no bytes), but a megabyte of
+    text still reaches us, and so does what finish steps add in the worker;
+    stored as they are, the settling transaction would fail every time and
+    the job would never end.  NUL characters (text read from a hostile file
+    can hold them; PostgreSQL stores them in no text or JSON value) become
+    U+FFFD.
     """
     try:
-        size = len(json.dumps(result, allow_nan=False))
-        for o in declared:
-            size += len(json.dumps(o.get("metadata") or {}, allow_nan=False))
+        dumped = [json.dumps(result, allow_nan=False)]
+        dumped += [json.dumps(o.get("metadata") or {}, allow_nan=False) for o in declared]
     except (TypeError, ValueError):
         raise JobError(
             "INVALID_OUTPUT", "the pipeline returned a result that is not plain JSON"
         ) from None
-    if size > MAX_RESULT_BYTES:
+    if sum(map(len, dumped)) > MAX_RESULT_BYTES:
         raise JobError("INVALID_OUTPUT", "the pipeline returned a result over 256 KiB")
+    if any("\\u0000" in d for d in dumped):
+        result = _scrub(result)
+        declared = [{**o, "metadata": _scrub(o.get("metadata"))} for o in declared]
+    return result, declared
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    return value

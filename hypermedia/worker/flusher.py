@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hypermedia.db.dialects import is_transient
 from hypermedia.queue.engine import Engine, held_row
 from hypermedia.queue.models import AttemptResult, Claimed
 
@@ -171,11 +172,16 @@ class Flusher(threading.Thread):
             try:
                 self._write(starts, results, progress, claim)
                 delay = 0.05
-            except Exception as exc:  # database away: keep everything, try again
-                log.warning("could not record results (%s); retrying", type(exc).__name__)
+            except Exception as exc:
                 if claim is not None:
                     claim.error = exc
                     claim.done.set()
+                if not is_transient(exc):
+                    starts, results, progress = self._isolate(exc, starts, results, progress)
+                if not (starts or results or progress):
+                    continue
+                # Database away: keep everything, try again.
+                log.warning("could not record results (%s); retrying", type(exc).__name__)
                 with self._cond:
                     for k in starts:
                         self._starts.setdefault(k, 0.0)
@@ -187,6 +193,54 @@ class Flusher(threading.Thread):
             finally:
                 with self._cond:
                     self._busy = False
+
+    def _isolate(
+        self,
+        exc: Exception,
+        starts: list[tuple[int, int]],
+        results: list[AttemptResult],
+        progress: dict[tuple[int, int], dict[str, Any]],
+    ) -> tuple[list[tuple[int, int]], list[AttemptResult], dict[tuple[int, int], dict[str, Any]]]:
+        """Write a batch the database refused one item at a time, so that the
+        item it refuses (it would every time) cannot hold up the others for
+        ever: a start or a progress report is dropped, a result becomes a
+        failed attempt, and a failure it refuses too is dropped (the reaper
+        ends that job when its lease runs out).  Returns what is left when
+        the database goes away meanwhile."""
+        log.error("the database refused a batch (%s); writing it item by item", type(exc).__name__)
+        items: list[tuple[str, Any]] = [
+            *(("start", k) for k in starts),
+            *(("progress", kv) for kv in progress.items()),
+            *(("result", r) for r in results),
+        ]
+        for i, (kind, item) in enumerate(items):
+            try:
+                self._write_one(kind, item)
+            except Exception as err:
+                if is_transient(err):
+                    left = items[i:]
+                    return (
+                        [k for kind_, k in left if kind_ == "start"],
+                        [r for kind_, r in left if kind_ == "result"],
+                        dict(kv for kind_, kv in left if kind_ == "progress"),
+                    )
+                log.error("dropped a %s of job %s the database refused", kind, _job_of(item))
+                if kind == "result" and self.on_result:
+                    self.on_result(item, False)
+        return [], [], {}
+
+    def _write_one(self, kind: str, item: Any) -> None:
+        if kind == "start":
+            self._write([item], [], {})
+        elif kind == "progress":
+            self._write([], [], dict([item]))
+        else:
+            try:
+                self._write([], [item], {})
+            except Exception as err:
+                if is_transient(err):
+                    raise
+                self._write([], [_unrecordable(item)], {})
 
     def _due_now(self, key: tuple[int, int]) -> bool:
         return self._closing or time.monotonic() - self._starts[key] >= START_DELAY
@@ -276,3 +330,24 @@ class Flusher(threading.Thread):
             self._cond.notify()
         self.join(timeout)
         return not self.is_alive()
+
+
+def _job_of(item: Any) -> int:
+    if isinstance(item, AttemptResult):
+        return item.job_id
+    return item[0] if isinstance(item[0], int) else item[0][0]
+
+
+def _unrecordable(r: AttemptResult) -> AttemptResult:
+    """The failure recorded in place of a result the database refuses."""
+    return AttemptResult(
+        r.job_id,
+        r.attempt,
+        "failed",
+        "INTERNAL",
+        "the attempt's result could not be recorded",
+        duration_ms=r.duration_ms,
+        peak_memory_mb=r.peak_memory_mb,
+        cpu_time_ms=r.cpu_time_ms,
+        worker_id=r.worker_id,
+    )

@@ -17,7 +17,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from hypermedia.worker.protocol import read_frame, write_frame
+from hypermedia.worker.protocol import (
+    MAX_CHILD_FRAME,
+    ProtocolError,
+    check_report,
+    read_frame,
+    write_frame,
+)
 
 
 @dataclass
@@ -53,6 +59,8 @@ class Child:
         self._in = self.proc.stdout.fileno()
         self.attempts = 0
         self.cpu_seen_ms = 0  # cumulative CPU the child reported at its last attempt
+        # Set when the child broke the protocol (it was killed for it).
+        self.violation: str | None = None
 
     @property
     def pid(self) -> int:
@@ -66,7 +74,8 @@ class Child:
             return False
 
     def poll(self, timeout: float) -> tuple[bool, Any]:
-        """(ready, message). A ready None message means the child is gone."""
+        """(ready, report). A ready None report means the child is gone: it
+        exited, or it sent what no child of ours sends and was killed."""
         try:
             ready, _, _ = select.select([self._in], [], [], max(0.0, timeout))
         except (OSError, ValueError):
@@ -74,9 +83,19 @@ class Child:
         if not ready:
             return False, None
         try:
-            return True, read_frame(self._in)
-        except (OSError, EOFError, ValueError):
+            msg = read_frame(self._in, MAX_CHILD_FRAME)
+            return True, None if msg is None else check_report(msg)
+        except ProtocolError as exc:
+            self.refuse(str(exc))
             return True, None
+        except OSError:
+            return True, None
+
+    def refuse(self, why: str) -> None:
+        """Kill a child that broke the protocol; the caller reaps it."""
+        self.violation = why
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
     def kill(self) -> Exit:
         """SIGKILL the whole process group and reap the child."""

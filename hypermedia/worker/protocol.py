@@ -1,22 +1,52 @@
-"""Length-prefixed pickle frames between a worker and its child process.
+"""Length-prefixed JSON frames between a worker and its child process.
 
-Both ends are our own code on the same host, so pickle is safe here; no user
-data is unpickled anywhere else.
+The child decodes hostile files, so the worker treats it as hostile too: a
+decoder exploited by a crafted image runs code in the child, and that code
+must get no further.  So the frames are plain JSON, never pickle (unpickling
+runs code: the worker holds the database and storage credentials); a frame
+from a child is at most ``MAX_CHILD_FRAME`` bytes, and its reports are checked
+for shape (``check_report``) before the worker acts on them.  Anything else is
+a ``ProtocolError``: the child is killed and never reused.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
-import pickle
 import struct
 from typing import Any
 
+from hypermedia.errors import ERROR_POLICY
+
 _HEADER = struct.Struct("!I")
+# Results are capped at 256 KiB (files.MAX_RESULT_BYTES); a frame four times
+# that size is a child gone wrong, and must not make the worker buffer 4 GiB.
+MAX_CHILD_FRAME = 1 << 20
+_TEXT_LIMIT = 1000
+_OUTPUT_FIELDS = {"output_type": str, "mime_type": str}
+
+
+class ProtocolError(Exception):
+    """A child sent something that is not a report of ours."""
+
+
+def _no_constants(name: str) -> Any:
+    raise ProtocolError(f"{name} is not JSON")
+
+
+def encode(message: Any) -> bytes:
+    """One frame; ValueError/TypeError for what JSON cannot say (NaN, bytes…)."""
+    body = json.dumps(message, allow_nan=False, separators=(",", ":")).encode()
+    return _HEADER.pack(len(body)) + body
 
 
 def write_frame(fd: int, message: Any) -> None:
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    data = memoryview(_HEADER.pack(len(body)) + body)
+    write_encoded(fd, encode(message))
+
+
+def write_encoded(fd: int, frame: bytes) -> None:
+    data = memoryview(frame)
     while data:
         n = os.write(fd, data)
         data = data[n:]
@@ -25,7 +55,7 @@ def write_frame(fd: int, message: Any) -> None:
 def read_exact(fd: int, n: int) -> bytes | None:
     chunks = []
     while n:
-        chunk = os.read(fd, n)
+        chunk = os.read(fd, min(n, 1 << 20))
         if not chunk:
             return None
         chunks.append(chunk)
@@ -33,12 +63,98 @@ def read_exact(fd: int, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def read_frame(fd: int) -> Any | None:
-    """The next message, or None when the other end closed the pipe."""
+def read_frame(fd: int, limit: int | None = None) -> Any | None:
+    """The next message, or None when the other end closed the pipe.
+
+    With ``limit``, a longer frame is a ProtocolError before any of it is read.
+    """
     head = read_exact(fd, _HEADER.size)
     if head is None:
         return None
-    body = read_exact(fd, _HEADER.unpack(head)[0])
+    size = _HEADER.unpack(head)[0]
+    if limit is not None and size > limit:
+        raise ProtocolError(f"a frame of {size} bytes")
+    body = read_exact(fd, size)
     if body is None:
         return None
-    return pickle.loads(body)
+    try:
+        return json.loads(body, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError("not JSON") from exc
+
+
+def check_report(msg: Any) -> dict[str, Any]:
+    """A child's message as the worker may use it, or ProtocolError.
+
+    Unknown error codes become INTERNAL (retried, category unknown), as the
+    engine treats them anyway; texts are cut to a length the database takes.
+    """
+    if not isinstance(msg, dict):
+        raise ProtocolError("a report is not an object")
+    op = msg.get("op")
+    if op == "warm":
+        return {"op": "warm"}
+    if op == "progress":
+        percent = msg.get("percent")
+        if percent is not None and not _number(percent):
+            percent = None
+        return {"op": "progress", "percent": percent, "step": _text(msg.get("step"), None)}
+    if op != "done":
+        raise ProtocolError("an unknown report")
+    status = msg.get("status")
+    if status not in ("completed", "failed"):
+        raise ProtocolError("an unknown attempt status")
+    code = msg.get("code")
+    if status == "failed" and code not in ERROR_POLICY:
+        code = "INTERNAL"
+    return {
+        "op": "done",
+        "status": status,
+        "code": code if status == "failed" else None,
+        "message": _text(msg.get("message"), "") or "",
+        "result": msg.get("result"),
+        "outputs": _outputs(msg.get("outputs")) if status == "completed" else [],
+        "cpu_ms": _count(msg.get("cpu_ms")),
+        "cpu_total_ms": _count(msg.get("cpu_total_ms")),
+        "peak_mb": _count(msg.get("peak_mb")),
+    }
+
+
+def _outputs(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ProtocolError("outputs is not a list")
+    out = []
+    for o in value:
+        if not isinstance(o, dict):
+            raise ProtocolError("an output is not an object")
+        for name, kind in _OUTPUT_FIELDS.items():
+            if not isinstance(o.get(name), kind) or not o[name]:
+                raise ProtocolError(f"an output without {name}")
+        metadata, path = o.get("metadata"), o.get("path")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise ProtocolError("an output's metadata is not an object")
+        if path is not None and not isinstance(path, str):
+            raise ProtocolError("an output's path is not a string")
+        out.append(
+            {
+                "output_type": o["output_type"][:50],
+                "mime_type": o["mime_type"][:255],
+                "metadata": metadata,
+                "path": path,
+            }
+        )
+    return out
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _count(value: Any) -> int | None:
+    return int(value) if _number(value) and value >= 0 else None
+
+
+def _text(value: Any, default: str | None) -> str | None:
+    return value[:_TEXT_LIMIT] if isinstance(value, str) else default

@@ -250,13 +250,14 @@ class Slot:
             elapsed_ms = int((time.monotonic() - t0) * 1000)
             if msg is None:
                 return self._died(rj, child, mem, elapsed_ms), []
-            if msg.get("op") == "progress":
+            if msg["op"] == "progress":
                 self.flusher.progress(
-                    job.job_id,
-                    job.attempt,
-                    {"percent": msg.get("percent"), "step": msg.get("step")},
+                    job.job_id, job.attempt, {"percent": msg["percent"], "step": msg["step"]}
                 )
                 continue
+            if msg["op"] != "done":
+                child.refuse("a report out of turn")
+                return self._died(rj, child, mem, elapsed_ms), []
             return self._done(rj, child, msg, elapsed_ms)
 
     def _child_for(self, message: dict[str, object]) -> Child:
@@ -275,8 +276,9 @@ class Slot:
     ) -> tuple[AttemptResult, list[dict]]:
         """The child's report as a result, with the outputs it declared."""
         child.attempts += 1
-        child.cpu_seen_ms = msg.get("cpu_total_ms", child.cpu_seen_ms)
-        code = msg.get("code")
+        if msg["cpu_total_ms"] is not None:
+            child.cpu_seen_ms = msg["cpu_total_ms"]
+        code = msg["code"]
         if code == "OOM":
             self._kill()  # a child that hit its memory limit is never reused
         elif child.attempts >= self.cfg.max_attempts_per_child:
@@ -284,21 +286,18 @@ class Slot:
             self.child = None
         status = msg["status"]
         res = self._result(
-            rj,
-            status,
-            code,
-            msg.get("message", ""),
-            elapsed_ms,
-            msg.get("peak_mb"),
-            msg.get("cpu_ms"),
+            rj, status, code, msg["message"], elapsed_ms, msg["peak_mb"], msg["cpu_ms"]
         )
-        res.result = msg.get("result")
-        return res, (msg.get("outputs") or []) if status == "completed" else []
+        res.result = msg["result"]
+        return res, msg["outputs"]
 
     def _died(self, rj: Running, child: Child, mem: int, elapsed_ms: int) -> AttemptResult:
         ex = child.reap()
         self.child = None
-        if ex.signal == signal.SIGXCPU:
+        if child.violation is not None:
+            code, status = "CRASHED", "crashed"
+            why = "the processing child sent a malformed report and was stopped"
+        elif ex.signal == signal.SIGXCPU:
             code, status, why = "TIMEOUT", "timeout", "the attempt used up its CPU time"
         elif ex.signal == signal.SIGKILL and ex.peak_mb >= mem * 0.9:
             code, status, why = "OOM", "failed", "the attempt was killed for using too much memory"

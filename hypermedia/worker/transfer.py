@@ -31,7 +31,7 @@ from hypermedia.errors import JobError
 from hypermedia.pipelines import registry
 from hypermedia.queue.models import AttemptResult, Claimed, Output
 from hypermedia.storage.ledger import Storage
-from hypermedia.worker.files import check_storable, fetch_input, inside, store_outputs
+from hypermedia.worker.files import fetch_input, inside, storable, store_outputs
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def complete(
     from ``files``.  What goes wrong fails the attempt, never the worker."""
     try:
         declared = _finish(storage, job, res, declared)
-        check_storable(res.result, declared)
+        res.result, declared = storable(res.result, declared)
         if storage is not None:
             res.outputs = store_outputs(storage, job, files, declared)
         else:

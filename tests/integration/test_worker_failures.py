@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -171,8 +172,8 @@ def test_permanent_code_fails_at_once_retryable_code_backs_off(
 def test_a_result_that_is_not_json_fails_the_job_instead_of_wedging_it(
     driver: Driver, live: Engine, procs: Procs
 ) -> None:
-    """NaN passes the pickle pipe but not a JSON column: the worker refuses it up
-    front, so the settling transaction is not retried for ever."""
+    """NaN is no JSON: the child refuses to send it, so the settling
+    transaction is not retried for ever."""
     w = procs.worker("--concurrency", "1")
     bad = submit(live, {"nan": True}, max_attempts=3)
     row = wait_job(driver, bad, timeout=30)
@@ -183,5 +184,27 @@ def test_a_result_that_is_not_json_fails_the_job_instead_of_wedging_it(
     )
     assert "not plain JSON" in row["safe_reason"]
     assert row["result"] is None
+    assert w.alive()
+    assert run_one(driver, live, {"ms": 1})["slept_ms"] == 1
+
+
+@pytest.mark.parametrize("forged", ["pickle", "huge", "junk"])
+def test_a_child_that_forges_its_report_is_killed_and_runs_nothing_in_the_worker(
+    driver: Driver, live: Engine, procs: Procs, tmp_path: Path, forged: str
+) -> None:
+    """A decoder exploited by a hostile file runs code in the child; that code
+    must get no further.  A pickled report would run in the worker (which holds
+    the database and storage credentials), a 3 GiB frame header would make it
+    buffer 3 GiB, and a report of the wrong shape would break its slot."""
+    marker = tmp_path / "unpickled"
+    w = procs.worker("--concurrency", "1", "--no-maintenance")
+    bad = submit(live, {"forge": forged, "marker": str(marker)}, max_attempts=1)
+    row = wait_job(driver, bad, timeout=30)
+    assert (row["status"], row["error_code"]) == ("failed", "CRASHED")
+    assert "malformed report" in row["safe_reason"]
+    (a,) = attempts(driver, bad)
+    assert a["status"] == "crashed"
+    assert a["duration_ms"] < 4000  # killed at the forgery, not after its 5 s sleep
+    assert not marker.exists()
     assert w.alive()
     assert run_one(driver, live, {"ms": 1})["slept_ms"] == 1

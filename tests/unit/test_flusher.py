@@ -20,9 +20,13 @@ from hypermedia.worker.flusher import START_DELAY, Flusher
 
 
 class Recorder:
-    def __init__(self, fail: int = 0) -> None:
+    def __init__(self, fail: int = 0, refuse: Any = None) -> None:
         self.calls: list[tuple[float, list[tuple[int, int]], list[int]]] = []
         self.fail = fail
+        # Called with each batch's starts and results: an exception it raises
+        # is the database refusing that batch (as it would every time).
+        self.refuse = refuse
+        self.written: list[AttemptResult] = []
         self.wrote = threading.Event()
         self.claims: list[tuple[list[str], int, list[int]]] = []
         self.held: list[Any] = []
@@ -32,6 +36,9 @@ class Recorder:
         if self.fail:
             self.fail -= 1
             raise ConnectionError("database away")
+        if self.refuse is not None:
+            self.refuse(list(starts), list(results))
+        self.written.extend(results)
         self.calls.append((time.monotonic(), list(starts), [r.job_id for r in results]))
         self.held.append(held)
         self.wrote.set()
@@ -216,3 +223,77 @@ def test_results_carry_the_held_view_of_their_jobs() -> None:
         "w1",
     )
     assert 3 not in views and 4 not in views
+
+
+def _refusing(*job_ids: int, code: str | None = None) -> Any:
+    """A database that refuses any batch holding one of these jobs (and, with
+    ``code``, only results of theirs with another code)."""
+
+    def refuse(starts: list[tuple[int, int]], results: list[AttemptResult]) -> None:
+        for j, _ in starts:
+            if j in job_ids and code is None:
+                raise ValueError(f"start of {j}")
+        for r in results:
+            if r.job_id in job_ids and (code is None or r.code != code):
+                raise ValueError(f"result of {r.job_id}")
+
+    return refuse
+
+
+def test_a_result_the_database_refuses_becomes_a_failure_and_holds_up_nothing() -> None:
+    engine = Recorder(refuse=_refusing(2, code="INTERNAL"))
+    seen: list[tuple[int, str, bool]] = []
+    f = Flusher(engine, "w1", lambda r, ok: seen.append((r.job_id, r.status, ok)))  # type: ignore[arg-type]
+    f.start()
+    f.finished(AttemptResult(1, 1, "completed"))
+    f.finished(AttemptResult(2, 1, "completed", result={"text": "a"}, duration_ms=7))
+    f.finished(AttemptResult(3, 1, "completed"))
+    assert f.close(5)
+    assert sorted(seen) == [(1, "completed", True), (2, "failed", True), (3, "completed", True)]
+    (failed,) = [r for r in engine.written if r.job_id == 2]
+    assert (failed.code, failed.result, failed.duration_ms) == ("INTERNAL", None, 7)
+    assert "could not be recorded" in failed.message
+
+
+def test_a_result_refused_even_as_a_failure_is_dropped_and_the_rest_written() -> None:
+    engine = Recorder(refuse=_refusing(2))
+    seen: list[tuple[int, bool]] = []
+    f = Flusher(engine, "w1", lambda r, ok: seen.append((r.job_id, ok)))  # type: ignore[arg-type]
+    f.start()
+    f.started(2, 1)  # refused too: dropped, not retried for ever
+    f.progress(2, 1, {"percent": 5})
+    for j in (1, 2, 3):
+        f.finished(AttemptResult(j, 1, "completed"))
+    assert f.close(5)
+    assert sorted(seen) == [(1, True), (2, False), (3, True)]
+    assert sorted(r.job_id for r in engine.written) == [1, 3]
+
+
+def test_the_database_going_away_while_a_batch_is_isolated_keeps_what_is_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(flusher.time, "sleep", lambda s: None)
+    engine = Recorder(refuse=_refusing(1, code="INTERNAL"))
+    calls = {"n": 0}
+    refuse = engine.refuse
+
+    def away_once(starts: Any, results: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:  # the batch, job 1 alone, then away for job 1's failure
+            raise ConnectionError("database away")
+        refuse(starts, results)
+
+    engine.refuse = away_once
+    seen: list[tuple[int, bool]] = []
+    f = Flusher(engine, "w1", lambda r, ok: seen.append((r.job_id, ok)))  # type: ignore[arg-type]
+    f.start()
+    f.finished(AttemptResult(1, 1, "completed"))
+    f.finished(AttemptResult(2, 1, "completed"))
+    f.finished(AttemptResult(3, 1, "completed"))
+    assert f.close(5)
+    assert sorted(seen) == [(1, True), (2, True), (3, True)]
+    assert sorted((r.job_id, r.status) for r in engine.written) == [
+        (1, "failed"),
+        (2, "completed"),
+        (3, "completed"),
+    ]

@@ -58,3 +58,8 @@ def test_any_object_is_accepted():
 
 def test_relative_and_single_segment_paths_are_kept():
     assert redact("wrote out.webp into tmp/x") == "wrote out.webp into tmp/x"
+
+
+def test_control_characters_are_replaced() -> None:
+    out = redact("tag \x00evil\x1b[31m\x7f end\tand\nnext")
+    assert out == "tag \ufffdevil\ufffd[31m\ufffd end and next"

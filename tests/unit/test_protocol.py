@@ -1,0 +1,141 @@
+"""The worker-child frames: strict JSON, bounded, checked for shape."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from hypermedia.worker.protocol import (
+    ProtocolError,
+    check_report,
+    encode,
+    read_frame,
+    write_frame,
+)
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[int, int]]:
+    r, w = os.pipe()
+    yield r, w
+    for fd in (r, w):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _raw(w: int, body: bytes) -> None:
+    os.write(w, struct.pack("!I", len(body)) + body)
+
+
+def test_a_frame_round_trips(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    msg = {"op": "run", "params": {"ms": 3, "names": ["a", "é"]}, "input": None}
+    write_frame(w, msg)
+    os.close(w)
+    assert read_frame(r) == msg
+    assert read_frame(r) is None  # the other end closed
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), b"bytes", object()])
+def test_what_json_cannot_say_is_refused_when_sent(value: Any) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        encode({"op": "done", "result": value})
+
+
+def test_a_pickle_is_refused_without_being_run(pipe: tuple[int, int], tmp_path: Any) -> None:
+    marker = tmp_path / "ran"
+
+    class Opens:
+        def __reduce__(self) -> tuple[object, tuple[str, str]]:
+            return open, (str(marker), "w")
+
+    r, w = pipe
+    _raw(w, pickle.dumps(Opens()))
+    with pytest.raises(ProtocolError):
+        read_frame(r, 1 << 20)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("body", [b"NaN", b'{"percent": Infinity}', b"[" * 20_000])
+def test_json_extensions_and_deep_nesting_are_refused(pipe: tuple[int, int], body: bytes) -> None:
+    r, w = pipe
+    _raw(w, body)
+    with pytest.raises(ProtocolError):
+        read_frame(r, 1 << 20)
+
+
+def test_an_oversized_frame_is_refused_before_its_body_is_read(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    os.write(w, struct.pack("!I", 3 << 30))  # no body follows: reading it would block
+    with pytest.raises(ProtocolError, match="bytes"):
+        read_frame(r, 1 << 20)
+
+
+def _done(**kw: Any) -> dict[str, Any]:
+    return {"op": "done", "status": "completed", "result": {"a": 1}, "outputs": [], **kw}
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        ["op", "done"],
+        {"op": "exec"},
+        _done(status="owned"),
+        _done(outputs="x"),
+        _done(outputs=[{"output_type": "thumb"}]),
+        _done(outputs=[{"output_type": 3, "mime_type": "image/webp"}]),
+        _done(outputs=[{"output_type": "t", "mime_type": "m", "metadata": [1]}]),
+        _done(outputs=[{"output_type": "t", "mime_type": "m", "path": 7}]),
+    ],
+)
+def test_reports_of_the_wrong_shape_are_refused(msg: Any) -> None:
+    with pytest.raises(ProtocolError):
+        check_report(msg)
+
+
+def test_a_report_is_normalised() -> None:
+    out = {"output_type": "thumb", "mime_type": "image/webp", "metadata": {"w": 1}, "path": "t"}
+    got = check_report(_done(outputs=[out], cpu_ms=12.0, peak_mb=-1, message=None, extra=1))
+    assert got == {
+        "op": "done",
+        "status": "completed",
+        "code": None,
+        "message": "",
+        "result": {"a": 1},
+        "outputs": [out],
+        "cpu_ms": 12,
+        "cpu_total_ms": None,
+        "peak_mb": None,
+    }
+    failed = check_report(
+        {"op": "done", "status": "failed", "code": "PWNED", "message": "x" * 5000, "outputs": [out]}
+    )
+    assert (failed["code"], len(failed["message"]), failed["outputs"]) == ("INTERNAL", 1000, [])
+    assert check_report({"op": "done", "status": "failed", "code": "OOM"})["code"] == "OOM"
+
+
+def test_progress_keeps_only_a_finite_number_and_a_text() -> None:
+    assert check_report({"op": "progress", "percent": 50, "step": "half"}) == {
+        "op": "progress",
+        "percent": 50,
+        "step": "half",
+    }
+    odd = check_report({"op": "progress", "percent": True, "step": {"x": 1}})
+    assert (odd["percent"], odd["step"]) == (None, None)
+
+
+def test_nul_characters_are_scrubbed_before_the_database_sees_them() -> None:
+    from hypermedia.worker.files import storable
+
+    declared = [{"output_type": "t", "mime_type": "m", "metadata": {"tag\x00": ["x\x00"]}}]
+    result, outs = storable({"text": "a\x00b", "n": 1, "raw": "\\u0000"}, declared)
+    assert result == {"text": "a\ufffdb", "n": 1, "raw": "\\u0000"}
+    assert outs[0]["metadata"] == {"tag\ufffd": ["x\ufffd"]}
+    plain = {"text": "ab"}
+    assert storable(plain, [])[0] is plain  # nothing to scrub: nothing copied
