@@ -92,6 +92,16 @@ class InvalidRequest(HypermediaError):
     pass
 
 
+class ValueRefused(InvalidRequest):
+    """The database refused a value it was given, as it would every time (a
+    NUL character on PostgreSQL, a number out of a column's range)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "a value given cannot be stored (NUL characters, or a number or text out of range)"
+        )
+
+
 class IdempotencyConflict(HypermediaError):
     """The idempotency key was used before for a different request."""
 

@@ -21,6 +21,7 @@ from sqlalchemy.engine import make_url
 
 from hypermedia.db import dialects
 from hypermedia.db.queries import Tx
+from hypermedia.errors import ValueRefused
 
 T = TypeVar("T")
 
@@ -94,7 +95,7 @@ class Driver:
     @contextmanager
     def tx(self) -> Iterator[Tx]:
         """A write transaction, committed on success, rolled back on error."""
-        with self._sqlite_writer, self._engines["write"].begin() as conn:
+        with _refusals(), self._sqlite_writer, self._engines["write"].begin() as conn:
             yield Tx(conn, self.name)
 
     def tx_retrying(self, work: Callable[[Tx], T], attempts: int = 3) -> T:
@@ -135,12 +136,12 @@ class Driver:
             with self.tx() as tx:
                 yield tx
             return
-        with self._engines["auto"].connect() as conn:
+        with _refusals(), self._engines["auto"].connect() as conn:
             yield Tx(conn, self.name, autocommit=True)
 
     @contextmanager
     def read(self) -> Iterator[Tx]:
-        with self._engines["read"].begin() as conn:
+        with _refusals(), self._engines["read"].begin() as conn:
             yield Tx(conn, self.name)
 
     # -- wake-ups --------------------------------------------------------------
@@ -160,6 +161,16 @@ class Driver:
             return True
         except sa.exc.DBAPIError:
             return False
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """A value the database refuses (it would every time) is the caller's
+    mistake, told as one (a 422 at the API), not an internal error."""
+    try:
+        yield
+    except sa.exc.DataError as exc:
+        raise ValueRefused() from exc
 
 
 def _sqlite_engine(url: str, begin: str, echo: bool) -> sa.Engine:

@@ -29,7 +29,13 @@ from hypermedia.errors import (
 from hypermedia.pipelines import registry
 from hypermedia.queue import profiles as pricing
 from hypermedia.queue import states
-from hypermedia.queue.models import AttemptResult, Claimed, NewJob
+from hypermedia.queue.models import (
+    AttemptResult,
+    Claimed,
+    NewJob,
+    check_idempotency_key,
+    check_queue_name,
+)
 from hypermedia.queue.settle import Decision, decide
 from hypermedia.redact import redact
 
@@ -115,6 +121,7 @@ class Engine:
         built: list[tuple[int, Row, str]] = []
         for i, j in enumerate(jobs):
             if j.idempotency_key is not None:
+                check_idempotency_key(j.idempotency_key)
                 prior = tx.job_by_idempotency_key(j.project_id, j.idempotency_key)
                 if prior is not None:
                     if not self._repeats(tx, prior, j):
@@ -202,6 +209,8 @@ class Engine:
             raise InvalidRequest("priority must be from 1 (highest) to 10 (lowest)")
         if not 1 <= job.max_attempts <= 100:
             raise InvalidRequest("max_attempts must be from 1 to 100")
+        if job.queue is not None:
+            check_queue_name(job.queue)
         pool_id, input_key, input_size = job.pool_id, job.input_key, job.input_size_bytes
         pages = duration_ms = None
         if job.object_id is not None:

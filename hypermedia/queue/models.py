@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from hypermedia.config import DEFAULT_PROJECT
+from hypermedia.errors import InvalidRequest
+
+QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,49}")
+
+
+def check_queue_name(name: str) -> str:
+    """The one rule for queue names, wherever one is given (job, profile, pause)."""
+    if not QUEUE_NAME.fullmatch(name):
+        raise InvalidRequest(
+            "a queue name has 1 to 50 characters: lower-case letters, digits, '.', '_', '-'"
+        )
+    return name
+
+
+def check_idempotency_key(key: str) -> str:
+    if not 1 <= len(key) <= 255 or not key.isprintable():
+        raise InvalidRequest("an Idempotency-Key has 1 to 255 printable characters")
+    return key
 
 
 @dataclass

@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 from hypermedia.errors import Conflict, InvalidRequest, JobError, NotFound
 from hypermedia.pipelines import registry
+from hypermedia.queue.models import check_queue_name
 
 if TYPE_CHECKING:
     from hypermedia.queue.engine import Engine
 
 Row = dict[str, Any]
 
-KEY = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
-QUEUE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,49}$")
-VERSION = re.compile(r"^v([1-9][0-9]{0,8})$")
+KEY = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}\Z")
+VERSION = re.compile(r"^v([1-9][0-9]{0,8})\Z")
 MAX_PRICE = 1_000_000
 MAX_TIMEOUT = 7 * 86_400
 DEFAULT_TIMEOUT = 3600
@@ -210,7 +210,7 @@ class Profiles:
         except JobError as exc:
             raise InvalidRequest(exc.reason) from None
         given: Row = {
-            "queue_name": None if queue is None else _queue(queue),
+            "queue_name": None if queue is None else check_queue_name(queue),
             "settings": _settings(pipeline, settings),
             "timeout_seconds": timeout_seconds,
             "max_input_bytes": max_input_bytes,
@@ -383,11 +383,3 @@ def _bounded(what: str, value: Any, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidRequest(f"{what} must be an integer from {low} to {high}")
     return value
-
-
-def _queue(name: str) -> str:
-    if not QUEUE.match(name):
-        raise InvalidRequest(
-            "a queue name has 1 to 50 characters: lower-case letters, digits, '.', '_', '-'"
-        )
-    return name

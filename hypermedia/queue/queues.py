@@ -6,23 +6,15 @@ claim (see ``worker.runner``); jobs already claimed run on.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from hypermedia.errors import InvalidRequest
 from hypermedia.queue.engine import Engine
+from hypermedia.queue.models import check_queue_name
 
 Row = dict[str, Any]
-QUEUE_NAME = re.compile(r"[a-z0-9_.-]{1,50}")
 COUNTS = ("queued", "running", "retry_wait", "completed_1h", "failed_1h")
-
-
-def check_queue_name(name: str) -> str:
-    if not QUEUE_NAME.fullmatch(name):
-        raise InvalidRequest("a queue name has 1 to 50 characters among a-z 0-9 _ . -")
-    return name
 
 
 class Queues:

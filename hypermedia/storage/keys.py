@@ -13,9 +13,9 @@ import unicodedata
 
 from hypermedia.storage.base import UnsafeKey
 
-_ROLE = re.compile(r"^[a-z][a-z0-9_-]{0,29}$")
-_EXT = re.compile(r"^[a-z0-9]{1,10}$")
-_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_ROLE = re.compile(r"^[a-z][a-z0-9_-]{0,29}\Z")
+_EXT = re.compile(r"^[a-z0-9]{1,10}\Z")
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 
 # Extensions mimetypes gets wrong or leaves to chance on some systems.
 _EXT_BY_MIME = {

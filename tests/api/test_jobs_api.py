@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from fastapi.testclient import TestClient
 
 from hypermedia.services import Services
@@ -49,6 +50,28 @@ def test_unknown_fields_and_bad_values_are_422(client: TestClient, a: Project) -
     assert r.status_code == 422 and r.json()["code"] == "invalid_request"
     r = client.post("/v1/jobs", json={"params": {}}, headers=h)
     assert r.status_code == 422
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "said"),
+    [
+        ({**NOOP, "queue": "bulk\n"}, None, "queue name"),
+        ({**NOOP, "queue": "bu\x00lk"}, None, "queue name"),
+        ({**NOOP, "queue": "Bulk"}, None, "queue name"),
+        (NOOP, "key\x00", "Idempotency-Key"),
+        (NOOP, "key\x1b[2J", "Idempotency-Key"),
+        ({"profile": "debug-noop\x00"}, None, "profile reference"),
+    ],
+)
+def test_nul_and_control_characters_are_422_not_500(
+    client: TestClient, a: Project, body: dict, key: str | None, said: str
+) -> None:
+    """PostgreSQL stores no NUL in text: checked before it is asked to."""
+    h = bearer(a.admin) | ({"Idempotency-Key": key} if key else {})
+    r = client.post("/v1/jobs", json=body, headers=h)
+    assert r.status_code == 422, r.text
+    assert said in r.json()["message"]
+    assert client.get("/v1/jobs", headers=bearer(a.admin)).json()["items"] == []
 
 
 def test_list_filters_and_pages_with_a_cursor(client: TestClient, a: Project) -> None:

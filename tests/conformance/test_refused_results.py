@@ -8,7 +8,13 @@ the worker behind it for ever.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
+import pytest
+
 from hypermedia.db.driver import Driver
+from hypermedia.errors import ValueRefused
+from hypermedia.queue import states
 from hypermedia.queue.engine import Engine
 from hypermedia.worker.flusher import Flusher
 
@@ -38,3 +44,17 @@ def test_a_refused_result_fails_its_job_and_the_others_complete(
         assert "could not be recorded" in row["safe_reason"]
     else:  # stored as it came, or refused the same way: never stuck
         assert (row["status"], row["result"]) in [("completed", poison), ("failed", None)]
+
+
+def test_a_value_the_database_refuses_is_the_callers_mistake(
+    engine: Engine, driver: Driver
+) -> None:
+    """DataError (here a NUL, which only PostgreSQL refuses) is a ValueRefused,
+    an InvalidRequest (a 422 at the API), not an internal error."""
+    job_id = new_job(engine)
+    refused: AbstractContextManager[object] = (
+        pytest.raises(ValueRefused) if driver.name == "postgresql" else nullcontext()
+    )
+    with refused, driver.tx() as tx:
+        tx.update_job(job_id, states.STATUSES, {"safe_reason": "a\x00b"})
+    assert job_row(driver, job_id)["safe_reason"] in (None, "a\x00b")
