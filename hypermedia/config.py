@@ -33,6 +33,9 @@ class Settings:
     claim_batch: int = 10
     child_max_attempts: int = 1000
     child_memory_mb: int = 2048
+    # The largest file an attempt may write (RLIMIT_FSIZE): a hostile input
+    # must not fill the disk the database and the blobs live on.
+    child_max_file_mb: int = 4096
     backoff_base_seconds: float = 2.0
     backoff_max_seconds: float = 600.0
     # Storage (seed 002): S3 credentials for s3:// pools, the key that signs
@@ -80,6 +83,7 @@ _ENV_NAMES = {
     "claim_batch": "CLAIM_BATCH",
     "child_max_attempts": "CHILD_MAX_ATTEMPTS",
     "child_memory_mb": "CHILD_MEMORY_MB",
+    "child_max_file_mb": "CHILD_MAX_FILE_MB",
     "backoff_base_seconds": "BACKOFF_BASE_SECONDS",
     "backoff_max_seconds": "BACKOFF_MAX_SECONDS",
     "s3_access_key_id": "S3_ACCESS_KEY_ID",

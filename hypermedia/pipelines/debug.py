@@ -7,7 +7,8 @@ process dies with SIGKILL, like a segfaulting decoder would), and
 ``{"output": true}`` (declare a data-only output, to check outputs are recorded once),
 and ``{"steps": N}`` (report progress N times while sleeping), and
 ``{"nan": true}`` (return a result that is not plain JSON), and
-``{"forge": KIND, "marker": PATH}`` (write a forged report on the worker's
+``{"write_mb": N}`` (write an N MB file in scratch, to hit the attempt's
+file-size limit), and ``{"forge": KIND, "marker": PATH}`` (write a forged report on the worker's
 pipe, as code that took over the child through a decoder bug would: a
 ``pickle`` that creates PATH if anybody unpickles it, a ``huge`` frame header,
 or ``junk``, JSON of the wrong shape).
@@ -47,6 +48,7 @@ def _validate_noop(params: dict[str, Any], settings: dict[str, Any]) -> dict[str
 
 def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     allowed = {"ms", "fail", "crash", "alloc_mb", "steps", "output", "nan", "forge", "marker"}
+    allowed.add("write_mb")
     unknown = set(params) - allowed
     if unknown:
         raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
@@ -59,9 +61,10 @@ def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[st
         raise JobError("INVALID_PARAMS", f"fail must be one of {', '.join(ERROR_POLICY)}")
     if not isinstance(params.get("crash", False), bool):
         raise JobError("INVALID_PARAMS", "crash must be true or false")
-    alloc = params.get("alloc_mb", 0)
-    if not isinstance(alloc, int) or not 0 <= alloc <= 65536:
-        raise JobError("INVALID_PARAMS", "alloc_mb must be an integer from 0 to 65536")
+    for name in ("alloc_mb", "write_mb"):
+        amount = params.get(name, 0)
+        if not isinstance(amount, int) or isinstance(amount, bool) or not 0 <= amount <= 65536:
+            raise JobError("INVALID_PARAMS", f"{name} must be an integer from 0 to 65536")
     # Fix: steps and output were accepted unchecked, so {"steps": "x"} was
     # queued and then failed in the child as a retried INTERNAL error, and a
     # huge steps flooded the worker with progress frames.
@@ -124,6 +127,10 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
         blob[::4096] = b"x" * len(blob[::4096])
     if params.get("crash"):
         os.kill(os.getpid(), signal.SIGKILL)
+    if params.get("write_mb"):
+        with open(os.path.join(ctx.scratch, "written.bin"), "wb") as f:
+            for _ in range(params["write_mb"]):
+                f.write(b"\0" * 1_048_576)
     if params.get("forge"):
         _forge(params["forge"], params.get("marker", "/nonexistent/marker"))
         time.sleep(5)  # the worker must act on the forgery, not on our real report

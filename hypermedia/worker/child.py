@@ -46,7 +46,15 @@ def _peak_mb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 
-def _limit(mem_mb: int | None, cpu_s: int | None) -> None:
+def _limit(mem_mb: int | None, cpu_s: int | None, file_mb: int | None) -> None:
+    if file_mb:
+        # Python ignores SIGXFSZ: a write past this fails with EFBIG instead
+        # (and a tool started with subprocess dies of SIGXFSZ).
+        _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        soft = file_mb * 1024 * 1024
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     if mem_mb:
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         soft = mem_mb * 1024 * 1024
@@ -79,7 +87,7 @@ def run_attempt(msg: dict[str, Any], out: int) -> bytes:
     os.chdir(msg["scratch"])
     _reset_peak()
     cpu0 = _cpu_ms()
-    _limit(msg.get("mem_mb"), msg.get("cpu_s"))
+    _limit(msg.get("mem_mb"), msg.get("cpu_s"), msg.get("file_mb"))
     try:
         pipeline = registry.get(msg["job_type"])
         ctx = registry.Context(msg["scratch"], report, msg.get("input"))
@@ -97,6 +105,13 @@ def run_attempt(msg: dict[str, Any], out: int) -> bytes:
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
         os.chdir("/")
+    if done["status"] == "failed" and _wrote_too_much(msg["scratch"], msg.get("file_mb")):
+        # Whatever the decoder made of its failed write, the cause is the limit.
+        done = {
+            "status": "failed",
+            "code": "LIMIT_EXCEEDED",
+            "message": f"the attempt wrote a file over its {msg['file_mb']} MB limit",
+        }
     done.update(op="done", cpu_ms=_cpu_ms() - cpu0, cpu_total_ms=_cpu_ms(), peak_mb=_peak_mb())
     try:
         return encode(done)
@@ -109,6 +124,24 @@ def run_attempt(msg: dict[str, Any], out: int) -> bytes:
             outputs=[],
         )
         return encode(done)
+
+
+def _wrote_too_much(scratch: str, file_mb: int | None, most: int = 10_000) -> bool:
+    """Whether a file in scratch reached the file-size limit (``most`` entries looked at)."""
+    if not file_mb:
+        return False
+    limit, seen = file_mb * 1024 * 1024, 0
+    for root, _dirs, files in os.walk(scratch):
+        for name in files:
+            seen += 1
+            if seen > most:
+                return False
+            try:
+                if os.lstat(os.path.join(root, name)).st_size >= limit:
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def _die_with_worker(worker_pid: int | None) -> None:

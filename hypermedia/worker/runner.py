@@ -90,7 +90,12 @@ class Worker:
             signal.signal(signal.SIGINT, self._on_signal)
         self._register()
         root = scratch_root(self.settings.home, self.worker_id)
-        cfg = SlotConfig(root, self.settings.child_memory_mb, self.settings.child_max_attempts)
+        cfg = SlotConfig(
+            root,
+            self.settings.child_memory_mb,
+            self.settings.child_max_attempts,
+            self.settings.child_max_file_mb,
+        )
         storage = Storage(self.engine.db, self.settings)
         self.flusher.before_results = storage.make_durable
         # Inputs are fetched a slot's worth ahead; outputs stored by up to four

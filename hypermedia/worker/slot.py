@@ -72,6 +72,7 @@ class SlotConfig:
     scratch_root: Path
     memory_mb: int
     max_attempts_per_child: int
+    max_file_mb: int = 4096
 
 
 # A child that takes longer than this to load its libraries is not waited
@@ -200,6 +201,7 @@ class Slot:
             "scratch": self._scratch_str,
             "mem_mb": mem,
             "cpu_s": job.timeout_seconds + 5,
+            "file_mb": self.cfg.max_file_mb,
             "input": f"{self._scratch_str}/{input_name}" if input_name else None,
         }
         child = self._child_for(message)

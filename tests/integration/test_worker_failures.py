@@ -208,3 +208,20 @@ def test_a_child_that_forges_its_report_is_killed_and_runs_nothing_in_the_worker
     assert not marker.exists()
     assert w.alive()
     assert run_one(driver, live, {"ms": 1})["slept_ms"] == 1
+
+
+def test_an_attempt_writing_past_its_file_limit_fails_and_the_worker_carries_on(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """RLIMIT_FSIZE: a hostile input must not fill the disk the database is on."""
+    w = procs.worker("--concurrency", "1", HYPERMEDIA_CHILD_MAX_FILE_MB="2")
+    big = submit(live, {"write_mb": 5}, max_attempts=3)
+    row = wait_job(driver, big, timeout=30)
+    assert (row["status"], row["error_code"], row["attempt_count"]) == (
+        "failed",
+        "LIMIT_EXCEEDED",
+        1,
+    )
+    assert "over its 2 MB limit" in row["safe_reason"]
+    assert w.alive()
+    assert run_one(driver, live, {"write_mb": 1})["slept_ms"] == 0
