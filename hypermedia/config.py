@@ -31,7 +31,11 @@ class Settings:
     poll_interval_seconds: float = 1.0
     cancel_poll_seconds: float = 1.0
     claim_batch: int = 10
-    child_max_attempts: int = 1000
+    # A warm child is replaced after this many attempts, or at once when it
+    # still holds more than child_recycle_rss_mb after one (a leak, a heap
+    # that never shrinks back).
+    child_max_attempts: int = 10000
+    child_recycle_rss_mb: int = 512
     child_memory_mb: int = 2048
     # The largest file an attempt may write (RLIMIT_FSIZE): a hostile input
     # must not fill the disk the database and the blobs live on.
@@ -82,6 +86,7 @@ _ENV_NAMES = {
     "cancel_poll_seconds": "CANCEL_POLL_SECONDS",
     "claim_batch": "CLAIM_BATCH",
     "child_max_attempts": "CHILD_MAX_ATTEMPTS",
+    "child_recycle_rss_mb": "CHILD_RECYCLE_RSS_MB",
     "child_memory_mb": "CHILD_MEMORY_MB",
     "child_max_file_mb": "CHILD_MAX_FILE_MB",
     "backoff_base_seconds": "BACKOFF_BASE_SECONDS",

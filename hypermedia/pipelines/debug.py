@@ -1,14 +1,15 @@
 """debug.noop and debug.sleep: built-in job types for health checks, tests and benchmarks.
 
-debug.sleep takes ``{"ms": N}`` and, to exercise the failure paths,
-``{"fail": "CODE"}`` (raise that error code) and ``{"crash": true}`` (the child
-process dies with SIGKILL, like a segfaulting decoder would), and
-``{"alloc_mb": N}`` (allocate memory, to hit the attempt's memory limit), and
-``{"output": true}`` (declare a data-only output, to check outputs are recorded once),
-and ``{"steps": N}`` (report progress N times while sleeping), and
-``{"nan": true}`` (return a result that is not plain JSON), and
-``{"write_mb": N}`` (write an N MB file in scratch, to hit the attempt's
-file-size limit), and ``{"forge": KIND, "marker": PATH}`` (write a forged report on the worker's
+debug.sleep takes ``{"ms": N}`` and, to exercise the failure paths:
+``{"fail": "CODE"}`` (raise that error code); ``{"crash": true}`` (the child
+process dies with SIGKILL, like a segfaulting decoder would); ``{"alloc_mb": N}``
+(allocate memory, to hit the attempt's memory limit); ``{"leak_mb": N}`` (keep
+N MB for the rest of the child's life, as a leaking decoder would);
+``{"write_mb": N}`` (write an N MB file in scratch, to hit the file-size
+limit); ``{"output": true}`` (declare a data-only output, to check outputs are
+recorded once); ``{"steps": N}`` (report progress N times while sleeping);
+``{"nan": true}`` (return a result that is not plain JSON); and
+``{"forge": KIND, "marker": PATH}`` (write a forged report on the worker's
 pipe, as code that took over the child through a decoder bug would: a
 ``pickle`` that creates PATH if anybody unpickles it, a ``huge`` frame header,
 or ``junk``, JSON of the wrong shape).
@@ -48,7 +49,7 @@ def _validate_noop(params: dict[str, Any], settings: dict[str, Any]) -> dict[str
 
 def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     allowed = {"ms", "fail", "crash", "alloc_mb", "steps", "output", "nan", "forge", "marker"}
-    allowed.add("write_mb")
+    allowed |= {"write_mb", "leak_mb"}
     unknown = set(params) - allowed
     if unknown:
         raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
@@ -61,7 +62,7 @@ def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[st
         raise JobError("INVALID_PARAMS", f"fail must be one of {', '.join(ERROR_POLICY)}")
     if not isinstance(params.get("crash", False), bool):
         raise JobError("INVALID_PARAMS", "crash must be true or false")
-    for name in ("alloc_mb", "write_mb"):
+    for name in ("alloc_mb", "write_mb", "leak_mb"):
         amount = params.get(name, 0)
         if not isinstance(amount, int) or isinstance(amount, bool) or not 0 <= amount <= 65536:
             raise JobError("INVALID_PARAMS", f"{name} must be an integer from 0 to 65536")
@@ -79,6 +80,9 @@ def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[st
     if not isinstance(params.get("marker", ""), str):
         raise JobError("INVALID_PARAMS", "marker must be a path")
     return dict(params)
+
+
+_LEAKED: list[bytearray] = []
 
 
 class _Opens:
@@ -127,6 +131,10 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
         blob[::4096] = b"x" * len(blob[::4096])
     if params.get("crash"):
         os.kill(os.getpid(), signal.SIGKILL)
+    if params.get("leak_mb"):
+        kept = bytearray(params["leak_mb"] * 1024 * 1024)
+        kept[::4096] = b"x" * len(kept[::4096])  # touched: resident, not just reserved
+        _LEAKED.append(kept)
     if params.get("write_mb"):
         with open(os.path.join(ctx.scratch, "written.bin"), "wb") as f:
             for _ in range(params["write_mb"]):

@@ -35,15 +35,23 @@ def _reset_peak() -> None:
         pass
 
 
-def _peak_mb() -> int:
+def _memory_mb() -> tuple[int, int | None]:
+    """(peak RSS of this attempt, RSS now): the worker recycles a child that
+    holds on to much memory after an attempt (a leak, or a heap that never
+    shrinks back)."""
+    peak = rss = None
     try:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) // 1024
+                    peak = int(line.split()[1]) // 1024
+                elif line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) // 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    if peak is None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    return peak, rss
 
 
 def _limit(mem_mb: int | None, cpu_s: int | None, file_mb: int | None) -> None:
@@ -112,7 +120,10 @@ def run_attempt(msg: dict[str, Any], out: int) -> bytes:
             "code": "LIMIT_EXCEEDED",
             "message": f"the attempt wrote a file over its {msg['file_mb']} MB limit",
         }
-    done.update(op="done", cpu_ms=_cpu_ms() - cpu0, cpu_total_ms=_cpu_ms(), peak_mb=_peak_mb())
+    peak_mb, rss_mb = _memory_mb()
+    done.update(
+        op="done", cpu_ms=_cpu_ms() - cpu0, cpu_total_ms=_cpu_ms(), peak_mb=peak_mb, rss_mb=rss_mb
+    )
     try:
         return encode(done)
     except (TypeError, ValueError):  # NaN, bytes, objects: nothing the worker may store

@@ -117,6 +117,7 @@ def check_report(msg: Any) -> dict[str, Any]:
         "cpu_ms": _count(msg.get("cpu_ms")),
         "cpu_total_ms": _count(msg.get("cpu_total_ms")),
         "peak_mb": _count(msg.get("peak_mb")),
+        "rss_mb": _count(msg.get("rss_mb")),
     }
 
 

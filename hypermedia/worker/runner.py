@@ -95,6 +95,7 @@ class Worker:
             self.settings.child_memory_mb,
             self.settings.child_max_attempts,
             self.settings.child_max_file_mb,
+            self.settings.child_recycle_rss_mb,
         )
         storage = Storage(self.engine.db, self.settings)
         self.flusher.before_results = storage.make_durable

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,7 @@ class SlotConfig:
     memory_mb: int
     max_attempts_per_child: int
     max_file_mb: int = 4096
+    recycle_rss_mb: int = 512
 
 
 # A child that takes longer than this to load its libraries is not waited
@@ -98,6 +100,8 @@ class Slot:
         self.stager = stager
         self.storer = storer
         self.child: Child | None = None
+        self._job_types: list[str] = []  # what a new child loads before its first job
+        self._retiring: list[threading.Thread] = []  # each stops one worn child
         # One scratch directory per slot, emptied after each attempt: cheaper
         # than a fresh directory per attempt, and never shared between children.
         # Its path is made once (pathlib costs more than the stat itself).
@@ -111,11 +115,11 @@ class Slot:
         wait (at most ``timeout``) until it has: the first attempt then finds
         it ready.  Called from the slot's own thread: the child's
         parent-death signal is tied to the thread that starts it."""
+        self._job_types = list(job_types)
         if self.child is not None or not job_types:
             return
-        child = self.child = Child()
-        if not child.send({"op": "warm", "job_types": job_types}):
-            self.child = None
+        child = self._spawn()
+        if child is None:
             return
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
@@ -257,6 +261,8 @@ class Slot:
                     job.job_id, job.attempt, {"percent": msg["percent"], "step": msg["step"]}
                 )
                 continue
+            if msg["op"] == "warm":  # a replacement child's libraries are loaded
+                continue
             if msg["op"] != "done":
                 child.refuse("a report out of turn")
                 return self._died(rj, child, mem, elapsed_ms), []
@@ -283,15 +289,39 @@ class Slot:
         code = msg["code"]
         if code == "OOM":
             self._kill()  # a child that hit its memory limit is never reused
-        elif child.attempts >= self.cfg.max_attempts_per_child:
-            child.stop()
-            self.child = None
+        elif child.attempts >= self.cfg.max_attempts_per_child or (
+            msg["rss_mb"] is not None and msg["rss_mb"] > self.cfg.recycle_rss_mb
+        ):
+            self._recycle(child)
         status = msg["status"]
         res = self._result(
             rj, status, code, msg["message"], elapsed_ms, msg["peak_mb"], msg["cpu_ms"]
         )
         res.result = msg["result"]
         return res, msg["outputs"]
+
+    def _spawn(self) -> Child | None:
+        """A new child, already told to load this slot's libraries (its answer
+        comes before its first report; nobody waits for it)."""
+        child = self.child = Child()
+        if self._job_types and not child.send({"op": "warm", "job_types": self._job_types}):
+            child.kill()
+            self.child = None
+            return None
+        return child
+
+    def _recycle(self, child: Child) -> None:
+        """Retire a worn child without waiting for it: a thread of its own
+        asks it to exit and reaps it (killing it after a grace period) while
+        its replacement loads its libraries; the slot takes its next job at
+        once (the replacement answers when it is ready)."""
+        self._retiring = [t for t in self._retiring if t.is_alive()]
+        retire = threading.Thread(target=child.stop, name=f"retire-{child.pid}", daemon=True)
+        retire.start()
+        self._retiring.append(retire)
+        self.child = None
+        if self._job_types:
+            self._spawn()
 
     def _died(self, rj: Running, child: Child, mem: int, elapsed_ms: int) -> AttemptResult:
         ex = child.reap()
@@ -343,6 +373,8 @@ class Slot:
         if self.child is not None:
             self.child.stop()
             self.child = None
+        for retire in self._retiring:
+            retire.join()  # each ends within the grace of Child.stop
 
 
 def _empty(directory: Path) -> None:

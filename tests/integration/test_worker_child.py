@@ -81,6 +81,28 @@ def test_warm_child_is_reused_then_recycled_after_max_attempts(
 
 
 @sqlite_only
+def test_a_child_holding_memory_after_an_attempt_is_recycled(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """A leak (or a heap that never shrinks back) does not live on for
+    thousands of attempts: past HYPERMEDIA_CHILD_RECYCLE_RSS_MB after an
+    attempt, the child is replaced, and the next attempt finds the new one
+    ready."""
+    w = procs.worker(
+        "--concurrency", "1", "--no-maintenance", HYPERMEDIA_CHILD_RECYCLE_RSS_MB="150"
+    )
+    small = [run_one(driver, live, {"leak_mb": 20})["pid"] for _ in range(2)]
+    assert small[0] == small[1]  # under the line: reused
+    leaky = run_one(driver, live, {"leak_mb": 200})["pid"]
+    assert leaky == small[0]  # the attempt itself runs; its child is retired after
+    after = run_one(driver, live, {"ms": 0})["pid"]
+    assert after != leaky
+    procs.note_children(w)
+    eventually(lambda: gone(leaky), 5, "the leaking child exits")
+    assert [c.pid for c in w.children()] == [after]
+
+
+@sqlite_only
 def test_child_is_replaced_after_a_crash_and_after_a_timeout(
     driver: Driver, live: Engine, procs: Procs
 ) -> None:
