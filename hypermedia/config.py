@@ -40,6 +40,11 @@ class Settings:
     # The largest file an attempt may write (RLIMIT_FSIZE): a hostile input
     # must not fill the disk the database and the blobs live on.
     child_max_file_mb: int = 4096
+    # Landlock confinement of attempt children (worker/sandbox.py): auto,
+    # required or off; and the TCP ports a confined child may connect to
+    # (comma-separated; empty: TCP is not restricted).
+    child_sandbox: str = "auto"
+    child_connect_ports: str = ""
     backoff_base_seconds: float = 2.0
     backoff_max_seconds: float = 600.0
     # Storage (seed 002): S3 credentials for s3:// pools, the key that signs
@@ -89,6 +94,8 @@ _ENV_NAMES = {
     "child_recycle_rss_mb": "CHILD_RECYCLE_RSS_MB",
     "child_memory_mb": "CHILD_MEMORY_MB",
     "child_max_file_mb": "CHILD_MAX_FILE_MB",
+    "child_sandbox": "CHILD_SANDBOX",
+    "child_connect_ports": "CHILD_CONNECT_PORTS",
     "backoff_base_seconds": "BACKOFF_BASE_SECONDS",
     "backoff_max_seconds": "BACKOFF_MAX_SECONDS",
     "s3_access_key_id": "S3_ACCESS_KEY_ID",

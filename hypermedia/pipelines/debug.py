@@ -12,7 +12,9 @@ recorded once); ``{"steps": N}`` (report progress N times while sleeping);
 ``{"forge": KIND, "marker": PATH}`` (write a forged report on the worker's
 pipe, as code that took over the child through a decoder bug would: a
 ``pickle`` that creates PATH if anybody unpickles it, a ``huge`` frame header,
-or ``junk``, JSON of the wrong shape).
+or ``junk``, JSON of the wrong shape).  ``{"probe": {"read": [PATH…],
+"write": [PATH…], "connect": [PORT…], "signal": [PID…]}}`` tries each and
+reports which it could do, to check the child's sandbox (worker/sandbox.py).
 
 debug.copy reads its input object and stores a byte-for-byte copy as an output
 object (type ``copy``): the storage path of a job end to end.  To exercise the
@@ -27,10 +29,12 @@ import fcntl
 import os
 import pickle
 import signal
+import socket
 import stat
 import struct
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hypermedia.errors import ERROR_POLICY, JobError
@@ -49,7 +53,7 @@ def _validate_noop(params: dict[str, Any], settings: dict[str, Any]) -> dict[str
 
 def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     allowed = {"ms", "fail", "crash", "alloc_mb", "steps", "output", "nan", "forge", "marker"}
-    allowed |= {"write_mb", "leak_mb"}
+    allowed |= {"write_mb", "leak_mb", "probe"}
     unknown = set(params) - allowed
     if unknown:
         raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
@@ -79,6 +83,9 @@ def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[st
         raise JobError("INVALID_PARAMS", f"forge must be one of {', '.join(_FORGED)}")
     if not isinstance(params.get("marker", ""), str):
         raise JobError("INVALID_PARAMS", "marker must be a path")
+    probe = params.get("probe", {})
+    if not isinstance(probe, dict) or set(probe) - {"read", "write", "connect", "signal"}:
+        raise JobError("INVALID_PARAMS", "probe takes read, write, connect and signal lists")
     return dict(params)
 
 
@@ -149,12 +156,50 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
     if params.get("nan"):
         return {"value": float("nan")}  # not JSON: the worker must refuse it
     # What the attempt saw of its sandbox, so tests can check the isolation.
+    from hypermedia.worker import sandbox
+
     return {
+        "sandbox": sandbox.ACTIVE,
+        "probe": _probe(params.get("probe") or {}),
         "slept_ms": ms,
         "pid": os.getpid(),
         "environ": sorted(os.environ),
         "cwd": os.getcwd(),
         "db_loaded": any(m.startswith(("sqlalchemy", "hypermedia.db")) for m in sys.modules),
+    }
+
+
+def _probe(probe: dict[str, list[Any]]) -> dict[str, dict[str, bool]]:
+    def can(action: Callable[[Any], None], target: Any) -> bool:
+        try:
+            action(target)
+            return True
+        except OSError:
+            return False
+
+    def read(path: str) -> None:
+        with open(path, "rb") as f:
+            f.read(1)
+
+    def write(path: str) -> None:
+        with open(path, "ab"):
+            pass
+
+    def connect(port: int) -> None:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+    def signal_(pid: int) -> None:
+        os.kill(pid, 0)
+
+    actions: dict[str, Callable[[Any], None]] = {
+        "read": read,
+        "write": write,
+        "connect": connect,
+        "signal": signal_,
+    }
+    return {
+        kind: {str(x): can(action, x) for x in probe.get(kind, [])}
+        for kind, action in actions.items()
     }
 
 

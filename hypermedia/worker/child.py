@@ -7,6 +7,7 @@ It may serve many attempts in a row; the parent decides when to recycle it.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import resource
@@ -105,6 +106,12 @@ def run_attempt(msg: dict[str, Any], out: int) -> bytes:
         done = {"status": "failed", "code": exc.code, "message": exc.reason}
     except MemoryError:
         done = {"status": "failed", "code": "OOM", "message": "the attempt ran out of memory"}
+    except PermissionError:
+        done = {
+            "status": "failed",
+            "code": "PERMISSION_DENIED",
+            "message": "the attempt reached for a file outside its sandbox",
+        }
     except Exception as exc:  # a pipeline bug: keep the child alive, report it
         traceback.print_exc(file=sys.stderr)
         done = {"status": "failed", "code": "INTERNAL", "message": type(exc).__name__}
@@ -177,8 +184,24 @@ def _die_with_worker(worker_pid: int | None) -> None:
         os._exit(1)  # the worker died before we asked: nobody is listening
 
 
+def _confine(arg: str | None) -> None:
+    """Confine this process as the worker asked (sandbox.py), before any job."""
+    if not arg:
+        return
+    from hypermedia.worker import sandbox
+
+    spec = sandbox.Spec.from_json(json.loads(arg))
+    try:
+        sandbox.confine(spec)
+    except OSError as exc:
+        print(f"hypermedia child: cannot confine itself: {exc}", file=sys.stderr)
+        if spec.mode == "required":
+            sys.exit(3)
+
+
 def main() -> None:
     _die_with_worker(int(sys.argv[1]) if len(sys.argv) > 1 else None)
+    _confine(sys.argv[2] if len(sys.argv) > 2 else None)
     # The protocol owns the original stdin/stdout; anything a library prints
     # goes to stderr instead of corrupting the frames.
     # Started with env={}, but the interpreter adds LC_CTYPE when it coerces

@@ -8,6 +8,7 @@ cancelled or ran out of memory is killed and never reused.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
@@ -36,11 +37,15 @@ class Exit:
 
 
 class Child:
-    def __init__(self) -> None:
+    def __init__(self, sandbox: dict[str, Any] | None = None) -> None:
+        # Our pid, so the child can tell if we died before it armed its
+        # parent-death signal (see child._die_with_worker); then what it
+        # may touch (see sandbox.py).
+        argv = [sys.executable, "-I", "-m", "hypermedia.worker.child", str(os.getpid())]
+        if sandbox is not None:
+            argv.append(json.dumps(sandbox))
         self.proc = subprocess.Popen(
-            # Our pid, so the child can tell if we died before it armed its
-            # parent-death signal (see child._die_with_worker).
-            [sys.executable, "-I", "-m", "hypermedia.worker.child", str(os.getpid())],
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={},

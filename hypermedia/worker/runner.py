@@ -20,10 +20,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from hypermedia.errors import InvalidRequest
 from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import AttemptResult, Claimed
 from hypermedia.storage.ledger import Storage
+from hypermedia.worker import sandbox as landlock
 from hypermedia.worker.flusher import Flusher
 from hypermedia.worker.monitor import Monitor, Stats, worker_row
 from hypermedia.worker.slot import Running, Slot, SlotConfig, scratch_root
@@ -55,6 +57,7 @@ class Worker:
         self.batch = max(1, batch or self.settings.claim_batch)
         self.burst = burst
         self.worker_id = worker_id or new_worker_id()
+        self.sandbox, self.connect_ports = sandbox_settings(self.settings)
         self.stats = Stats()
         self.flusher = Flusher(
             engine,
@@ -96,6 +99,8 @@ class Worker:
             self.settings.child_max_attempts,
             self.settings.child_max_file_mb,
             self.settings.child_recycle_rss_mb,
+            self.sandbox,
+            self.connect_ports,
         )
         storage = Storage(self.engine.db, self.settings)
         self.flusher.before_results = storage.make_durable
@@ -364,3 +369,26 @@ class Worker:
         except Exception as exc:
             log.warning("could not mark worker terminated (%s)", type(exc).__name__)
         log.info("worker %s stopped", self.worker_id)
+
+
+def sandbox_settings(settings: Any) -> tuple[str, list[int] | None]:
+    """The children's confinement (mode, TCP ports), checked before the worker
+    registers: ``required`` on a kernel without Landlock refuses to start."""
+    mode = settings.child_sandbox
+    if mode not in ("auto", "required", "off"):
+        raise InvalidRequest("HYPERMEDIA_CHILD_SANDBOX is one of auto, required, off")
+    bad = InvalidRequest("HYPERMEDIA_CHILD_CONNECT_PORTS is a comma-separated list of ports")
+    raw = [p.strip() for p in settings.child_connect_ports.split(",") if p.strip()]
+    if not all(p.isdigit() and 0 < int(p) < 65536 for p in raw):
+        raise bad
+    ports = [int(p) for p in raw] if raw else None
+    if mode == "off":
+        return mode, ports
+    version = landlock.abi()
+    if version == 0:
+        if mode == "required":
+            raise InvalidRequest(
+                "HYPERMEDIA_CHILD_SANDBOX=required, but this kernel has no Landlock (Linux 5.13+)"
+            )
+        log.warning("attempt children run unconfined: this kernel has no Landlock")
+    return mode, ports

@@ -24,6 +24,7 @@ from hypermedia.storage.ledger import Storage
 from hypermedia.worker.files import fetch_input
 from hypermedia.worker.flusher import Flusher
 from hypermedia.worker.pool import Child, Exit
+from hypermedia.worker.sandbox import spec_for
 from hypermedia.worker.transfer import (
     Stager,
     Staging,
@@ -75,6 +76,8 @@ class SlotConfig:
     max_attempts_per_child: int
     max_file_mb: int = 4096
     recycle_rss_mb: int = 512
+    sandbox: str = "off"  # auto | required | off (see sandbox.py)
+    connect_ports: list[int] | None = None  # TCP ports a sandboxed child may reach
 
 
 # A child that takes longer than this to load its libraries is not waited
@@ -109,6 +112,11 @@ class Slot:
         self._scratch_str = str(self.scratch)
         self._scratch_mtime: int | None = None
         self._handed = 0  # attempts handed to the storer, for unique outboxes
+        self._sandbox = (
+            None
+            if cfg.sandbox == "off"
+            else spec_for(cfg.sandbox, self._scratch_str, cfg.connect_ports).to_json()
+        )
 
     def warm(self, job_types: list[str], timeout: float = WARM_TIMEOUT) -> None:
         """Start the child now, have it load these job types' libraries, and
@@ -274,7 +282,7 @@ class Slot:
             return self.child
         if self.child is not None:
             self.child.kill()
-        self.child = Child()
+        self.child = self._new_child()
         if not self.child.send(message):
             raise RuntimeError("a fresh child process refused its first job")
         return self.child
@@ -300,10 +308,15 @@ class Slot:
         res.result = msg["result"]
         return res, msg["outputs"]
 
+    def _new_child(self) -> Child:
+        # A sandboxed child is allowed its scratch directory: it must exist first.
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        return Child(self._sandbox)
+
     def _spawn(self) -> Child | None:
         """A new child, already told to load this slot's libraries (its answer
         comes before its first report; nobody waits for it)."""
-        child = self.child = Child()
+        child = self.child = self._new_child()
         if self._job_types and not child.send({"op": "warm", "job_types": self._job_types}):
             child.kill()
             self.child = None

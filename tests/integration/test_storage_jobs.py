@@ -58,20 +58,30 @@ def test_a_job_copies_its_input_to_a_new_object(
 
 @sqlite_only
 @pytest.mark.parametrize(
-    ("params", "why"),
+    ("params", "sandbox", "code", "why"),
     [
-        ({"name": "../escaped.bin"}, "outside its scratch directory"),
-        ({"symlink": "/etc/passwd", "name": "link.bin"}, "regular file"),
+        # The sandbox refuses the write itself; without one, the worker
+        # refuses the output it names.
+        ({"name": "../escaped.bin"}, "required", "PERMISSION_DENIED", "outside its sandbox"),
+        ({"name": "../escaped.bin"}, "off", "INVALID_OUTPUT", "outside its scratch directory"),
+        ({"symlink": "/etc/passwd", "name": "link.bin"}, "auto", "INVALID_OUTPUT", "regular file"),
     ],
 )
 def test_hostile_outputs_fail_the_job_and_store_nothing(
-    driver: Driver, live: Engine, storage: Storage, procs: Procs, params: dict, why: str
-) -> None:  # type: ignore[type-arg]
+    driver: Driver,
+    live: Engine,
+    storage: Storage,
+    procs: Procs,
+    params: dict,  # type: ignore[type-arg]
+    sandbox: str,
+    code: str,
+    why: str,
+) -> None:
     src = storage.put(io.BytesIO(b"some input"))
     job_id = live.enqueue(NewJob("debug.copy", params, object_id=src["object_id"]))
-    w = procs.worker("--concurrency", "1")
+    w = procs.worker("--concurrency", "1", HYPERMEDIA_CHILD_SANDBOX=sandbox)
     row = wait_job(driver, job_id)
-    assert (row["status"], row["error_code"]) == ("failed", "INVALID_OUTPUT")
+    assert (row["status"], row["error_code"]) == ("failed", code)
     assert why in row["safe_reason"]
     assert row["attempt_count"] == 1  # permanent: not retried
     assert [o["object_id"] for o in storage.list()] == [src["object_id"]]

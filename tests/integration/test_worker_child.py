@@ -19,6 +19,7 @@ from hypermedia.db.driver import Driver
 from hypermedia.errors import InvalidRequest
 from hypermedia.queue.engine import Engine
 from hypermedia.worker.pool import Child
+from tests.harness import hypermedia
 from tests.integration._procs import (
     Procs,
     attempts,
@@ -63,6 +64,77 @@ def test_attempt_runs_isolated_in_its_own_process_group(
     assert os.getsid(pid) == pid
     assert child.environ() == {}
     assert child.rlimit(psutil.RLIMIT_CORE) == (0, 0)  # no core dumps of hostile input
+
+
+@sqlite_only
+def test_the_child_is_confined_to_its_scratch_directory(
+    driver: Driver, live: Engine, procs: Procs, tmp_path: Path
+) -> None:
+    """Landlock (worker/sandbox.py): a child taken over by a hostile file
+    reads no database, no secret and no other job's files, writes nowhere but
+    its scratch directory, cannot signal the worker or read its environment."""
+    w = procs.worker("--concurrency", "1", "--no-maintenance", HYPERMEDIA_CHILD_SANDBOX="required")
+    db_file = driver.url.split("sqlite:///", 1)[1]
+    secret = tmp_path / "secret.key"
+    secret.write_text("not for children")
+    probe = {
+        "read": [db_file, str(secret), f"/proc/{w.pid}/environ", "/etc/ld.so.cache"],
+        "write": [str(tmp_path / "planted"), "/tmp/planted-by-a-child", "in-scratch.txt"],
+        "signal": [w.pid],
+    }
+    result = run_one(driver, live, {"probe": probe})
+    assert result["sandbox"] is not None and result["sandbox"] >= 1
+    seen = result["probe"]
+    assert seen["read"] == {
+        db_file: False,
+        str(secret): False,
+        f"/proc/{w.pid}/environ": False,
+        "/etc/ld.so.cache": True,
+    }
+    assert seen["write"] == {
+        str(tmp_path / "planted"): False,
+        "/tmp/planted-by-a-child": False,
+        "in-scratch.txt": True,
+    }
+    if result["sandbox"] >= 6:  # signal scoping came with Landlock ABI 6
+        assert seen["signal"] == {str(w.pid): False}
+    assert not (tmp_path / "planted").exists()
+    assert w.alive()
+
+
+@sqlite_only
+def test_a_confined_child_reaches_only_the_tcp_ports_it_is_given(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    import socket
+
+    with (
+        socket.create_server(("127.0.0.1", 0)) as allowed,
+        socket.create_server(("127.0.0.1", 0)) as other,
+    ):
+        ports = [s.getsockname()[1] for s in (allowed, other)]
+        procs.worker(
+            "--concurrency",
+            "1",
+            "--no-maintenance",
+            HYPERMEDIA_CHILD_SANDBOX="required",
+            HYPERMEDIA_CHILD_CONNECT_PORTS=str(ports[0]),
+        )
+        result = run_one(driver, live, {"probe": {"connect": ports}})
+    if result["sandbox"] < 4:
+        pytest.skip("TCP rules came with Landlock ABI 4")
+    assert result["probe"]["connect"] == {str(ports[0]): True, str(ports[1]): False}
+
+
+@sqlite_only
+def test_a_worker_refuses_a_sandbox_setting_it_cannot_honour(procs: Procs) -> None:
+    for env in (
+        {"HYPERMEDIA_CHILD_SANDBOX": "maybe"},
+        {"HYPERMEDIA_CHILD_CONNECT_PORTS": "5432,http"},
+    ):
+        done = hypermedia("worker", "--burst", url=procs.url, home=procs.home, **env)
+        assert done.returncode != 0
+        assert "HYPERMEDIA_CHILD_" in done.stderr and "Traceback" not in done.stderr
 
 
 @sqlite_only
