@@ -14,7 +14,8 @@ pipe, as code that took over the child through a decoder bug would: a
 ``pickle`` that creates PATH if anybody unpickles it, a ``huge`` frame header,
 or ``junk``, JSON of the wrong shape).  ``{"probe": {"read": [PATH…],
 "write": [PATH…], "connect": [PORT…], "signal": [PID…]}}`` tries each and
-reports which it could do, to check the child's sandbox (worker/sandbox.py).
+reports which it could do, to check the child's sandbox (worker/sandbox.py;
+``"$input"`` is the attempt's input file).
 
 debug.copy reads its input object and stores a byte-for-byte copy as an output
 object (type ``copy``): the storage path of a job end to end.  To exercise the
@@ -160,7 +161,7 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
 
     return {
         "sandbox": sandbox.ACTIVE,
-        "probe": _probe(params.get("probe") or {}),
+        "probe": _probe(params.get("probe") or {}, ctx.input_path),
         "slept_ms": ms,
         "pid": os.getpid(),
         "environ": sorted(os.environ),
@@ -169,7 +170,9 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
     }
 
 
-def _probe(probe: dict[str, list[Any]]) -> dict[str, dict[str, bool]]:
+def _probe(probe: dict[str, list[Any]], input_path: str | None) -> dict[str, dict[str, bool]]:
+    """Which of these it could do; ``"$input"`` names the attempt's input file."""
+
     def can(action: Callable[[Any], None], target: Any) -> bool:
         try:
             action(target)
@@ -198,7 +201,7 @@ def _probe(probe: dict[str, list[Any]]) -> dict[str, dict[str, bool]]:
         "signal": signal_,
     }
     return {
-        kind: {str(x): can(action, x) for x in probe.get(kind, [])}
+        kind: {str(x): can(action, input_path if x == "$input" else x) for x in probe.get(kind, [])}
         for kind, action in actions.items()
     }
 

@@ -38,7 +38,8 @@ def fetch_input(storage: Storage, job: Claimed, scratch: Path, prefix: str = "")
             row = storage.get(job.object_id)
             if row["state"] != "ready":
                 raise JobError("CORRUPT_INPUT", "the input object is no longer available")
-        # A hard link where the pool is local: pipelines only read their input.
+        # A hard link where the pool is local: pipelines only read their input
+        # (a sandboxed child cannot write it: see Slot.inbox).
         storage.download(row, scratch / name, link=True)
     except ChecksumMismatch:
         raise JobError("CORRUPT_INPUT", "the stored input does not match its checksum") from None

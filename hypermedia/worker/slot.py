@@ -63,6 +63,7 @@ class Running:
     lost: Flag = field(default_factory=Flag)
     stop_now: Flag = field(default_factory=Flag)
     staging: Staging | None = None  # its input, when the stager fetches it ahead
+    input_name: str | None = None  # its input's file name in the slot's inbox, once there
 
     @property
     def key(self) -> tuple[int, int]:
@@ -111,12 +112,16 @@ class Slot:
         self.scratch = cfg.scratch_root / f"slot-{index}"
         self._scratch_str = str(self.scratch)
         self._scratch_mtime: int | None = None
+        # The input waits beside scratch, not in it: on a local pool it is a
+        # hard link to the stored blob, and a sandboxed child may only read
+        # this folder (a write through the link would change the original).
+        self.inbox = cfg.scratch_root / f"slot-{index}-in"
         self._handed = 0  # attempts handed to the storer, for unique outboxes
-        self._sandbox = (
-            None
-            if cfg.sandbox == "off"
-            else spec_for(cfg.sandbox, self._scratch_str, cfg.connect_ports).to_json()
-        )
+        self._sandbox = None
+        if cfg.sandbox != "off":
+            spec = spec_for(cfg.sandbox, self._scratch_str, cfg.connect_ports)
+            spec.read.append(str(self.inbox))
+            self._sandbox = spec.to_json()
 
     def warm(self, job_types: list[str], timeout: float = WARM_TIMEOUT) -> None:
         """Start the child now, have it load these job types' libraries, and
@@ -154,10 +159,11 @@ class Slot:
         scratch = self.scratch
         if self._scratch_mtime is None:
             scratch.mkdir(parents=True, exist_ok=True)
+            self.inbox.mkdir(parents=True, exist_ok=True)
             self._scratch_mtime = os.stat(self._scratch_str).st_mtime_ns
         self.flusher.started(job.job_id, job.attempt)
         try:
-            done = self._attempt(rj, scratch)
+            done = self._attempt(rj)
             if done is None:
                 return False
             res, declared = done
@@ -170,6 +176,9 @@ class Slot:
             self.flusher.finished(res)
             return True
         finally:
+            if rj.input_name is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.inbox / rj.input_name)
             # A directory's mtime changes whenever an entry is added or removed:
             # one stat() tells whether the attempt left anything behind.
             if os.stat(self._scratch_str).st_mtime_ns != self._scratch_mtime:
@@ -191,17 +200,19 @@ class Slot:
             return
         self.storer.submit(job, res, declared, outbox)
 
-    def _input(self, rj: Running, scratch: Path) -> str | None:
+    def _input(self, rj: Running) -> str | None:
         if self.stager is not None:
-            return self.stager.take(rj.job, rj.staging, scratch)
-        return fetch_input(self.storage, rj.job, scratch) if self.storage else None
+            rj.input_name = self.stager.take(rj.job, rj.staging, self.inbox)
+        elif self.storage is not None:
+            rj.input_name = fetch_input(self.storage, rj.job, self.inbox)
+        return rj.input_name
 
-    def _attempt(self, rj: Running, scratch: Path) -> tuple[AttemptResult, list[dict]] | None:
+    def _attempt(self, rj: Running) -> tuple[AttemptResult, list[dict]] | None:
         job = rj.job
         mem = job.memory_limit_mb or self.cfg.memory_mb
         t0 = time.monotonic()
         try:
-            input_name = self._input(rj, scratch)
+            input_name = self._input(rj)
         except JobError as exc:
             ms = int((time.monotonic() - t0) * 1000)
             return self._result(rj, "failed", exc.code, exc.reason, ms, None, None), []
@@ -214,7 +225,7 @@ class Slot:
             "mem_mb": mem,
             "cpu_s": job.timeout_seconds + 5,
             "file_mb": self.cfg.max_file_mb,
-            "input": f"{self._scratch_str}/{input_name}" if input_name else None,
+            "input": f"{self.inbox}/{input_name}" if input_name else None,
         }
         child = self._child_for(message)
         deadline = t0 + job.timeout_seconds
@@ -309,8 +320,9 @@ class Slot:
         return res, msg["outputs"]
 
     def _new_child(self) -> Child:
-        # A sandboxed child is allowed its scratch directory: it must exist first.
+        # A sandboxed child is allowed these folders: they must exist first.
         self.scratch.mkdir(parents=True, exist_ok=True)
+        self.inbox.mkdir(parents=True, exist_ok=True)
         return Child(self._sandbox)
 
     def _spawn(self) -> Child | None:

@@ -8,6 +8,7 @@ progress goes through a JSON column and runs on every database.
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 from pathlib import Path
@@ -18,6 +19,8 @@ import pytest
 from hypermedia.db.driver import Driver
 from hypermedia.errors import InvalidRequest
 from hypermedia.queue.engine import Engine
+from hypermedia.queue.models import NewJob
+from hypermedia.storage.ledger import Storage
 from hypermedia.worker.pool import Child
 from tests.harness import hypermedia
 from tests.integration._procs import (
@@ -68,7 +71,7 @@ def test_attempt_runs_isolated_in_its_own_process_group(
 
 @sqlite_only
 def test_the_child_is_confined_to_its_scratch_directory(
-    driver: Driver, live: Engine, procs: Procs, tmp_path: Path
+    driver: Driver, live: Engine, procs: Procs, storage: Storage, tmp_path: Path
 ) -> None:
     """Landlock (worker/sandbox.py): a child taken over by a hostile file
     reads no database, no secret and no other job's files, writes nowhere but
@@ -77,12 +80,16 @@ def test_the_child_is_confined_to_its_scratch_directory(
     db_file = driver.url.split("sqlite:///", 1)[1]
     secret = tmp_path / "secret.key"
     secret.write_text("not for children")
+    original = storage.put(io.BytesIO(b"the stored original"))
     probe = {
-        "read": [db_file, str(secret), f"/proc/{w.pid}/environ", "/etc/ld.so.cache"],
-        "write": [str(tmp_path / "planted"), "/tmp/planted-by-a-child", "in-scratch.txt"],
+        "read": [db_file, str(secret), f"/proc/{w.pid}/environ", "/etc/ld.so.cache", "$input"],
+        "write": [str(tmp_path / "planted"), "/tmp/planted-by-a-child", "in-scratch.txt", "$input"],
         "signal": [w.pid],
     }
-    result = run_one(driver, live, {"probe": probe})
+    job_id = live.enqueue(NewJob("debug.sleep", {"probe": probe}, object_id=original["object_id"]))
+    row = wait_job(driver, job_id)
+    assert row["status"] == "completed", row["safe_reason"]
+    result = row["result"]
     assert result["sandbox"] is not None and result["sandbox"] >= 1
     seen = result["probe"]
     assert seen["read"] == {
@@ -90,12 +97,17 @@ def test_the_child_is_confined_to_its_scratch_directory(
         str(secret): False,
         f"/proc/{w.pid}/environ": False,
         "/etc/ld.so.cache": True,
+        "$input": True,
     }
+    # Its input is a hard link to the stored blob on a local pool: read only.
     assert seen["write"] == {
         str(tmp_path / "planted"): False,
         "/tmp/planted-by-a-child": False,
         "in-scratch.txt": True,
+        "$input": False,
     }
+    with storage.open(original["object_id"]) as f:
+        assert f.read() == b"the stored original"
     if result["sandbox"] >= 6:  # signal scoping came with Landlock ABI 6
         assert seen["signal"] == {str(w.pid): False}
     assert not (tmp_path / "planted").exists()
