@@ -28,7 +28,8 @@ import sysconfig
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-_CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # x86-64 and arm64 alike
+# Landlock's syscalls have these numbers on every Linux architecture.
+_CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446
 _VERSION_FLAG = 1  # LANDLOCK_CREATE_RULESET_VERSION
 _PATH_BENEATH, _NET_PORT = 1, 2
 _PR_SET_NO_NEW_PRIVS = 38
@@ -55,6 +56,13 @@ _SYSTEM_READ = (
     "/etc/fonts",
     "/etc/localtime",
     "/etc/mime.types",
+    # Name resolution, for a tcp:// clamd named by host name.
+    "/etc/hosts",
+    "/etc/resolv.conf",
+    "/etc/nsswitch.conf",
+    "/etc/gai.conf",
+    "/etc/host.conf",
+    "/etc/services",
     "/dev/urandom",
     "/dev/random",
     "/dev/zero",
@@ -109,6 +117,8 @@ def spec_for(mode: str, scratch: str, connect_ports: list[int] | None) -> Spec:
 
 def abi() -> int:
     """The kernel's Landlock ABI version; 0 where there is none."""
+    if not sys.platform.startswith("linux"):
+        return 0  # the numbers above mean something else elsewhere
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return max(0, int(libc.syscall(_CREATE_RULESET, None, 0, _VERSION_FLAG)))

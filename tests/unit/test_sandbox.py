@@ -16,6 +16,7 @@ def test_a_child_may_read_its_runtime_but_not_the_checkout_around_it(tmp_path: P
     checkout = os.path.dirname(package)
     assert package in spec.read
     assert "/usr" in spec.read and "/etc/ld.so.cache" in spec.read
+    assert {"/etc/hosts", "/etc/resolv.conf"} <= set(spec.read)  # a tcp:// clamd by name
     # Not the folder around the package (the default HYPERMEDIA_HOME lives
     # there), not /etc as a whole, not the root, not /tmp.
     for denied in (checkout, "/etc", "/", "/tmp", "/root", "/home"):
