@@ -55,21 +55,22 @@ def _memory_mb() -> tuple[int, int | None]:
     return peak, rss
 
 
+def _soft_limit(which: int, mb: int) -> None:
+    """Lower ``which`` to ``mb`` MiB (never above its hard limit)."""
+    _, hard = resource.getrlimit(which)
+    soft = mb * 1024 * 1024
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(which, (soft, hard))
+
+
 def _limit(mem_mb: int | None, cpu_s: int | None, file_mb: int | None) -> None:
     if file_mb:
         # Python ignores SIGXFSZ: a write past this fails with EFBIG instead
         # (and a tool started with subprocess dies of SIGXFSZ).
-        _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-        soft = file_mb * 1024 * 1024
-        if hard != resource.RLIM_INFINITY:
-            soft = min(soft, hard)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        _soft_limit(resource.RLIMIT_FSIZE, file_mb)
     if mem_mb:
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        soft = mem_mb * 1024 * 1024
-        if hard != resource.RLIM_INFINITY:
-            soft = min(soft, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        _soft_limit(resource.RLIMIT_AS, mem_mb)
     if cpu_s:
         # Fix: RLIMIT_CPU counts user *and* system time.  Counting only
         # ru_utime put the limit below what a warm child had already used once

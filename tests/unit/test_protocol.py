@@ -112,6 +112,7 @@ def test_a_report_is_normalised() -> None:
         "cpu_ms": 12,
         "cpu_total_ms": None,
         "peak_mb": None,
+        "rss_mb": None,
     }
     failed = check_report(
         {"op": "done", "status": "failed", "code": "PWNED", "message": "x" * 5000, "outputs": [out]}
