@@ -174,3 +174,14 @@ def procs(driver: Driver, tmp_path: Path):  # type: ignore[no-untyped-def]
         yield p
     finally:
         p.close()
+
+
+@pytest.fixture
+def landlock() -> int:
+    """The kernel's Landlock ABI; skips (fails with CI=true) where there is none."""
+    from hypermedia.worker import sandbox
+
+    version = sandbox.abi()
+    if version == 0:
+        _unavailable("this kernel has no Landlock (Linux 5.13+)")
+    return version

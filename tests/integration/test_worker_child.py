@@ -71,7 +71,7 @@ def test_attempt_runs_isolated_in_its_own_process_group(
 
 @sqlite_only
 def test_the_child_is_confined_to_its_scratch_directory(
-    driver: Driver, live: Engine, procs: Procs, storage: Storage, tmp_path: Path
+    driver: Driver, live: Engine, procs: Procs, storage: Storage, tmp_path: Path, landlock: int
 ) -> None:
     """Landlock (worker/sandbox.py): a child taken over by a hostile file
     reads no database, no secret and no other job's files, writes nowhere but
@@ -116,7 +116,7 @@ def test_the_child_is_confined_to_its_scratch_directory(
 
 @sqlite_only
 def test_a_confined_child_reaches_only_the_tcp_ports_it_is_given(
-    driver: Driver, live: Engine, procs: Procs
+    driver: Driver, live: Engine, procs: Procs, landlock: int
 ) -> None:
     import socket
 
