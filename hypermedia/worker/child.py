@@ -1,8 +1,10 @@
 """The child process that runs attempts, started empty-handed by the worker.
 
-It has no database access (it never imports hypermedia.db), an empty
-environment, and per-attempt limits: address space (RLIMIT_AS) and CPU time.
-It may serve many attempts in a row; the parent decides when to recycle it.
+It has no database access (it never imports hypermedia.db, and where the
+kernel has Landlock it confines itself before its first job: sandbox.py), an
+empty environment, and per-attempt limits: address space (RLIMIT_AS), CPU time
+and file size.  It speaks strict JSON to the worker (protocol.py).  It may
+serve many attempts in a row; the parent decides when to recycle it.
 """
 
 from __future__ import annotations
