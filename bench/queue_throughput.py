@@ -303,7 +303,10 @@ def hm_fill(url: str, jobs: int, batch: int) -> float:
 
 
 def hm_loop_drain(url: str, batch: int) -> tuple[int, float]:
-    """Reference, not the product: claim + flush in this process, no worker, no children."""
+    """Reference, not the product: claim + flush in this process, no worker, no
+    children.  Like the worker: a tiny attempt's start is folded into its
+    result, and results are decided from the claimed jobs (the held view)."""
+    from hypermedia.queue.engine import held_row
     from hypermedia.queue.models import AttemptResult
 
     eng = C.hm_engine(url)
@@ -315,14 +318,14 @@ def hm_loop_drain(url: str, batch: int) -> tuple[int, float]:
             got = eng.claim(worker, ["bulk"], batch)
             if not got:
                 break
-            items = [(c.job_id, c.attempt) for c in got]
             eng.flush(
                 worker,
-                items,
+                [],
                 [
                     AttemptResult(job_id=c.job_id, attempt=c.attempt, status="completed")
                     for c in got
                 ],
+                {c.job_id: held_row(c, worker, False) for c in got},
             )
             n += len(got)
         return n, time.perf_counter() - t
