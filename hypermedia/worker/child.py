@@ -10,7 +10,6 @@ serve many attempts in a row; the parent decides when to recycle it.
 from __future__ import annotations
 
 import json
-import math
 import os
 import resource
 import signal
@@ -19,7 +18,13 @@ import traceback
 from typing import Any
 
 from hypermedia.errors import JobError
-from hypermedia.worker.protocol import encode, read_frame, write_encoded, write_frame
+from hypermedia.worker.protocol import (
+    encode,
+    finite_number,
+    read_frame,
+    write_encoded,
+    write_frame,
+)
 
 _CHUNK_PEAK = "/proc/self/clear_refs"
 
@@ -92,7 +97,7 @@ def run_attempt(msg: dict[str, Any], out: int) -> bytes:
         # The frames are strict JSON: a 0/0 percent is dropped here rather
         # than failing the attempt it merely describes.
         percent, step = progress.get("percent"), progress.get("step")
-        if not isinstance(percent, int | float) or not math.isfinite(percent):
+        if not finite_number(percent):
             percent = None
         write_frame(out, {"op": "progress", "percent": percent, "step": step and str(step)})
 

@@ -208,23 +208,23 @@ class Flusher(threading.Thread):
         ends that job when its lease runs out).  Returns what is left when
         the database goes away meanwhile."""
         log.error("the database refused a batch (%s); writing it item by item", type(exc).__name__)
-        items: list[tuple[str, Any]] = [
-            *(("start", k) for k in starts),
-            *(("progress", kv) for kv in progress.items()),
-            *(("result", r) for r in results),
+        items: list[tuple[str, int, Any]] = [
+            *(("start", k[0], k) for k in starts),
+            *(("progress", kv[0][0], kv) for kv in progress.items()),
+            *(("result", r.job_id, r) for r in results),
         ]
-        for i, (kind, item) in enumerate(items):
+        for i, (kind, job_id, item) in enumerate(items):
             try:
                 self._write_one(kind, item)
             except Exception as err:
                 if is_transient(err):
                     left = items[i:]
                     return (
-                        [k for kind_, k in left if kind_ == "start"],
-                        [r for kind_, r in left if kind_ == "result"],
-                        dict(kv for kind_, kv in left if kind_ == "progress"),
+                        [k for kind_, _, k in left if kind_ == "start"],
+                        [r for kind_, _, r in left if kind_ == "result"],
+                        dict(kv for kind_, _, kv in left if kind_ == "progress"),
                     )
-                log.error("dropped a %s of job %s the database refused", kind, _job_of(item))
+                log.error("dropped a %s of job %s the database refused", kind, job_id)
                 if kind == "result" and self.on_result:
                     self.on_result(item, False)
         return [], [], {}
@@ -330,12 +330,6 @@ class Flusher(threading.Thread):
             self._cond.notify()
         self.join(timeout)
         return not self.is_alive()
-
-
-def _job_of(item: Any) -> int:
-    if isinstance(item, AttemptResult):
-        return item.job_id
-    return item[0] if isinstance(item[0], int) else item[0][0]
 
 
 def _unrecordable(r: AttemptResult) -> AttemptResult:

@@ -24,7 +24,10 @@ _HEADER = struct.Struct("!I")
 # that size is a child gone wrong, and must not make the worker buffer 4 GiB.
 MAX_CHILD_FRAME = 1 << 20
 _TEXT_LIMIT = 1000
-_OUTPUT_FIELDS = {"output_type": str, "mime_type": str}
+_OUTPUT_TEXTS = ("output_type", "mime_type")
+# Counters go into INTEGER columns: a forged huge number must not be a value
+# the database refuses.
+_INT_MAX = 2**31 - 1
 
 
 class ProtocolError(Exception):
@@ -96,7 +99,7 @@ def check_report(msg: Any) -> dict[str, Any]:
         return {"op": "warm"}
     if op == "progress":
         percent = msg.get("percent")
-        if percent is not None and not _number(percent):
+        if percent is not None and not finite_number(percent):
             percent = None
         return {"op": "progress", "percent": percent, "step": _text(msg.get("step"), None)}
     if op != "done":
@@ -130,8 +133,8 @@ def _outputs(value: Any) -> list[dict[str, Any]]:
     for o in value:
         if not isinstance(o, dict):
             raise ProtocolError("an output is not an object")
-        for name, kind in _OUTPUT_FIELDS.items():
-            if not isinstance(o.get(name), kind) or not o[name]:
+        for name in _OUTPUT_TEXTS:
+            if not isinstance(o.get(name), str) or not o[name]:
                 raise ProtocolError(f"an output without {name}")
         metadata, path = o.get("metadata"), o.get("path")
         if metadata is not None and not isinstance(metadata, dict):
@@ -149,12 +152,12 @@ def _outputs(value: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _number(value: Any) -> bool:
+def finite_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _count(value: Any) -> int | None:
-    return int(value) if _number(value) and value >= 0 else None
+    return min(int(value), _INT_MAX) if finite_number(value) and value >= 0 else None
 
 
 def _text(value: Any, default: str | None) -> str | None:
