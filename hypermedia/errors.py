@@ -27,7 +27,8 @@ ERROR_POLICY: dict[str, CodePolicy] = {
     # A pipeline handed back something the worker refuses to store (a path
     # outside its scratch directory, a symlink): the same input does it again.
     "INVALID_OUTPUT": CodePolicy(False, "provider_failure"),
-    # The attempt reached for a file outside its sandbox (worker/sandbox.py):
+    # The attempt reached for a file or a socket outside its sandbox
+    # (worker/sandbox.py, worker/seccomp.py):
     # what a hostile file makes a decoder do, and it would do it again.
     "PERMISSION_DENIED": CodePolicy(False, "permission_denied"),
     "OOM": CodePolicy(True, "provider_failure", memory_factor=2.0),

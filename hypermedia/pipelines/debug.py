@@ -13,9 +13,12 @@ recorded once); ``{"steps": N}`` (report progress N times while sleeping);
 pipe, as code that took over the child through a decoder bug would: a
 ``pickle`` that creates PATH if anybody unpickles it, a ``huge`` frame header,
 or ``junk``, JSON of the wrong shape).  ``{"probe": {"read": [PATH…],
-"write": [PATH…], "connect": [PORT…], "signal": [PID…]}}`` tries each and
-reports which it could do, to check the child's sandbox (worker/sandbox.py;
-``"$input"`` is the attempt's input file).
+"write": [PATH…], "connect": [PORT…], "unix": [PATH…], "signal": [PID…]}}``
+tries each (``connect``: TCP on 127.0.0.1; ``unix``: a Unix socket by path)
+and reports which it could do, to check the child's sandbox
+(worker/sandbox.py; ``"$input"`` is the attempt's input file).  Its attempt
+runs in a child that may open sockets only with ``{"network": true}``
+(worker/seccomp.py), as a virus scan's does.
 
 debug.copy reads its input object and stores a byte-for-byte copy as an output
 object (type ``copy``): the storage path of a job end to end.  To exercise the
@@ -52,9 +55,12 @@ def _validate_noop(params: dict[str, Any], settings: dict[str, Any]) -> dict[str
     return {}
 
 
+_PROBES = ("read", "write", "connect", "unix", "signal")
+
+
 def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     allowed = {"ms", "fail", "crash", "alloc_mb", "steps", "output", "nan", "forge", "marker"}
-    allowed |= {"write_mb", "leak_mb", "probe"}
+    allowed |= {"write_mb", "leak_mb", "probe", "network"}
     unknown = set(params) - allowed
     if unknown:
         raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
@@ -77,7 +83,7 @@ def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[st
     steps = params.get("steps", 1)
     if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps <= 1000:
         raise JobError("INVALID_PARAMS", "steps must be an integer from 0 to 1000")
-    for flag in ("output", "nan"):
+    for flag in ("output", "nan", "network"):
         if not isinstance(params.get(flag, False), bool):
             raise JobError("INVALID_PARAMS", f"{flag} must be true or false")
     if params.get("forge", "pickle") not in _FORGED:
@@ -85,8 +91,8 @@ def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[st
     if not isinstance(params.get("marker", ""), str):
         raise JobError("INVALID_PARAMS", "marker must be a path")
     probe = params.get("probe", {})
-    if not isinstance(probe, dict) or set(probe) - {"read", "write", "connect", "signal"}:
-        raise JobError("INVALID_PARAMS", "probe takes read, write, connect and signal lists")
+    if not isinstance(probe, dict) or set(probe) - set(_PROBES):
+        raise JobError("INVALID_PARAMS", f"probe takes {', '.join(_PROBES)} lists")
     return dict(params)
 
 
@@ -161,6 +167,7 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
 
     return {
         "sandbox": sandbox.ACTIVE,
+        "offline": sandbox.OFFLINE,
         "probe": _probe(params.get("probe") or {}, ctx.input_path),
         "slept_ms": ms,
         "pid": os.getpid(),
@@ -191,6 +198,11 @@ def _probe(probe: dict[str, list[Any]], input_path: str | None) -> dict[str, dic
     def connect(port: int) -> None:
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
+    def unix(path: str) -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(2)
+            s.connect(path)
+
     def signal_(pid: int) -> None:
         os.kill(pid, 0)
 
@@ -198,6 +210,7 @@ def _probe(probe: dict[str, list[Any]], input_path: str | None) -> dict[str, dic
         "read": read,
         "write": write,
         "connect": connect,
+        "unix": unix,
         "signal": signal_,
     }
     return {
@@ -232,4 +245,12 @@ def _copy(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
 
 register(Pipeline("debug.noop", "bulk", _validate_noop, _noop))
 register(Pipeline("debug.copy", "bulk", _validate_copy, _copy))
-register(Pipeline("debug.sleep", "bulk", _validate_sleep, _sleep))
+register(
+    Pipeline(
+        "debug.sleep",
+        "bulk",
+        _validate_sleep,
+        _sleep,
+        network=lambda params: bool(params.get("network")),
+    )
+)

@@ -116,6 +116,10 @@ class Pipeline:
     # Loads the pipeline's libraries (pyvips, pdfium): a worker's fresh child
     # calls it before its first attempt arrives, so no attempt pays for them.
     warm: Callable[[], object] | None = None
+    # Whether its attempts talk to another process over a socket (clamd):
+    # every other attempt runs in a child that cannot open one (seccomp.py).
+    # A function of the job's params where that depends on them.
+    network: bool | Callable[[dict[str, Any]], bool] = False
 
     @property
     def profile_key(self) -> str:
@@ -136,6 +140,15 @@ def get(job_type: str) -> Pipeline:
         return _REGISTRY[job_type]
     except KeyError:
         raise JobError("UNSUPPORTED_FORMAT", f"unknown job type {job_type!r}") from None
+
+
+def needs_network(job_type: str, params: dict[str, Any]) -> bool:
+    """Whether this job's attempt must run in a child that may open sockets."""
+    _load_builtin()
+    p = _REGISTRY.get(job_type)
+    if p is None:
+        return False
+    return bool(p.network(params) if callable(p.network) else p.network)
 
 
 def known() -> list[str]:

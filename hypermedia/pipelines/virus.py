@@ -304,6 +304,7 @@ VIRUS_SCAN = register(
         schema=SCHEMA,
         available=available,
         default_profile="virus-scan",
+        network=True,  # clamd, by Unix socket or TCP
         doc="ClamAV verdict through clamd: clean, infected (+ signature) or not_fully_scanned",
     )
 )

@@ -118,7 +118,7 @@ def run_attempt(msg: dict[str, Any], out: int) -> bytes:
         done = {
             "status": "failed",
             "code": "PERMISSION_DENIED",
-            "message": "the attempt reached for a file outside its sandbox",
+            "message": "the attempt reached outside its sandbox (a file or the network)",
         }
     except Exception as exc:  # a pipeline bug: keep the child alive, report it
         traceback.print_exc(file=sys.stderr)

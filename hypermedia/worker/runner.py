@@ -390,5 +390,8 @@ def sandbox_settings(settings: Any) -> tuple[str, list[int] | None]:
             raise InvalidRequest(
                 "HYPERMEDIA_CHILD_SANDBOX=required, but this kernel has no Landlock (Linux 5.13+)"
             )
-        log.warning("attempt children run unconfined: this kernel has no Landlock")
+        log.warning(
+            "attempt children's files are not confined: this kernel has no Landlock"
+            " (their seccomp filter still applies)"
+        )
     return mode, ports

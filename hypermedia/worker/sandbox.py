@@ -10,7 +10,9 @@ to its slot's scratch directory only, and (Landlock ABI 6+) may no longer send
 signals to, or connect to the abstract sockets of, processes outside its
 sandbox (the worker).  With ``connect_ports`` (ABI 4+) it may open TCP
 connections to those ports only.  Landlock also keeps it from ptracing the
-worker or reading its ``/proc/PID/environ``.
+worker or reading its ``/proc/PID/environ``.  Unless the spec says
+``network``, a seccomp filter then takes sockets away altogether
+(seccomp.py): Landlock does not cover Unix sockets by path.
 
 The worker builds the ``Spec`` (``spec_for``); the child applies it
 (``confine``) at start.  ``HYPERMEDIA_CHILD_SANDBOX``: ``auto`` (confine where
@@ -27,6 +29,8 @@ import sys
 import sysconfig
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from hypermedia.worker import seccomp
 
 # Landlock's syscalls have these numbers on every Linux architecture.
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446
@@ -72,9 +76,10 @@ _SYSTEM_READ = (
 )
 _READ_WRITE_FILES = ("/dev/null",)
 
-# Whether this process confined itself, and with which Landlock ABI (the
-# debug job type reports it, so the tests can tell).
+# Whether this process confined itself, and with which Landlock ABI; whether
+# it may open sockets (the debug job type reports both, so the tests can tell).
 ACTIVE: int | None = None
+OFFLINE = False
 
 
 @dataclass
@@ -83,6 +88,7 @@ class Spec:
     read: list[str] = field(default_factory=list)
     write: list[str] = field(default_factory=list)
     connect_ports: list[int] | None = None  # None: TCP not restricted
+    network: bool = False  # False: no socket at all (seccomp.py)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,9 +98,12 @@ class Spec:
         return cls(**data)
 
 
-def spec_for(mode: str, scratch: str, connect_ports: list[int] | None) -> Spec:
+def spec_for(
+    mode: str, scratch: str, connect_ports: list[int] | None, *, network: bool = False
+) -> Spec:
     """What a child of this worker may touch: its scratch directory, and the
-    interpreter, the installed packages and hypermedia's own code to read."""
+    interpreter, the installed packages and hypermedia's own code to read;
+    with ``network``, sockets too (the attempts of pipelines that need them)."""
     import hypermedia
 
     paths = sysconfig.get_paths()
@@ -112,7 +121,7 @@ def spec_for(mode: str, scratch: str, connect_ports: list[int] | None) -> Spec:
         os.path.dirname(hypermedia.__file__),
         *_SYSTEM_READ,
     }
-    return Spec(mode, sorted(read), [scratch], connect_ports)
+    return Spec(mode, sorted(read), [scratch], connect_ports, network)
 
 
 def abi() -> int:
@@ -144,14 +153,24 @@ class _NetPort(ctypes.Structure):
 
 
 def confine(spec: Spec) -> int | None:
-    """Apply ``spec`` to this process for good; the Landlock ABI used, or None
-    where the kernel has no Landlock (OSError with ``required``)."""
-    global ACTIVE
-    version = abi() if spec.mode != "off" else 0
-    if version == 0:
-        if spec.mode == "required":
-            raise OSError("Landlock is not available in this kernel")
+    """Apply ``spec`` to this process for good: Landlock where the kernel has
+    it (OSError without, in ``required`` mode), and the seccomp filter
+    (seccomp.py).  Returns the Landlock ABI used, or None."""
+    global ACTIVE, OFFLINE
+    if spec.mode == "off":
         return None
+    version = abi()
+    if version == 0 and spec.mode == "required":
+        raise OSError("Landlock is not available in this kernel")
+    if version:
+        _landlock(spec, version)
+        ACTIVE = version
+    # After Landlock: its rules are opened by path, which needs no socket.
+    OFFLINE = seccomp.restrict(network=spec.network) and not spec.network
+    return version or None
+
+
+def _landlock(spec: Spec, version: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     fs = _FS_V1 | (_REFER if version >= 2 else 0) | (_TRUNCATE if version >= 3 else 0)
     fs |= _IOCTL_DEV if version >= 5 else 0
@@ -183,8 +202,6 @@ def confine(spec: Spec) -> int | None:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self")
     finally:
         os.close(ruleset)
-    ACTIVE = version
-    return version
 
 
 def _allow(libc: Any, ruleset: int, path: str, rights: int) -> None:

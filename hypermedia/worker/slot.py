@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hypermedia.errors import JobError
+from hypermedia.pipelines import registry
 from hypermedia.queue.models import AttemptResult, Claimed
 from hypermedia.storage.ledger import Storage
 from hypermedia.worker.files import fetch_input
@@ -117,11 +118,16 @@ class Slot:
         # this folder (a write through the link would change the original).
         self.inbox = cfg.scratch_root / f"slot-{index}-in"
         self._handed = 0  # attempts handed to the storer, for unique outboxes
-        self._sandbox = None
+        self._sandbox: dict[str, object] | None = None
         if cfg.sandbox != "off":
             spec = spec_for(cfg.sandbox, self._scratch_str, cfg.connect_ports)
             spec.read.append(str(self.inbox))
             self._sandbox = spec.to_json()
+        # Children come in two kinds: without sockets (most attempts) and
+        # with (pipelines that talk to a daemon, see seccomp.py).  A slot
+        # keeps one warm child of each kind it has needed, and swaps them.
+        self._net = False  # the kind of self.child
+        self._parked: Child | None = None  # the other kind's warm child
 
     def warm(self, job_types: list[str], timeout: float = WARM_TIMEOUT) -> None:
         """Start the child now, have it load these job types' libraries, and
@@ -227,7 +233,8 @@ class Slot:
             "file_mb": self.cfg.max_file_mb,
             "input": f"{self.inbox}/{input_name}" if input_name else None,
         }
-        child = self._child_for(message)
+        net = self._sandbox is not None and registry.needs_network(job.job_type, job.params)
+        child = self._child_for(message, net)
         deadline = t0 + job.timeout_seconds
         while True:
             elapsed_ms = int((time.monotonic() - t0) * 1000)
@@ -287,8 +294,11 @@ class Slot:
                 return self._died(rj, child, mem, elapsed_ms), []
             return self._done(rj, child, msg, elapsed_ms)
 
-    def _child_for(self, message: dict[str, object]) -> Child:
-        """Our warm child, or a new one if there is none or it has died since."""
+    def _child_for(self, message: dict[str, object], net: bool) -> Child:
+        """Our warm child of that kind, or a new one if there is none or it has
+        died since."""
+        if net != self._net:
+            self.child, self._parked, self._net = self._parked, self.child, net
         if self.child is not None and self.child.send(message):
             return self.child
         if self.child is not None:
@@ -323,7 +333,9 @@ class Slot:
         # A sandboxed child is allowed these folders: they must exist first.
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.inbox.mkdir(parents=True, exist_ok=True)
-        return Child(self._sandbox)
+        if self._sandbox is None:
+            return Child(None)
+        return Child({**self._sandbox, "network": self._net})
 
     def _spawn(self) -> Child | None:
         """A new child, already told to load this slot's libraries (its answer
@@ -395,9 +407,10 @@ class Slot:
         )
 
     def close(self) -> None:
-        if self.child is not None:
-            self.child.stop()
-            self.child = None
+        for child in (self.child, self._parked):
+            if child is not None:
+                child.stop()
+        self.child = self._parked = None
         for retire in self._retiring:
             retire.join()  # each ends within the grace of Child.stop
 

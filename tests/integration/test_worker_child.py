@@ -132,10 +132,43 @@ def test_a_confined_child_reaches_only_the_tcp_ports_it_is_given(
             HYPERMEDIA_CHILD_SANDBOX="required",
             HYPERMEDIA_CHILD_CONNECT_PORTS=str(ports[0]),
         )
-        result = run_one(driver, live, {"probe": {"connect": ports}})
+        result = run_one(driver, live, {"probe": {"connect": ports}, "network": True})
     if result["sandbox"] < 4:
         pytest.skip("TCP rules came with Landlock ABI 4")
     assert result["probe"]["connect"] == {str(ports[0]): True, str(ports[1]): False}
+
+
+@sqlite_only
+def test_only_a_job_that_needs_the_network_runs_in_a_child_with_sockets(
+    driver: Driver, live: Engine, procs: Procs, tmp_path: Path, landlock: int
+) -> None:
+    """seccomp (worker/seccomp.py): Landlock does not cover connect() to a Unix
+    socket by path, such as PostgreSQL's; a child that needs no network opens
+    no socket at all.  One slot keeps a warm child of each kind."""
+    import socket
+
+    path = str(tmp_path / "db.sock")  # as PostgreSQL's /var/run/postgresql socket
+    with (
+        socket.create_server(("127.0.0.1", 0)) as tcp,
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix,
+    ):
+        unix.bind(path)
+        unix.listen()
+        port = tcp.getsockname()[1]
+        procs.worker("--concurrency", "1", "--no-maintenance", HYPERMEDIA_CHILD_SANDBOX="required")
+        probe = {"connect": [port], "unix": [path]}
+        offline = run_one(driver, live, {"probe": probe})
+        networked = run_one(driver, live, {"probe": probe, "network": True})
+        again = run_one(driver, live, {"probe": probe})
+    assert offline["offline"] is True and again["offline"] is True
+    for seen in (offline, again):
+        assert seen["probe"]["connect"] == {str(port): False}
+        assert seen["probe"]["unix"] == {path: False}
+    assert networked["offline"] is False
+    assert networked["probe"]["connect"] == {str(port): True}
+    assert networked["probe"]["unix"] == {path: True}  # what Landlock alone allows
+    # The offline child was parked while the networked one ran, not replaced.
+    assert networked["pid"] != offline["pid"] == again["pid"]
 
 
 @sqlite_only
