@@ -192,8 +192,8 @@ def _probe(probe: dict[str, list[Any]], input_path: str | None) -> dict[str, dic
             f.read(1)
 
     def write(path: str) -> None:
-        with open(path, "ab"):
-            pass
+        with open(path, "ab") as f:
+            f.write(b"!")  # a real change: a write through a hard link would show
 
     def connect(port: int) -> None:
         socket.create_connection(("127.0.0.1", port), timeout=2).close()

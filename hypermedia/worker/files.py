@@ -25,7 +25,9 @@ INPUT_NAME = "input"
 _ROLE_CHARS = re.compile(r"[^a-z0-9_-]+")
 
 
-def fetch_input(storage: Storage, job: Claimed, scratch: Path, prefix: str = "") -> str | None:
+def fetch_input(
+    storage: Storage, job: Claimed, scratch: Path, prefix: str = "", *, link: bool = False
+) -> str | None:
     """Download the job's input object into scratch as ``{prefix}input.{ext}``;
     return that file name."""
     if job.object_id is None or not job.input_key:
@@ -38,9 +40,10 @@ def fetch_input(storage: Storage, job: Claimed, scratch: Path, prefix: str = "")
             row = storage.get(job.object_id)
             if row["state"] != "ready":
                 raise JobError("CORRUPT_INPUT", "the input object is no longer available")
-        # A hard link where the pool is local: pipelines only read their input
-        # (a sandboxed child cannot write it: see Slot.inbox).
-        storage.download(row, scratch / name, link=True)
+        # With ``link``, a hard link where the pool is local: only for a
+        # child that Landlock keeps from writing it (see Slot.inbox), or a
+        # write through the link would change the stored original.
+        storage.download(row, scratch / name, link=link)
     except ChecksumMismatch:
         raise JobError("CORRUPT_INPUT", "the stored input does not match its checksum") from None
     except BlobMissing:

@@ -101,12 +101,15 @@ class Worker:
             self.settings.child_recycle_rss_mb,
             self.sandbox,
             self.connect_ports,
+            # A child may write to a hard link to the stored blob unless
+            # Landlock keeps its inbox read-only: otherwise inputs are copied.
+            link_inputs=self.sandbox != "off" and landlock.abi() > 0,
         )
         storage = Storage(self.engine.db, self.settings)
         self.flusher.before_results = storage.make_durable
         # Inputs are fetched a slot's worth ahead; outputs stored by up to four
         # threads (uploads to S3 run in parallel, local ones are quick).
-        self.stager = Stager(storage, root / "stage", self.concurrency)
+        self.stager = Stager(storage, root / "stage", self.concurrency, link=cfg.link_inputs)
         self.storer = Storer(storage, self.flusher.finished, min(self.concurrency, 4))
         slots = [
             Slot(i, cfg, self.flusher, storage, stager=self.stager, storer=self.storer)

@@ -80,6 +80,7 @@ class SlotConfig:
     recycle_rss_mb: int = 512
     sandbox: str = "off"  # auto | required | off (see sandbox.py)
     connect_ports: list[int] | None = None  # TCP ports a sandboxed child may reach
+    link_inputs: bool = False  # inputs hard-linked from a local pool (read-only to the child)
 
 
 # A child that takes longer than this to load its libraries is not waited
@@ -210,7 +211,7 @@ class Slot:
         if self.stager is not None:
             rj.input_name = self.stager.take(rj.job, rj.staging, self.inbox)
         elif self.storage is not None:
-            rj.input_name = fetch_input(self.storage, rj.job, self.inbox)
+            rj.input_name = fetch_input(self.storage, rj.job, self.inbox, link=self.cfg.link_inputs)
         return rj.input_name
 
     def _attempt(self, rj: Running) -> tuple[AttemptResult, list[dict]] | None:

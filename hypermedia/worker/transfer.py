@@ -53,10 +53,11 @@ class Stager(threading.Thread):
     rather than wait behind the stager; one being fetched it waits for.
     """
 
-    def __init__(self, storage: Storage, root: Path, depth: int) -> None:
+    def __init__(self, storage: Storage, root: Path, depth: int, *, link: bool = False) -> None:
         super().__init__(name="stager", daemon=True)
         self.storage = storage
         self.root = root
+        self.link = link  # hard links to local blobs (files.fetch_input)
         self.depth = max(1, depth)
         self._cond = threading.Condition()
         self._queue: deque[tuple[Claimed, Staging]] = deque()
@@ -81,13 +82,13 @@ class Stager(threading.Thread):
     def take(self, job: Claimed, staging: Staging | None, scratch: Path) -> str | None:
         """The job's input, moved into ``scratch``: its file name, or JobError."""
         if staging is None:
-            return fetch_input(self.storage, job, scratch)
+            return fetch_input(self.storage, job, scratch, link=self.link)
         with self._cond:
             state = staging.state
             if state == "queued":
                 staging.state = "taken"
         if state == "queued":  # not begun: ours to fetch, no waiting behind other jobs
-            return fetch_input(self.storage, job, scratch)
+            return fetch_input(self.storage, job, scratch, link=self.link)
         staging.done.wait()
         with self._cond:
             self._ready -= 1
@@ -141,7 +142,9 @@ class Stager(threading.Thread):
     def _fetch(self, job: Claimed, staging: Staging) -> None:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            staging.name = fetch_input(self.storage, job, self.root, prefix=self._prefix(job))
+            staging.name = fetch_input(
+                self.storage, job, self.root, prefix=self._prefix(job), link=self.link
+            )
         except JobError as exc:
             staging.error = exc
         except Exception:  # never the stager's end: the slot reports it

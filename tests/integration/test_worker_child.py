@@ -115,6 +115,24 @@ def test_the_child_is_confined_to_its_scratch_directory(
 
 
 @sqlite_only
+def test_an_unconfined_child_writing_its_input_leaves_the_stored_original_alone(
+    driver: Driver, live: Engine, procs: Procs, storage: Storage
+) -> None:
+    """Without Landlock the inbox is writable: the input is then a copy, not a
+    hard link to the stored blob."""
+    procs.worker("--concurrency", "1", "--no-maintenance", HYPERMEDIA_CHILD_SANDBOX="off")
+    original = storage.put(io.BytesIO(b"the stored original"))
+    probe = {"write": ["$input"], "read": ["$input"]}
+    job_id = live.enqueue(NewJob("debug.sleep", {"probe": probe}, object_id=original["object_id"]))
+    row = wait_job(driver, job_id)
+    assert row["status"] == "completed", row["safe_reason"]
+    assert row["result"]["sandbox"] is None
+    assert row["result"]["probe"]["write"] == {"$input": True}  # it did write
+    with storage.open(original["object_id"]) as f:
+        assert f.read() == b"the stored original"
+
+
+@sqlite_only
 def test_a_confined_child_reaches_only_the_tcp_ports_it_is_given(
     driver: Driver, live: Engine, procs: Procs, landlock: int
 ) -> None:

@@ -8,6 +8,7 @@ path through a worker is covered by the image and storage job tests.
 from __future__ import annotations
 
 import io
+import os
 import threading
 import time
 from pathlib import Path
@@ -223,3 +224,21 @@ def test_an_input_read_with_the_claim_is_fetched_without_a_lookup(
         fetch_input(storage, job, _scratch(tmp_path, "slot2"))
     assert info.value.code == "CORRUPT_INPUT"
     assert list((tmp_path / "slot2").iterdir()) == []
+
+
+@sqlite_only
+def test_an_input_is_a_hard_link_only_when_asked(storage: Storage, tmp_path: Path) -> None:
+    """A link only for a child that Landlock keeps from writing it; otherwise
+    a copy, so a write in the child cannot change the stored original."""
+    from hypermedia.worker.files import fetch_input
+
+    obj = _put(storage, b"original bytes")
+    blob = cast(Any, storage.backend(obj["pool_id"]))._checked(obj["storage_key"])
+    linked = fetch_input(storage, _job(obj), _scratch(tmp_path, "a"), link=True)
+    copied = fetch_input(storage, _job(obj), _scratch(tmp_path, "b"))
+    assert linked is not None and copied is not None
+    assert (tmp_path / "a" / linked).stat().st_ino == os.stat(blob).st_ino
+    assert (tmp_path / "b" / copied).stat().st_ino != os.stat(blob).st_ino
+    (tmp_path / "b" / copied).write_bytes(b"changed by a child")
+    with storage.open(obj["object_id"]) as f:
+        assert f.read() == b"original bytes"
