@@ -59,10 +59,12 @@ class Settings:
     gc_pending_seconds: float = 21600.0
     photo_bridge_interval_seconds: float = 2.0
     # HTTP API: requests per second per token (0: no limit) and the bucket's
-    # burst; uploads larger than max_upload_bytes are refused with 413.
+    # burst; uploads larger than max_upload_bytes are refused with 413, and
+    # so is any other request body (JSON) larger than api_max_body_bytes.
     api_rate_per_second: float = 100.0
     api_rate_burst: int = 200
     max_upload_bytes: int = 2 * 1024**3
+    api_max_body_bytes: int = 1024 * 1024
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -109,6 +111,7 @@ _ENV_NAMES = {
     "api_rate_per_second": "API_RATE_PER_SECOND",
     "api_rate_burst": "API_RATE_BURST",
     "max_upload_bytes": "MAX_UPLOAD_BYTES",
+    "api_max_body_bytes": "API_MAX_BODY_BYTES",
 }
 
 

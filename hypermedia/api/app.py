@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hypermedia import __version__
@@ -67,6 +67,72 @@ class RequestId:
         await self.app(scope, receive, send_with_id)
 
 
+# Routes that stream their body to disk under their own limit (max_upload_bytes).
+UPLOADS = frozenset({("POST", "/v1/objects"), ("POST", "/v1/photos"), ("POST", "/ui/upload")})
+
+
+class BodyLimit:
+    """Refuses, with 413, a request body (JSON, a form) over ``limit`` bytes
+    before any route reads it: FastAPI parses a JSON body whole, so a 200 MB
+    one would take gigabytes of the API's memory.  The body is read here, up
+    to the limit, and handed on; a declared Content-Length over it is refused
+    unread.  Uploads are left alone (``UPLOADS``)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self._exempt(scope):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(scope, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                await self._refuse(scope, send)
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        handed = False
+
+        async def replay() -> Message:
+            nonlocal handed
+            if not handed:
+                handed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    def _exempt(scope: Scope) -> bool:
+        return (scope["method"], scope["path"].rstrip("/") or "/") in UPLOADS
+
+    async def _refuse(self, scope: Scope, send: Send) -> None:
+        response = errors.error_response(
+            Request(scope),
+            413,
+            "payload_too_large",
+            f"the request body is larger than the {self.limit}-byte limit",
+            headers={"Connection": "close"},
+        )
+        await response(scope, _no_receive, send)
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
 def create_app(svc: Services) -> FastAPI:
     app = FastAPI(
         title="hypermedia",
@@ -81,6 +147,8 @@ def create_app(svc: Services) -> FastAPI:
     )
     errors.install(app)
 
+    # Added first, so it runs inside RequestId: its 413 carries the request id.
+    app.add_middleware(BodyLimit, limit=svc.settings.api_max_body_bytes)
     app.add_middleware(RequestId)
     routers = (ops, jobs, objects, photos, profiles, credits, queues, workers, metrics, v0, ui)
     for module in routers:

@@ -30,10 +30,12 @@ from hypermedia.pipelines import registry
 from hypermedia.queue import profiles as pricing
 from hypermedia.queue import states
 from hypermedia.queue.models import (
+    MAX_TIMEOUT_SECONDS,
     AttemptResult,
     Claimed,
     NewJob,
     check_idempotency_key,
+    check_params,
     check_queue_name,
 )
 from hypermedia.queue.settle import Decision, decide
@@ -201,6 +203,7 @@ class Engine:
             raise InvalidRequest(
                 f"profile {profile['profile_key']} is for {profile['job_type']}, not {job.job_type}"
             )
+        check_params(job.params)
         try:
             params = pipeline.validate(dict(job.params), dict(profile["settings"] or {}))
         except JobError as exc:
@@ -209,6 +212,8 @@ class Engine:
             raise InvalidRequest("priority must be from 1 (highest) to 10 (lowest)")
         if not 1 <= job.max_attempts <= 100:
             raise InvalidRequest("max_attempts must be from 1 to 100")
+        if job.timeout_seconds is not None and not 1 <= job.timeout_seconds <= MAX_TIMEOUT_SECONDS:
+            raise InvalidRequest(f"timeout_seconds must be from 1 to {MAX_TIMEOUT_SECONDS}")
         if job.queue is not None:
             check_queue_name(job.queue)
         pool_id, input_key, input_size = job.pool_id, job.input_key, job.input_size_bytes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -11,6 +12,10 @@ from hypermedia.config import DEFAULT_PROJECT
 from hypermedia.errors import InvalidRequest
 
 QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,49}")
+# A job's params are settings, not data (inputs are objects): every claim reads
+# them, and the worker hands them to the child, so their size is bounded.
+MAX_PARAMS_BYTES = 64 * 1024
+MAX_TIMEOUT_SECONDS = 7 * 86400
 
 
 def check_queue_name(name: str) -> str:
@@ -20,6 +25,16 @@ def check_queue_name(name: str) -> str:
             "a queue name has 1 to 50 characters: lower-case letters, digits, '.', '_', '-'"
         )
     return name
+
+
+def check_params(params: dict[str, Any]) -> dict[str, Any]:
+    try:
+        size = len(json.dumps(params, separators=(",", ":"), allow_nan=False).encode())
+    except (TypeError, ValueError):
+        raise InvalidRequest("params must be plain JSON") from None
+    if size > MAX_PARAMS_BYTES:
+        raise InvalidRequest(f"params take at most {MAX_PARAMS_BYTES // 1024} KiB as JSON")
+    return params
 
 
 def check_idempotency_key(key: str) -> str:

@@ -137,6 +137,11 @@ BAD_REQUESTS = {
     "priority-0": NewJob("debug.noop", priority=0),
     "priority-11": NewJob("debug.noop", priority=11),
     "max-attempts-0": NewJob("debug.noop", max_attempts=0),
+    "timeout-0": NewJob("debug.noop", timeout_seconds=0),
+    "timeout-negative": NewJob("debug.noop", timeout_seconds=-5),
+    "timeout-over-a-week": NewJob("debug.noop", timeout_seconds=7 * 86400 + 1),
+    "params-over-64-kib": NewJob("debug.sleep", {"marker": "x" * (64 * 1024)}),
+    "params-not-json": NewJob("debug.sleep", {"marker": float("nan")}),
     "unknown-profile": NewJob("debug.noop", profile="no-such-profile"),
     "unknown-version": NewJob("debug.noop", profile="debug-noop:v999"),
     "profile-of-other-type": NewJob("debug.noop", profile="debug-sleep"),
@@ -164,6 +169,15 @@ def test_invalid_request_messages_are_user_safe(engine):
         engine.enqueue(NewJob("debug.noop", priority=0))
     with pytest.raises(InvalidRequest, match="unknown parameters: bogus"):
         engine.enqueue(NewJob("debug.sleep", {"bogus": 1}))
+
+
+def test_params_are_settings_not_data(engine):
+    """Every claim reads a job's params and the worker hands them to its child:
+    at most 64 KiB of JSON, refused with the reason before anything is stored."""
+    with pytest.raises(InvalidRequest, match="params take at most 64 KiB as JSON"):
+        engine.enqueue(NewJob("debug.sleep", {"marker": "é" * 33_000}))  # 2 bytes each
+    job_id = engine.enqueue(NewJob("debug.sleep", {"marker": "x" * 65_000}))
+    assert len(engine.get(job_id)["params"]["marker"]) == 65_000
 
 
 def test_bounds_of_priority_are_accepted(engine):
