@@ -1,17 +1,23 @@
-"""seccomp: an attempt child that needs no network cannot open a socket.
+"""seccomp: what an attempt child may not ask of the kernel.
 
 Landlock (sandbox.py) governs files and TCP ports, but not ``connect()`` to a
 Unix socket by path: a child taken over by a hostile file could still reach
 PostgreSQL's ``/var/run/postgresql`` socket (often ``trust`` for local users)
 or, with TCP unrestricted, any port on the host.  Only a few pipelines talk to
 anything (the virus scan talks to clamd); every other attempt runs in a child
-that installs this filter, so ``socket()`` fails with EACCES for every address
-family.  No socket, no connection: by path, by port, or abstract.
+whose ``socket()`` fails with EACCES for every address family.  No socket, no
+connection: by path, by port, or abstract.
 
-Every child also loses ``io_uring_setup``: io_uring's own socket and connect
-operations do not pass through seccomp, and no decoder needs it.  The filter
-refuses any syscall made through another ABI (i386's ``int 0x80``, x32), whose
-numbers would slip past a filter written for x86-64's.
+Every child also loses the syscalls no decoder needs and an exploit would
+(``REFUSED``): tracing and reading other processes, loading kernel code
+(modules, kexec, BPF), namespaces (``unshare``, ``setns``, and ``clone`` with a
+namespace flag: unprivileged user namespaces are a classic way to the
+kernel's root-only code), mounts, keyrings, the clock, and io_uring, whose own
+socket and connect operations would not pass through this filter.  A worker
+run as root (a container's default) would otherwise hand a compromised child
+all of that.  ``clone3`` answers ENOSYS, so the C library falls back to
+``clone``, whose flags the filter can read.  Any syscall made through another
+ABI (i386's ``int 0x80``, x32) is refused: its numbers would slip past.
 """
 
 from __future__ import annotations
@@ -21,23 +27,79 @@ import errno
 import platform
 import sys
 
-# struct sock_filter opcodes (linux/filter.h) and seccomp return values.
-_LD_ABS_W = 0x20  # BPF_LD | BPF_W | BPF_ABS
-_JEQ, _JGE = 0x15, 0x35  # BPF_JMP | BPF_JEQ / BPF_JGE | BPF_K
-_RET = 0x06  # BPF_RET | BPF_K
+# What an attempt never does, with its number on x86-64 and on aarch64 (None:
+# no such syscall there).  tests/unit/test_seccomp.py checks them against the
+# kernel headers where those are installed.
+REFUSED: dict[str, tuple[int | None, int | None]] = {
+    "ptrace": (101, 117),
+    "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271),
+    "syslog": (103, 116),
+    "perf_event_open": (298, 241),
+    "bpf": (321, 280),
+    "userfaultfd": (323, 282),
+    "init_module": (175, 105),
+    "finit_module": (313, 273),
+    "delete_module": (176, 106),
+    "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294),
+    "reboot": (169, 142),
+    "unshare": (272, 97),
+    "setns": (308, 268),
+    "mount": (165, 40),
+    "umount2": (166, 39),
+    "pivot_root": (155, 41),
+    "chroot": (161, 51),
+    "open_tree": (428, 428),
+    "move_mount": (429, 429),
+    "fsopen": (430, 430),
+    "fsconfig": (431, 431),
+    "fsmount": (432, 432),
+    "fspick": (433, 433),
+    "mount_setattr": (442, 442),
+    "name_to_handle_at": (303, 264),
+    "open_by_handle_at": (304, 265),
+    "swapon": (167, 224),
+    "swapoff": (168, 225),
+    "acct": (163, 89),
+    "add_key": (248, 217),
+    "request_key": (249, 218),
+    "keyctl": (250, 219),
+    "settimeofday": (164, 170),
+    "clock_settime": (227, 112),
+    "adjtimex": (159, 171),
+    "clock_adjtime": (305, 266),
+    "sethostname": (170, 161),
+    "setdomainname": (171, 162),
+    "iopl": (172, None),
+    "ioperm": (173, None),
+    "io_uring_setup": (425, 425),
+    "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427),
+}
+# Refused unless the child may use the network.
+SOCKET = (41, 198)
+# Checked (clone's flags) or answered ENOSYS (clone3), not refused outright.
+CLONE, CLONE3 = (56, 220), (435, 435)
+SECCOMP = (317, 277)
+# CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET.
+NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000
+NAMESPACE_FLAGS |= 0x10000000 | 0x20000000 | 0x40000000
+
+_MACHINES = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7)}  # column, AUDIT_ARCH_*
+
+# Classic BPF (linux/filter.h) and seccomp's answers.
+_LD_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS
+_JEQ, _JGE, _JSET = 0x15, 0x35, 0x45  # BPF_JMP | op | BPF_K
+_RET = 0x06
 _ALLOW = 0x7FFF0000
-_DENY = 0x00050000 | errno.EACCES  # SECCOMP_RET_ERRNO: the call fails, the child lives
-_NR, _ARCH = 0, 4  # offsets in struct seccomp_data
+_ERRNO = 0x00050000
+_NR, _ARCH, _ARG0 = 0, 4, 16  # offsets in struct seccomp_data (arg0's low half)
 _X32_BIT = 0x40000000
 _SET_MODE_FILTER, _FLAG_TSYNC = 1, 1
 _PR_SET_NO_NEW_PRIVS = 38
 
-
-# By machine: (AUDIT_ARCH_*, seccomp, socket, io_uring_setup).
-_ARCHES = {
-    "x86_64": (0xC000003E, 317, 41, 425),
-    "aarch64": (0xC00000B7, 277, 198, 425),
-}
+Row = tuple[int, int, int, int]  # (code, jt, jf, k)
 
 
 class _Filter(ctypes.Structure):
@@ -53,24 +115,44 @@ class _Program(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_Filter))]
 
 
-def program(machine: str, *, network: bool) -> list[tuple[int, int, int, int]] | None:
-    """The filter for this machine as (code, jt, jf, k) rows; None where we
-    know no syscall numbers (the child then runs without one)."""
-    if machine not in _ARCHES:
+def program(machine: str, *, network: bool) -> list[Row] | None:
+    """The filter for this machine as rows; None where we know no syscall
+    numbers (the child then runs without one)."""
+    if machine not in _MACHINES:
         return None
-    arch, _, socket_nr, io_uring_nr = _ARCHES[machine]
-    refused = [(_JEQ, nr) for nr in ([io_uring_nr] if network else [socket_nr, io_uring_nr])]
-    if machine == "x86_64":
-        refused.insert(0, (_JGE, _X32_BIT))  # x32's numbers are x86-64's with this bit
-    deny_at = 3 + len(refused) + 1  # the last row; jumps count from the next row
-    rows = [
-        (_LD_ABS_W, 0, 0, _ARCH),
-        (_JEQ, 0, deny_at - 2, arch),  # another ABI (i386's int 0x80): refused
-        (_LD_ABS_W, 0, 0, _NR),
+    col, arch = _MACHINES[machine]
+    refused = [nrs[col] for nrs in REFUSED.values() if nrs[col] is not None]
+    if not network:
+        refused.append(SOCKET[col])
+    # Rows with symbolic jump targets, resolved below (jumps count rows
+    # skipped, forward only).
+    rows: list[tuple[int, int | str, int | str, int]] = [
+        (_LD_ABS, 0, 0, _ARCH),
+        (_JEQ, 0, "deny", arch),  # another ABI
+        (_LD_ABS, 0, 0, _NR),
     ]
-    for code, k in refused:
-        rows.append((code, deny_at - len(rows) - 1, 0, k))
-    return [*rows, (_RET, 0, 0, _ALLOW), (_RET, 0, 0, _DENY)]
+    if machine == "x86_64":
+        rows.append((_JGE, "deny", 0, _X32_BIT))  # x32: x86-64's numbers with this bit
+    rows += [(_JEQ, "deny", 0, nr) for nr in refused]
+    rows += [
+        (_JEQ, "enosys", 0, CLONE3[col]),
+        (_JEQ, 0, "allow", CLONE[col]),
+        (_LD_ABS, 0, 0, _ARG0),
+        (_JSET, "deny", "allow", NAMESPACE_FLAGS),
+    ]
+    labels = {"enosys": len(rows), "allow": len(rows) + 1, "deny": len(rows) + 2}
+    rows += [
+        (_RET, 0, 0, _ERRNO | errno.ENOSYS),
+        (_RET, 0, 0, _ALLOW),
+        (_RET, 0, 0, _ERRNO | errno.EACCES),
+    ]
+
+    def jump(at: int, to: int | str) -> int:
+        return to if isinstance(to, int) else labels[to] - at - 1
+
+    out = [(code, jump(i, jt), jump(i, jf), k) for i, (code, jt, jf, k) in enumerate(rows)]
+    assert all(0 <= r[1] <= 255 and 0 <= r[2] <= 255 for r in out)  # a jump is one byte
+    return out
 
 
 def restrict(*, network: bool) -> bool:
@@ -86,7 +168,7 @@ def restrict(*, network: bool) -> bool:
     # Required to install a filter without privileges (also set for Landlock).
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    seccomp_nr = _ARCHES[machine][1]
+    seccomp_nr = SECCOMP[_MACHINES[machine][0]]
     if libc.syscall(seccomp_nr, _SET_MODE_FILTER, _FLAG_TSYNC, ctypes.byref(prog)) != 0:
         raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER)")
     return True

@@ -1,91 +1,159 @@
-"""The seccomp filter of attempt children: its program, and what it refuses in
-a real process (a filter is for good, so each check runs in a fresh one).
-Whole workers are checked in tests/integration/test_worker_child.py."""
+"""The seccomp filter of attempt children: its program, its syscall numbers,
+and what it refuses in a real process (a filter is for good, so each check
+runs in a fresh one).  Whole workers: tests/integration/test_worker_child.py."""
 
 from __future__ import annotations
 
+import errno
 import json
 import platform
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from hypermedia.worker import seccomp
 
-_RET = 0x06
-_ALLOW, _DENY = 0x7FFF0000, 0x00050000 | 13  # SECCOMP_RET_ERRNO | EACCES
+ALLOW = 0x7FFF0000
+DENY = 0x00050000 | errno.EACCES
+ENOSYS = 0x00050000 | errno.ENOSYS
+X86_64, AARCH64, I386 = 0xC000003E, 0xC00000B7, 0x40000003
+CLONE_NEWUSER, CLONE_THREAD = 0x10000000, 0x00010000
 
 
-def _run(program: list[tuple[int, int, int, int]], arch: int, nr: int) -> int:
-    """What the filter returns for syscall ``nr`` under ABI ``arch``: a tiny
-    interpreter of the few classic BPF rows the filter uses."""
-    data = {0: nr, 4: arch}
+def run(program: list[seccomp.Row], arch: int, nr: int, arg0: int = 0) -> int:
+    """What the filter answers for syscall ``nr``: a tiny interpreter of the
+    classic BPF rows the filter uses."""
+    data = {0: nr, 4: arch, 16: arg0}
     acc, pc = 0, 0
     while True:
         code, jt, jf, k = program[pc]
         if code == 0x20:
             acc = data[k]
-        elif code == 0x15:
-            pc += jt if acc == k else jf
-        elif code == 0x35:
-            pc += jt if acc >= k else jf
-        elif code == _RET:
+        elif code in (0x15, 0x35, 0x45):
+            taken = {0x15: acc == k, 0x35: acc >= k, 0x45: acc & k != 0}[code]
+            pc += jt if taken else jf
+        elif code == 0x06:
             return k
         else:
             raise AssertionError(f"unexpected opcode {code:#x}")
         pc += 1
 
 
-X86_64, I386 = 0xC000003E, 0x40000003
-
-
 @pytest.mark.parametrize("network", [False, True])
-def test_the_program_refuses_sockets_unless_networked_and_io_uring_always(network: bool) -> None:
+def test_sockets_are_refused_unless_networked(network: bool) -> None:
     prog = seccomp.program("x86_64", network=network)
     assert prog is not None
-    socket_nr, connect_nr, read_nr, io_uring_nr, socketpair_nr = 41, 42, 0, 425, 53
-    assert _run(prog, X86_64, socket_nr) == (_ALLOW if network else _DENY)
-    assert _run(prog, X86_64, io_uring_nr) == _DENY
-    for allowed in (read_nr, connect_nr, socketpair_nr):
-        assert _run(prog, X86_64, allowed) == _ALLOW
-    # x32's socket(), and anything through i386's ABI (its socketcall is 102).
-    assert _run(prog, X86_64, 0x40000000 | socket_nr) == _DENY
-    assert _run(prog, I386, 102) == _DENY
-    assert _run(prog, I386, 3) == _DENY
+    assert run(prog, X86_64, 41) == (ALLOW if network else DENY)  # socket
+    for allowed in (
+        0,
+        1,
+        42,
+        53,
+        57,
+        59,
+        9,
+    ):  # read, write, connect, socketpair, fork, execve, mmap
+        assert run(prog, X86_64, allowed) == ALLOW
 
 
-def test_aarch64_has_its_own_numbers_and_unknown_machines_none() -> None:
-    prog = seccomp.program("aarch64", network=False)
+def test_what_no_decoder_needs_is_refused_on_both_machines() -> None:
+    for machine, arch, col in (("x86_64", X86_64, 0), ("aarch64", AARCH64, 1)):
+        prog = seccomp.program(machine, network=True)
+        assert prog is not None
+        for name, nrs in seccomp.REFUSED.items():
+            if nrs[col] is not None:
+                assert run(prog, arch, nrs[col]) == DENY, (machine, name)
+
+
+def test_clone_may_make_threads_but_no_namespace_and_clone3_falls_back() -> None:
+    prog = seccomp.program("x86_64", network=False)
     assert prog is not None
-    aarch64 = 0xC00000B7
-    assert _run(prog, aarch64, 198) == _DENY  # socket
-    assert _run(prog, aarch64, 41) == _ALLOW  # pivot_root's number there, not socket
-    assert _run(prog, X86_64, 41) == _DENY  # another ABI
+    assert run(prog, X86_64, 56, CLONE_THREAD | 0x11) == ALLOW
+    assert run(prog, X86_64, 56, CLONE_NEWUSER) == DENY
+    assert run(prog, X86_64, 56, 0x40000000) == DENY  # CLONE_NEWNET
+    assert run(prog, X86_64, 435) == ENOSYS  # the C library then uses clone
+
+
+def test_other_abis_are_refused() -> None:
+    prog = seccomp.program("x86_64", network=True)
+    assert prog is not None
+    assert run(prog, X86_64, 0x40000000 | 41) == DENY  # x32's socket()
+    assert run(prog, I386, 102) == DENY  # i386's socketcall
+    assert run(prog, I386, 3) == DENY  # even a harmless read
+    arm = seccomp.program("aarch64", network=False)
+    assert arm is not None
+    assert run(arm, AARCH64, 198) == DENY  # socket there
+    assert run(arm, X86_64, 0) == DENY
     assert seccomp.program("riscv64", network=False) is None
+
+
+HEADERS = {
+    0: Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
+    1: Path("/usr/include/asm-generic/unistd.h"),  # aarch64 uses the generic table
+}
+
+
+@pytest.mark.parametrize("col", [0, 1])
+def test_the_numbers_match_the_kernel_headers(col: int) -> None:
+    header = HEADERS[col]
+    if not header.exists():
+        pytest.skip(f"{header} is not installed (linux-libc-dev)")
+    known = {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(r"#define __NR_(\w+)\s+(\d+)\b", header.read_text())
+    }
+    table = {
+        **seccomp.REFUSED,
+        "socket": seccomp.SOCKET,
+        "clone": seccomp.CLONE,
+        "clone3": seccomp.CLONE3,
+        "seccomp": seccomp.SECCOMP,
+    }
+    for name, nrs in table.items():
+        if nrs[col] is None:
+            assert name not in known, name
+        else:
+            assert known.get(name) == nrs[col], name
 
 
 _PROBE = textwrap.dedent(
     """
-    import ctypes, json, socket, sys
+    import ctypes, json, os, socket, sys, threading
     from hypermedia.worker import seccomp
     installed = seccomp.restrict(network=sys.argv[1] == "on")
+    libc = ctypes.CDLL(None, use_errno=True)
     def can(fn):
         try:
             fn()
             return True
         except OSError:
             return False
-    libc = ctypes.CDLL(None, use_errno=True)
+    def syscall(name, *args):
+        nr = seccomp.REFUSED[name][0 if os.uname().machine == "x86_64" else 1]
+        return libc.syscall(nr, *args) >= 0 or ctypes.get_errno() != 13
+    def thread():
+        t = threading.Thread(target=lambda: None)
+        t.start()
+        t.join()
+    def child():
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        return os.waitpid(pid, 0)[1] >> 8 == 7 or 1 / 0
     print(json.dumps({
         "installed": installed,
         "unix": can(lambda: socket.socket(socket.AF_UNIX).close()),
         "inet": can(lambda: socket.socket(socket.AF_INET).close()),
-        "inet6": can(lambda: socket.socket(socket.AF_INET6).close()),
         "socketpair": can(lambda: [s.close() for s in socket.socketpair()]),
-        "io_uring": libc.syscall(425, 1, ctypes.create_string_buffer(120)) >= 0
-            or ctypes.get_errno() != 13,
+        "io_uring": syscall("io_uring_setup", 1, ctypes.create_string_buffer(120)),
+        "unshare": syscall("unshare", 0x10000000),  # CLONE_NEWUSER
+        "ptrace": syscall("ptrace", 16, os.getppid(), 0, 0),  # PTRACE_ATTACH
+        "thread": can(thread),
+        "fork": can(child),
         "file": can(lambda: open(sys.executable, "rb").close()),
     }))
     """
@@ -94,19 +162,21 @@ _PROBE = textwrap.dedent(
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="no filter here")
 @pytest.mark.parametrize("network", ["off", "on"])
-def test_a_filtered_process_cannot_open_a_socket(network: str) -> None:
+def test_a_filtered_process(network: str) -> None:
     done = subprocess.run(
         [sys.executable, "-c", _PROBE, network], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
     on = network == "on"
-    assert seen == {
+    assert json.loads(done.stdout) == {
         "installed": True,
         "unix": on,
         "inet": on,
-        "inet6": on,
         "socketpair": True,  # a connected pair reaches nobody
-        "io_uring": False,  # refused with EACCES whatever the kernel offers
+        "io_uring": False,  # refused with EACCES, whatever the kernel offers
+        "unshare": False,
+        "ptrace": False,
+        "thread": True,  # clone3 refused with ENOSYS: the C library falls back
+        "fork": True,
         "file": True,
     }
