@@ -121,7 +121,7 @@ def program(machine: str, *, network: bool) -> list[Row] | None:
     if machine not in _MACHINES:
         return None
     col, arch = _MACHINES[machine]
-    refused = [nrs[col] for nrs in REFUSED.values() if nrs[col] is not None]
+    refused = [nr for nrs in REFUSED.values() if (nr := nrs[col]) is not None]
     if not network:
         refused.append(SOCKET[col])
     # Rows with symbolic jump targets, resolved below (jumps count rows
