@@ -26,6 +26,7 @@ from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import AttemptResult, Claimed
 from hypermedia.storage.ledger import Storage
 from hypermedia.worker import sandbox as landlock
+from hypermedia.worker import seccomp
 from hypermedia.worker.flusher import Flusher
 from hypermedia.worker.monitor import Monitor, Stats, worker_row
 from hypermedia.worker.slot import Running, Slot, SlotConfig, scratch_root
@@ -387,14 +388,13 @@ def sandbox_settings(settings: Any) -> tuple[str, list[int] | None]:
     ports = [int(p) for p in raw] if raw else None
     if mode == "off":
         return mode, ports
+    if not seccomp.available():
+        log.warning("attempt children may open sockets: no seccomp filter for this machine")
     version = landlock.abi()
     if version == 0:
         if mode == "required":
             raise InvalidRequest(
                 "HYPERMEDIA_CHILD_SANDBOX=required, but this kernel has no Landlock (Linux 5.13+)"
             )
-        log.warning(
-            "attempt children's files are not confined: this kernel has no Landlock"
-            " (their seccomp filter still applies)"
-        )
+        log.warning("attempt children's files are not confined: this kernel has no Landlock")
     return mode, ports

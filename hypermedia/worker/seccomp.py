@@ -155,10 +155,19 @@ def program(machine: str, *, network: bool) -> list[Row] | None:
     return out
 
 
+def _machine() -> str:
+    return platform.machine() if sys.platform.startswith("linux") else ""
+
+
+def available() -> bool:
+    """Whether children on this machine get the filter."""
+    return _machine() in _MACHINES
+
+
 def restrict(*, network: bool) -> bool:
     """Install the filter on this process (all its threads) for good; False
     where this machine has none.  OSError if the kernel refuses it."""
-    machine = platform.machine() if sys.platform.startswith("linux") else ""
+    machine = _machine()
     rows = program(machine, network=network)
     if rows is None:
         return False

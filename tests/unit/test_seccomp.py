@@ -180,3 +180,11 @@ def test_a_filtered_process(network: str) -> None:
         "fork": True,
         "file": True,
     }
+
+
+def test_available_names_the_machines_with_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    for machine, expected in (("x86_64", True), ("aarch64", True), ("riscv64", False)):
+        monkeypatch.setattr(platform, "machine", lambda m=machine: m)
+        assert seccomp.available() is expected
+        if not expected:
+            assert seccomp.restrict(network=False) is False  # nothing installed, no error
