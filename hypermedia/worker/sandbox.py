@@ -98,12 +98,10 @@ class Spec:
         return cls(**data)
 
 
-def spec_for(
-    mode: str, scratch: str, connect_ports: list[int] | None, *, network: bool = False
-) -> Spec:
+def spec_for(mode: str, scratch: str, connect_ports: list[int] | None) -> Spec:
     """What a child of this worker may touch: its scratch directory, and the
-    interpreter, the installed packages and hypermedia's own code to read;
-    with ``network``, sockets too (the attempts of pipelines that need them)."""
+    interpreter, the installed packages and hypermedia's own code to read (no
+    sockets: the slot sets ``network`` for the children that need them)."""
     import hypermedia
 
     paths = sysconfig.get_paths()
@@ -121,7 +119,7 @@ def spec_for(
         os.path.dirname(hypermedia.__file__),
         *_SYSTEM_READ,
     }
-    return Spec(mode, sorted(read), [scratch], connect_ports, network)
+    return Spec(mode, sorted(read), [scratch], connect_ports)
 
 
 def abi() -> int:
