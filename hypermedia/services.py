@@ -12,6 +12,7 @@ from hypermedia.auth.tokens import Tokens
 from hypermedia.config import Settings, load_settings
 from hypermedia.db.driver import connect
 from hypermedia.photos.service import Photos
+from hypermedia.queue.clock import clock_for
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.legacy import LegacyJobs
 from hypermedia.queue.profiles import Credits, Profiles
@@ -35,7 +36,7 @@ class Services:
 
     @classmethod
     def from_engine(cls, engine: Engine) -> Services:
-        storage = Storage(engine.db, engine.settings)
+        storage = Storage(engine.db, engine.settings, clock=engine.clock)
         return cls(
             settings=engine.settings,
             engine=engine,
@@ -52,4 +53,5 @@ class Services:
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Services:
         s = settings or load_settings()
-        return cls.from_engine(Engine(connect(s.url), s))
+        db = connect(s.url)
+        return cls.from_engine(Engine(db, s, clock=clock_for(db)))

@@ -131,7 +131,7 @@ class FakeClock:
     """A clock tests move by hand, for backoff and lease expiry without sleeping."""
 
     def __init__(self) -> None:
-        from hypermedia.queue.engine import utcnow
+        from hypermedia.queue.clock import utcnow
 
         self.now = utcnow()
 

@@ -17,6 +17,7 @@ from rich.console import Console
 from hypermedia.config import Settings, load_settings
 from hypermedia.db.driver import connect
 from hypermedia.errors import HypermediaError, NotFound
+from hypermedia.queue.clock import clock_for
 from hypermedia.queue.engine import Engine
 from hypermedia.redact import redact
 
@@ -30,7 +31,8 @@ def settings() -> Settings:
 
 def engine(s: Settings | None = None) -> Engine:
     s = s or settings()
-    return Engine(connect(s.url), s)
+    db = connect(s.url)
+    return Engine(db, s, clock=clock_for(db))
 
 
 def setup_logging(verbose: bool = False) -> None:

@@ -23,7 +23,8 @@ OBJECT_COLUMNS = ("object_id", "state", "mime_type", "size", "width", "height", 
 
 def storage() -> Storage:
     s = settings()
-    return Storage(engine(s).db, s)
+    eng = engine(s)
+    return Storage(eng.db, s, clock=eng.clock)
 
 
 def public(row: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ COLUMNS = ("id", "album", "title", "mime_type", "size", "width", "height", "crea
 def photos() -> Photos:
     s = settings()
     eng = engine(s)
-    return Photos(eng, Storage(eng.db, s))
+    return Photos(eng, Storage(eng.db, s, clock=eng.clock))
 
 
 def _say(row: dict[str, Any], what: str) -> None:

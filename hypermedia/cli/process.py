@@ -52,7 +52,7 @@ def run(
         prof = Profiles(eng).show(profile)
         if not prof["is_active"]:
             raise InvalidRequest(f"profile {prof['ref']} is deactivated: new jobs cannot use it")
-        store = Storage(eng.db, s)
+        store = Storage(eng.db, s, clock=eng.clock)
         if len(files) == 1:
             objects = [store.put_file(files[0], project_id=project)]
         else:

@@ -294,6 +294,24 @@ _SQLITE_READY = (
 )
 
 
+# The server's clock now (not the transaction's start), as naive UTC like every
+# timestamp we store.
+_SERVER_NOW = {
+    "postgresql": "SELECT CAST(clock_timestamp() AT TIME ZONE 'UTC' AS timestamp)",
+    "mysql": "SELECT UTC_TIMESTAMP(6)",
+}
+
+
+def server_now(conn: sa.Connection, dialect: str) -> datetime:
+    """The database server's clock (queue/clock.py); SQLite has none of its own."""
+    if dialect not in _SERVER_NOW:
+        raise ValueError(f"{dialect} has no server clock")
+    value = conn.execute(sa.text(_SERVER_NOW[dialect])).scalar_one()
+    if not isinstance(value, datetime):
+        raise TypeError(f"the server's clock answered {type(value).__name__}")
+    return value
+
+
 def notify(conn: sa.Connection, dialect: str, queues: set[str]) -> None:
     """Wake idle workers of these queues when the transaction commits (PostgreSQL only)."""
     if dialect != "postgresql":

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -143,6 +144,12 @@ class Driver:
     def read(self) -> Iterator[Tx]:
         with _refusals(), self._engines["read"].begin() as conn:
             yield Tx(conn, self.name)
+
+    def server_now(self) -> datetime:
+        """The server's clock (PostgreSQL, MariaDB): one round trip, no BEGIN
+        on PostgreSQL, so that half of it stands for when the server read it."""
+        with self.auto() if self.autocommit else self.read() as tx:
+            return tx.server_now()
 
     # -- wake-ups --------------------------------------------------------------
 

@@ -81,6 +81,9 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
     def ping(self) -> None:
         self.conn.execute(sa.text("SELECT 1"))
 
+    def server_now(self) -> datetime:
+        return dialects.server_now(self.conn, self.dialect)
+
     # -- profiles ------------------------------------------------------------
 
     def profile(self, key: str, version: str | None = None) -> Row | None:

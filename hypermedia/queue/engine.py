@@ -13,7 +13,7 @@ import random
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from hypermedia.config import Settings
@@ -29,6 +29,7 @@ from hypermedia.errors import (
 from hypermedia.pipelines import registry
 from hypermedia.queue import profiles as pricing
 from hypermedia.queue import states
+from hypermedia.queue.clock import utcnow
 from hypermedia.queue.models import (
     MAX_TIMEOUT_SECONDS,
     AttemptResult,
@@ -44,10 +45,6 @@ from hypermedia.redact import redact
 Row = dict[str, Any]
 # Carried with a decision's outputs for their objects' rows, not job_outputs columns.
 _OBJECT_ONLY = ("checksum", "width", "height")
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def event(job_id: int, now: datetime, src: str | None, dst: str | None, **kw: Any) -> Row:

@@ -114,7 +114,7 @@ def default_services(engine: Engine) -> list[Service]:
     from hypermedia.storage.ledger import Storage
 
     s = engine.settings
-    storage = Storage(engine.db, s)
+    storage = Storage(engine.db, s, clock=engine.clock)
     return [
         Reaper(engine, period=s.reaper_interval_seconds),
         Promoter(engine, period=s.promoter_interval_seconds),

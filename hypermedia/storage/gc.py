@@ -21,7 +21,6 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from hypermedia.queue.engine import utcnow
 from hypermedia.storage.base import StorageError
 from hypermedia.storage.keys import object_prefix
 from hypermedia.storage.ledger import Storage
@@ -59,7 +58,7 @@ class GarbageCollector:
 
     def mark(self) -> None:
         s = self.storage.settings
-        now = utcnow()
+        now = self.storage.clock()
         rounds = (
             ("ready", s.gc_unreferenced_seconds, True),
             ("pending", s.gc_pending_seconds, False),
@@ -82,7 +81,7 @@ class GarbageCollector:
             ids = tx.collectable(state, before, BATCH, unreferenced=unreferenced)
             keep = tx.referenced(ids) if unreferenced and ids else set()
             chosen = [i for i in ids if i not in keep]
-            tx.mark_deleting(chosen, state, utcnow())
+            tx.mark_deleting(chosen, state, self.storage.clock())
             return len(ids), len(chosen)
 
     def sweep_uploads(self) -> None:

@@ -15,8 +15,9 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 from urllib.parse import quote
@@ -24,7 +25,7 @@ from urllib.parse import quote
 from hypermedia.config import DEFAULT_PROJECT, Settings
 from hypermedia.db.driver import Driver
 from hypermedia.errors import HypermediaError, InvalidRequest, NotFound
-from hypermedia.queue.engine import utcnow
+from hypermedia.queue.clock import utcnow
 from hypermedia.storage import local, sniff
 from hypermedia.storage.backends import open_backend, parse_pool_url
 from hypermedia.storage.base import (
@@ -43,15 +44,18 @@ DEFAULT_POOL = "local"
 
 
 class Storage:
-    def __init__(self, db: Driver, settings: Settings) -> None:
+    def __init__(
+        self, db: Driver, settings: Settings, *, clock: Callable[[], datetime] = utcnow
+    ) -> None:
         self.db = db
         self.settings = settings
+        self.clock = clock  # an engine's (queue/clock.py): the GC compares ages across machines
         self._backends: dict[int, Backend] = {}
         self._secret: bytes | None = None
         # (pool, key) of output blobs written without fsync: see make_durable.
         self._unsynced: list[tuple[int, str]] = []
         self._unsynced_lock = threading.Lock()
-        self.reservations = Reservations(db)
+        self.reservations = Reservations(db, clock=clock)
 
     # -- pools ---------------------------------------------------------------
 
@@ -61,7 +65,12 @@ class Storage:
             raise InvalidRequest("a pool name has 1 to 64 characters")
         with self.db.tx() as tx:
             pool_id = tx.insert_pool(
-                {"name": name, "backend_url": url, "project_id": project_id, "created_at": utcnow()}
+                {
+                    "name": name,
+                    "backend_url": url,
+                    "project_id": project_id,
+                    "created_at": self.clock(),
+                }
             )
             return dict(tx.pool(pool_id=pool_id) or {})
 
@@ -117,7 +126,7 @@ class Storage:
         pool_row = self.pool(pool)
         obj = self._pending(pool_row["pool_id"], role, mime, project_id, filename, width, height)
         stored = self._upload(obj, cast(BinaryIO, _Chain(head, src)))
-        now = utcnow()
+        now = self.clock()
         values = {**_stored_values(stored), "state": "ready", "updated_at": now}
         with self.db.tx() as tx:
             if not tx.update_object(obj["object_id"], ["pending"], values):
@@ -144,7 +153,7 @@ class Storage:
             **_stored_values(stored),
             "filename": display_name(filename),
             "state": "ready",
-            "updated_at": utcnow(),
+            "updated_at": self.clock(),
         }
         with self.db.tx() as tx:
             if not tx.update_object(obj["object_id"], ["pending"], values):
@@ -164,7 +173,7 @@ class Storage:
                 head = _read_head(f)
             mime = sniff.media_type(head)
             heads.append((p, mime, *sniff.dimensions(head, mime)))
-        now = utcnow()
+        now = self.clock()
         with self.db.tx() as tx:
             placeholders = [f"pending/{uuid.uuid4().hex}" for _ in paths]
             ids = tx.insert_objects(
@@ -206,7 +215,7 @@ class Storage:
             for object_id in object_ids:
                 self._abandon(object_id)
             raise
-        done = utcnow()
+        done = self.clock()
         with self.db.tx() as tx:
             tx.update_objects_many(
                 "pending",
@@ -320,7 +329,7 @@ class Storage:
         width: int,
         height: int,
     ) -> Row:
-        now = utcnow()
+        now = self.clock()
         with self.db.tx() as tx:
             object_id = tx.insert_object(
                 {

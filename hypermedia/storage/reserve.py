@@ -24,10 +24,12 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from hypermedia.db.driver import Driver
-from hypermedia.queue.engine import utcnow
+from hypermedia.queue.clock import utcnow
 from hypermedia.storage.base import StorageUnavailable
 
 log = logging.getLogger(__name__)
@@ -49,8 +51,16 @@ def placeholder() -> str:
 class Reservations:
     """A stock of reserved object ids per (pool, project), for one process."""
 
-    def __init__(self, db: Driver, batch: int = RESERVE, ttl: float = RESERVE_TTL) -> None:
+    def __init__(
+        self,
+        db: Driver,
+        batch: int = RESERVE,
+        ttl: float = RESERVE_TTL,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
         self.db = db
+        self.clock = clock
         self.batch = max(1, batch)
         self.ttl = ttl
         self._lock = threading.Lock()
@@ -87,7 +97,7 @@ class Reservations:
             self._drop(ids)
 
     def _reserve(self, pool_id: int, project_id: str, stale: list[int]) -> list[tuple[int, float]]:
-        now = utcnow()
+        now = self.clock()
         rows: list[dict[str, Any]] = [
             {
                 "pool_id": pool_id,

@@ -106,7 +106,7 @@ class Worker:
             # Landlock keeps its inbox read-only: otherwise inputs are copied.
             link_inputs=self.sandbox != "off" and landlock.abi() > 0,
         )
-        storage = Storage(self.engine.db, self.settings)
+        storage = Storage(self.engine.db, self.settings, clock=self.engine.clock)
         self.flusher.before_results = storage.make_durable
         # Inputs are fetched a slot's worth ahead; outputs stored by up to four
         # threads (uploads to S3 run in parallel, local ones are quick).

@@ -1,0 +1,102 @@
+"""Whose time: the database server's, wherever the engine runs.
+
+Leases, heartbeats, retry times and the reaper compare timestamps written by
+different machines: a worker's lease end against the leader's now, say.  With
+each machine's own clock, a worker whose clock runs ten minutes slow takes
+leases that look expired the moment it writes them, and the reaper hands its
+jobs to others while it still runs them (fencing keeps the results straight,
+but the work is done twice); a fast one keeps a dead worker's jobs locked for
+as long.  So on PostgreSQL and MariaDB the engine reads the server's clock:
+the local clock plus an offset measured against the server (one query,
+corrected by half its round trip), measured again every ``REFRESH`` seconds.
+SQLite runs on this machine: its time is ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+REFRESH = 60.0  # seconds between measurements
+RETRY = 5.0  # after a failed one
+# A measurement whose round trip took longer says too little; kept only when
+# there is no better one yet.
+MAX_ROUND_TRIP = timedelta(seconds=1)
+WARN_OFFSET = timedelta(seconds=2)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class DatabaseClock:
+    """Naive UTC by the server's clock; ``read`` returns the server's now."""
+
+    def __init__(
+        self,
+        read: Callable[[], datetime],
+        *,
+        local: Callable[[], datetime] = utcnow,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._read = read
+        self._local = local
+        self._monotonic = monotonic
+        self.offset = timedelta(0)
+        self._measured = False
+        self._due = -1e18  # monotonic time of the next measurement
+        self._lock = threading.Lock()
+        self._warned: timedelta | None = None
+
+    def __call__(self) -> datetime:
+        if self._monotonic() >= self._due and self._lock.acquire(blocking=False):
+            # One thread measures; the others go on with the last offset.
+            try:
+                self.sync()
+            finally:
+                self._lock.release()
+        return self._local() + self.offset
+
+    def sync(self) -> None:
+        try:
+            before = self._local()
+            server = self._read()
+            after = self._local()
+        except Exception as exc:  # the database is away: the callers will see it themselves
+            log.debug("could not read the database's clock (%s)", type(exc).__name__)
+            self._due = self._monotonic() + RETRY
+            return
+        round_trip = after - before
+        if round_trip <= MAX_ROUND_TRIP or not self._measured:
+            self.offset = server - (before + round_trip / 2)
+            self._measured = True
+            self._warn()
+        self._due = self._monotonic() + REFRESH
+
+    def _warn(self) -> None:
+        off = self.offset
+        if abs(off) < WARN_OFFSET:
+            return
+        if self._warned is not None and abs(off - self._warned) < WARN_OFFSET:
+            return  # said already
+        self._warned = off
+        side = "behind" if off > timedelta(0) else "ahead of"
+        log.warning(
+            "this machine's clock is %.1f s %s the database server's: hypermedia keeps "
+            "the server's time (leases, heartbeats, retries)",
+            abs(off.total_seconds()),
+            side,
+        )
+
+
+def clock_for(db: Any) -> Callable[[], datetime]:
+    """The engine's clock for this database (a ``Driver``)."""
+    if db.name == "sqlite":
+        return utcnow
+    return DatabaseClock(db.server_now)
