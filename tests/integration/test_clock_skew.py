@@ -68,3 +68,31 @@ def test_a_worker_ten_minutes_slow_keeps_its_lease_and_runs_its_job_once(
     assert abs(heartbeat - now) < timedelta(seconds=60)
     assert w.alive()
     assert os.environ.get("FAKETIME") is None  # only the worker was skewed
+
+
+@SERVERS
+def test_a_leader_ten_minutes_fast_takes_no_running_job_away(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """The other side: the reaper's now, ten minutes ahead, would find every
+    lease expired and every heartbeat stale."""
+    if LIBFAKETIME is None:
+        _unavailable("libfaketime is not installed (Debian package faketime)")
+    procs.worker("--concurrency", "1", "--no-maintenance", HYPERMEDIA_LEASE_SECONDS="30")
+    job_id = submit(live, {"ms": 5000})
+    eventually(lambda: job(driver, job_id)["status"] == "processing", 30, "the attempt starts")
+    procs.spawn(
+        "scheduler",
+        name="scheduler",
+        LD_PRELOAD=str(LIBFAKETIME),
+        FAKETIME="+10m",
+        FAKETIME_DONT_FAKE_MONOTONIC="1",
+        HYPERMEDIA_REAPER_INTERVAL_SECONDS="0.5",
+    )
+    # It leads (its lease row is written in the server's time) and reaps.
+    eventually(lambda: procs.query("SELECT COUNT(*) FROM leader_leases")[0][0] == 1, 30, "a leader")
+    row = wait_job(driver, job_id)
+    assert row["status"] == "completed", (row["status"], row["safe_reason"])
+    assert row["attempt_count"] == 1
+    held = procs.query("SELECT expires_at FROM leader_leases")[0][0]
+    assert abs(held - driver.server_now()) < timedelta(minutes=2)  # not 10 minutes ahead
