@@ -17,7 +17,11 @@ from hypermedia.api.app import create_app
 from hypermedia.queue.models import NewJob
 from hypermedia.services import Services
 
-SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+# Every database: a value one of them cannot store (a NUL for PostgreSQL, a
+# string over a column's length for MariaDB) must be a 4xx there too.  Fewer
+# examples on the servers, where each request costs more.
+EXAMPLES = {"sqlite": 60, "postgresql": 25, "mariadb": 25}
+EVERY_DATABASE = pytest.mark.parametrize("database_url", list(EXAMPLES), indirect=True)
 
 
 @pytest.fixture
@@ -45,8 +49,9 @@ def _check(case, token: str) -> int:  # type: ignore[no-untyped-def]
     return int(response.status_code)
 
 
-@SQLITE_ONLY
-def test_no_request_gets_a_server_error(api_schema, admin: str) -> None:  # type: ignore[no-untyped-def]
+@EVERY_DATABASE
+def test_no_request_gets_a_server_error(api_schema, admin: str, driver) -> None:  # type: ignore[no-untyped-def]
+    examples = EXAMPLES["mariadb" if driver.name == "mysql" else driver.name]
     operations = [r.ok() for r in api_schema.get_all_operations()]
     assert len(operations) >= 30
     statuses: dict[int, int] = {}
@@ -54,7 +59,7 @@ def test_no_request_gets_a_server_error(api_schema, admin: str) -> None:  # type
 
         @given(case=operation.as_strategy())
         @settings(
-            max_examples=60,
+            max_examples=examples,
             deadline=None,
             suppress_health_check=list(HealthCheck),
             derandomize=True,
@@ -66,4 +71,4 @@ def test_no_request_gets_a_server_error(api_schema, admin: str) -> None:  # type
 
         run()
     # Not only refusals: generated requests got through to the use cases.
-    assert sum(n for code, n in statuses.items() if code < 300) >= 50, statuses
+    assert sum(n for code, n in statuses.items() if code < 300) >= examples * 5 // 6, statuses
