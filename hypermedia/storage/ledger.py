@@ -9,11 +9,11 @@ us; a mismatch is an error, never silent data.
 
 from __future__ import annotations
 
+import calendar
 import io
 import os
 import secrets
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -418,7 +418,7 @@ class Storage:
         url = self.backend(row["pool_id"]).presign(row["storage_key"], ttl, row["filename"])
         if url:
             return url
-        expires = int(time.time()) + ttl
+        expires = self.epoch() + ttl
         sig = local.sign(self.secret(), object_id, expires)
         return f"{base_url}/v1/objects/{object_id}/content?expires={expires}&sig={quote(sig)}"
 
@@ -432,7 +432,12 @@ class Storage:
         return True
 
     def check_signature(self, object_id: int, expires: int, sig: str) -> bool:
-        return local.verify(self.secret(), object_id, expires, sig)
+        return local.verify(self.secret(), object_id, expires, sig, now=self.epoch())
+
+    def epoch(self) -> int:
+        """Now in POSIX seconds, by the storage clock: a URL one API node signs
+        expires when the others, on the same database's time, say it does."""
+        return calendar.timegm(self.clock().timetuple())
 
     def secret(self) -> bytes:
         """The URL-signing key: HYPERMEDIA_SECRET_KEY, or one made once in HOME/secret.key."""

@@ -477,7 +477,9 @@ def sign(secret: bytes, object_id: int, expires_at: int) -> str:
     return hmac.new(secret, msg, hashlib.sha256).hexdigest()
 
 
-def verify(secret: bytes, object_id: int, expires_at: int, signature: str) -> bool:
-    if expires_at < time.time():
+def verify(
+    secret: bytes, object_id: int, expires_at: int, signature: str, *, now: float | None = None
+) -> bool:
+    if expires_at < (time.time() if now is None else now):
         return False
     return hmac.compare_digest(sign(secret, object_id, expires_at), signature)

@@ -7,6 +7,7 @@ import io
 import os
 import time
 import urllib.parse
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,22 @@ def test_signed_urls_for_local_objects(storage: Storage) -> None:
     # The signing key persists in HOME: a second Storage (another process) agrees.
     again = Storage(storage.db, storage.settings)
     assert again.check_signature(row["object_id"], expires, sig)
+
+
+def test_signed_urls_expire_by_the_storage_clock(storage: Storage) -> None:
+    """The storage clock is the database server's on PostgreSQL and MariaDB
+    (queue/clock.py): an API node whose own clock is off signs URLs that
+    expire when every other node says so."""
+    row = storage.put(io.BytesIO(b"payload"))
+    skewed = {"now": datetime(2030, 1, 1)}  # far from this machine's clock
+    node = Storage(storage.db, storage.settings, clock=lambda: skewed["now"])
+    q = urllib.parse.parse_qs(urllib.parse.urlsplit(node.signed_url(row["object_id"])).query)
+    expires, sig = int(q["expires"][0]), q["sig"][0]
+    ttl = storage.settings.signed_url_seconds
+    assert expires == int(datetime(2030, 1, 1, tzinfo=UTC).timestamp()) + ttl
+    assert node.check_signature(row["object_id"], expires, sig)
+    skewed["now"] += timedelta(seconds=ttl + 1)
+    assert not node.check_signature(row["object_id"], expires, sig)
 
 
 def test_jobs_take_their_input_from_the_ledger(storage: Storage, engine) -> None:  # type: ignore[no-untyped-def]

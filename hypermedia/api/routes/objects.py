@@ -12,7 +12,6 @@ import contextlib
 import logging
 import os
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -343,7 +342,7 @@ def object_url(
     svc = services(request)
     owned_object(svc, object_id, principal)
     # Read the clock first: the URL expires no earlier than what we announce.
-    expires_at = int(time.time()) + svc.settings.signed_url_seconds
+    expires_at = svc.storage.epoch() + svc.settings.signed_url_seconds
     url = svc.storage.signed_url(object_id, str(request.base_url).rstrip("/"))
     ours = parse_qs(urlsplit(url).query).get("expires", [""])[0]
     if url.startswith(str(request.base_url)) and ours.isdigit():
