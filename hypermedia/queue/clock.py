@@ -8,7 +8,8 @@ jobs to others while it still runs them (fencing keeps the results straight,
 but the work is done twice); a fast one keeps a dead worker's jobs locked for
 as long.  So on PostgreSQL and MariaDB the engine reads the server's clock:
 the local clock plus an offset measured against the server (one query,
-corrected by half its round trip), measured again every ``REFRESH`` seconds.
+corrected by half its round trip), measured again every ``REFRESH`` seconds
+on a thread of its own.
 SQLite runs on this machine: its time is ours.
 """
 
@@ -36,7 +37,12 @@ def utcnow() -> datetime:
 
 
 class DatabaseClock:
-    """Naive UTC by the server's clock; ``read`` returns the server's now."""
+    """Naive UTC by the server's clock; ``read`` returns the server's now.
+
+    The first call measures the offset; later measurements run on a thread
+    of their own, never in a caller's path: a caller may hold a transaction
+    and its locks, and a measurement needs a connection of its own.
+    """
 
     def __init__(
         self,
@@ -44,24 +50,42 @@ class DatabaseClock:
         *,
         local: Callable[[], datetime] = utcnow,
         monotonic: Callable[[], float] = time.monotonic,
+        background: bool = True,
     ) -> None:
         self._read = read
         self._local = local
         self._monotonic = monotonic
+        self._background = background
         self.offset = timedelta(0)
         self._measured = False
+        self._started = False
         self._due = -1e18  # monotonic time of the next measurement
         self._lock = threading.Lock()
         self._warned: timedelta | None = None
 
     def __call__(self) -> datetime:
-        if self._monotonic() >= self._due and self._lock.acquire(blocking=False):
-            # One thread measures; the others go on with the last offset.
-            try:
-                self.sync()
-            finally:
-                self._lock.release()
+        if not self._started:
+            self._start()
         return self._local() + self.offset
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self.sync()
+            self._started = True
+            if self._background:
+                threading.Thread(target=self._loop, name="database-clock", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self.refresh_if_due())
+
+    def refresh_if_due(self) -> float:
+        """Measure again if it is time; the seconds until the next time."""
+        if self._monotonic() >= self._due:
+            self.sync()
+        return max(0.1, self._due - self._monotonic())
 
     def sync(self) -> None:
         try:

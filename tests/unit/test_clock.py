@@ -4,6 +4,7 @@ monotonic clock (the real servers: tests/integration/test_clock_skew.py)."""
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import datetime, timedelta
 
 import pytest
@@ -40,7 +41,10 @@ class Fake:
         self.mono += seconds
 
     def clock(self) -> C.DatabaseClock:
-        return C.DatabaseClock(self.read, local=self.local, monotonic=lambda: self.mono)
+        # No thread: the tests call refresh_if_due() where its loop would.
+        return C.DatabaseClock(
+            self.read, local=self.local, monotonic=lambda: self.mono, background=False
+        )
 
 
 @pytest.mark.parametrize("minutes", [-10, 0, 10])
@@ -55,14 +59,18 @@ def test_the_clock_tells_the_servers_time_whatever_the_local_clock(minutes: int)
     assert fake.reads == 1  # measured once, not on every call
 
 
-def test_it_measures_again_after_the_refresh_period() -> None:
+def test_it_measures_again_after_the_refresh_period_never_in_a_call() -> None:
     fake = Fake(timedelta(seconds=-5))
     clock = fake.clock()
     clock()
     fake.skew = timedelta(seconds=3)  # the local clock was stepped
     fake.advance(C.REFRESH - 1)
+    assert clock.refresh_if_due() == pytest.approx(1.0)
     assert abs(clock() - fake.real - timedelta(seconds=8)) < timedelta(milliseconds=1)  # stale
     fake.advance(2)
+    clock()
+    assert fake.reads == 1  # a caller (maybe inside a transaction) never measures
+    assert clock.refresh_if_due() == pytest.approx(C.REFRESH)
     assert abs(clock() - fake.real) < timedelta(milliseconds=1)
     assert fake.reads == 2
 
@@ -73,13 +81,14 @@ def test_a_failed_measurement_keeps_the_last_offset_and_retries_soon() -> None:
     clock()
     fake.advance(C.REFRESH)
     fake.fail = True
-    assert abs(clock() - fake.real) < timedelta(milliseconds=1)  # no exception, old offset
+    assert clock.refresh_if_due() == pytest.approx(C.RETRY)  # no exception
+    assert abs(clock() - fake.real) < timedelta(milliseconds=1)  # the old offset
     fake.fail = False
     fake.advance(C.RETRY - 1)
-    clock()
+    clock.refresh_if_due()
     assert fake.reads == 1
     fake.advance(2)
-    clock()
+    clock.refresh_if_due()
     assert fake.reads == 2
 
 
@@ -90,8 +99,8 @@ def test_a_slow_round_trip_does_not_replace_a_good_measurement() -> None:
     good = clock.offset
     fake.rtt = timedelta(seconds=3)  # the half-way guess could be 1.5 s off
     fake.advance(C.REFRESH)
-    clock()
-    assert clock.offset == good
+    clock.refresh_if_due()
+    assert fake.reads == 2 and clock.offset == good
     first = Fake(timedelta(seconds=20), rtt=timedelta(seconds=3)).clock()
     first()  # nothing better yet: kept
     assert abs(first.offset + timedelta(seconds=20)) < timedelta(seconds=2)
@@ -103,10 +112,24 @@ def test_a_large_offset_is_logged_once(caplog: pytest.LogCaptureFixture) -> None
     with caplog.at_level(logging.WARNING, logger="hypermedia.queue.clock"):
         clock()
         fake.advance(C.REFRESH)
-        clock()
+        clock.refresh_if_due()
+        assert fake.reads == 2
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1
     assert "600.0 s behind the database server's" in warnings[0]
+
+
+def test_the_first_call_measures_and_a_thread_keeps_measuring() -> None:
+    reads = []
+
+    def read() -> datetime:
+        reads.append(1)
+        return C.utcnow() + timedelta(hours=1)
+
+    clock = C.DatabaseClock(read)
+    assert abs(clock() - C.utcnow() - timedelta(hours=1)) < timedelta(seconds=1)
+    assert len(reads) == 1
+    assert [t for t in threading.enumerate() if t.name == "database-clock" and t.daemon]
 
 
 def test_sqlite_keeps_the_local_clock() -> None:
