@@ -18,7 +18,9 @@ tries each (``connect``: TCP on 127.0.0.1; ``unix``: a Unix socket by path)
 and reports which it could do, to check the child's sandbox
 (worker/sandbox.py; ``"$input"`` is the attempt's input file).  Its attempt
 runs in a child that may open sockets only with ``{"network": true}``
-(worker/seccomp.py), as a virus scan's does.
+(worker/seccomp.py), as a virus scan's does.  ``{"stray": true}`` leaves a
+process running after the attempt (a double fork that tries setsid first) and
+reports its pid: the worker must kill it with its child.
 
 debug.copy reads its input object and stores a byte-for-byte copy as an output
 object (type ``copy``): the storage path of a job end to end.  To exercise the
@@ -30,6 +32,7 @@ makes the output a symlink instead of a file (must be refused too).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pickle
 import signal
@@ -60,7 +63,7 @@ _PROBES = ("read", "write", "connect", "unix", "signal")
 
 def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     allowed = {"ms", "fail", "crash", "alloc_mb", "steps", "output", "nan", "forge", "marker"}
-    allowed |= {"write_mb", "leak_mb", "probe", "network"}
+    allowed |= {"write_mb", "leak_mb", "probe", "network", "stray"}
     unknown = set(params) - allowed
     if unknown:
         raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
@@ -83,7 +86,7 @@ def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[st
     steps = params.get("steps", 1)
     if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps <= 1000:
         raise JobError("INVALID_PARAMS", "steps must be an integer from 0 to 1000")
-    for flag in ("output", "nan", "network"):
+    for flag in ("output", "nan", "network", "stray"):
         if not isinstance(params.get(flag, False), bool):
             raise JobError("INVALID_PARAMS", f"{flag} must be true or false")
     if params.get("forge", "pickle") not in _FORGED:
@@ -166,6 +169,7 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
     from hypermedia.worker import sandbox
 
     return {
+        **({"stray": _stray()} if params.get("stray") else {}),
         "sandbox": sandbox.ACTIVE,
         "offline": sandbox.OFFLINE,
         "probe": _probe(params.get("probe") or {}, ctx.input_path),
@@ -175,6 +179,28 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
         "cwd": os.getcwd(),
         "db_loaded": any(m.startswith(("sqlalchemy", "hypermedia.db")) for m in sys.modules),
     }
+
+
+def _stray() -> dict[str, Any]:
+    """Leave a process running, as a daemon would (a double fork, trying to
+    leave the process group first): its pid, and whether setsid worked."""
+    r, w = os.pipe()
+    if os.fork() == 0:  # the intermediate process
+        try:
+            os.setsid()
+            escaped = True
+        except OSError:
+            escaped = False
+        if os.fork() == 0:  # the one left behind
+            os.close(r)
+            os.write(w, json.dumps({"pid": os.getpid(), "setsid": escaped}).encode())
+            os.close(w)
+            time.sleep(120)
+            os._exit(0)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        return dict(json.loads(f.read()))
 
 
 def _probe(probe: dict[str, list[Any]], input_path: str | None) -> dict[str, dict[str, bool]]:

@@ -9,6 +9,7 @@ serve many attempts in a row; the parent decides when to recycle it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -137,7 +138,12 @@ def run_attempt(msg: dict[str, Any], out: int) -> bytes:
         }
     peak_mb, rss_mb = _memory_mb()
     done.update(
-        op="done", cpu_ms=_cpu_ms() - cpu0, cpu_total_ms=_cpu_ms(), peak_mb=peak_mb, rss_mb=rss_mb
+        op="done",
+        cpu_ms=_cpu_ms() - cpu0,
+        cpu_total_ms=_cpu_ms(),
+        peak_mb=peak_mb,
+        rss_mb=rss_mb,
+        stray=_strays(),
     )
     try:
         return encode(done)
@@ -150,6 +156,22 @@ def run_attempt(msg: dict[str, Any], out: int) -> bytes:
             outputs=[],
         )
         return encode(done)
+
+
+def _strays() -> bool:
+    """Whether the attempt left a process running.  Every descendant is ours
+    to wait for (we are its subreaper, see main) and stays in our process
+    group (seccomp refuses setsid and setpgid): the ones that ended are
+    reaped here, and one still alive makes the worker kill the whole group
+    rather than let it run on beside the next attempts."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False  # none at all
+        if pid == 0:
+            return True  # one still running
+        # one that had ended: reaped, look again
 
 
 def _wrote_too_much(scratch: str, file_mb: int | None, most: int = 10_000) -> bool:
@@ -168,6 +190,18 @@ def _wrote_too_much(scratch: str, file_mb: int | None, most: int = 10_000) -> bo
             except OSError:
                 continue
     return False
+
+
+def _adopt_orphans() -> None:
+    """PR_SET_CHILD_SUBREAPER: a process the attempt starts, and that outlives
+    its parent (a daemon's double fork), becomes our child, not init's, so
+    _strays sees it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
 
 
 def _die_with_worker(worker_pid: int | None) -> None:
@@ -209,6 +243,7 @@ def _confine(arg: str | None) -> None:
 
 def main() -> None:
     _die_with_worker(int(sys.argv[1]) if len(sys.argv) > 1 else None)
+    _adopt_orphans()
     _confine(sys.argv[2] if len(sys.argv) > 2 else None)
     # The protocol owns the original stdin/stdout; anything a library prints
     # goes to stderr instead of corrupting the frames.

@@ -121,6 +121,9 @@ def check_report(msg: Any) -> dict[str, Any]:
         "cpu_total_ms": _count(msg.get("cpu_total_ms")),
         "peak_mb": _count(msg.get("peak_mb")),
         "rss_mb": _count(msg.get("rss_mb")),
+        # Processes the attempt left running (child._strays): the worker
+        # kills the child's whole process group instead of reusing it.
+        "stray": msg.get("stray") is True,
     }
 
 

@@ -73,6 +73,10 @@ REFUSED: dict[str, tuple[int | None, int | None]] = {
     "setdomainname": (171, 162),
     "iopl": (172, None),
     "ioperm": (173, None),
+    # Every descendant stays in the child's process group, which the worker
+    # kills whole (a deadline, a cancel, a process left running).
+    "setsid": (112, 157),
+    "setpgid": (109, 154),
     "io_uring_setup": (425, 425),
     "io_uring_enter": (426, 426),
     "io_uring_register": (427, 427),

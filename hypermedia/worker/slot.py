@@ -317,8 +317,10 @@ class Slot:
         if msg["cpu_total_ms"] is not None:
             child.cpu_seen_ms = msg["cpu_total_ms"]
         code = msg["code"]
-        if code == "OOM":
-            self._kill()  # a child that hit its memory limit is never reused
+        if code == "OOM" or msg["stray"]:
+            # Never reused: a child that hit its memory limit, or one whose
+            # attempt left a process running (killed with its whole group).
+            self._kill()
         elif child.attempts >= self.cfg.max_attempts_per_child or (
             msg["rss_mb"] is not None and msg["rss_mb"] > self.cfg.recycle_rss_mb
         ):

@@ -190,6 +190,34 @@ def test_only_a_job_that_needs_the_network_runs_in_a_child_with_sockets(
 
 
 @sqlite_only
+def test_a_process_an_attempt_leaves_running_is_killed_with_its_child(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """A hostile file may make its decoder start a process that outlives the
+    attempt (a miner, say).  It cannot leave the child's process group
+    (seccomp refuses setsid), it is the child's to wait for (subreaper), and
+    the worker kills the group instead of reusing the child."""
+    w = procs.worker("--concurrency", "1", "--no-maintenance")
+    first = run_one(driver, live, {"stray": True})
+    stray = first["stray"]
+    assert stray["setsid"] is False
+
+    def gone_or_zombie() -> bool:
+        try:
+            return psutil.Process(stray["pid"]).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    eventually(gone_or_zombie, 10, "the process the attempt left is killed")
+    second = run_one(driver, live, {"ms": 0})
+    assert second["pid"] != first["pid"]  # its child went with it
+    assert "stray" not in second
+    third = run_one(driver, live, {"ms": 0})
+    assert third["pid"] == second["pid"]  # a clean attempt keeps its child warm
+    assert w.alive()
+
+
+@sqlite_only
 def test_a_worker_refuses_a_sandbox_setting_it_cannot_honour(procs: Procs) -> None:
     for env in (
         {"HYPERMEDIA_CHILD_SANDBOX": "maybe"},

@@ -113,7 +113,11 @@ def test_a_report_is_normalised() -> None:
         "cpu_total_ms": None,
         "peak_mb": None,
         "rss_mb": None,
+        "stray": False,
     }
+    # Only a plain true says a process was left running.
+    assert check_report(_done(stray=True))["stray"] is True
+    assert check_report(_done(stray="yes"))["stray"] is False
     failed = check_report(
         {"op": "done", "status": "failed", "code": "PWNED", "message": "x" * 5000, "outputs": [out]}
     )
