@@ -9,7 +9,6 @@ serve many attempts in a row; the parent decides when to recycle it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import resource
@@ -192,16 +191,23 @@ def _wrote_too_much(scratch: str, file_mb: int | None, most: int = 10_000) -> bo
     return False
 
 
+def _prctl(option: int, arg: int) -> bool:
+    """prctl(2) where there is one (Linux); whether it took."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        return bool(ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
 def _adopt_orphans() -> None:
     """PR_SET_CHILD_SUBREAPER: a process the attempt starts, and that outlives
     its parent (a daemon's double fork), becomes our child, not init's, so
     _strays sees it."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+    _prctl(36, 1)
 
 
 def _die_with_worker(worker_pid: int | None) -> None:
@@ -216,12 +222,7 @@ def _die_with_worker(worker_pid: int | None) -> None:
     """
     if not sys.platform.startswith("linux"):
         return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
+    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if worker_pid is not None and os.getppid() != worker_pid:
         os._exit(1)  # the worker died before we asked: nobody is listening
 
