@@ -40,9 +40,9 @@ class Settings:
     # The largest file an attempt may write (RLIMIT_FSIZE): a hostile input
     # must not fill the disk the database and the blobs live on.
     child_max_file_mb: int = 4096
-    # Landlock confinement of attempt children (worker/sandbox.py): auto,
-    # required or off; and the TCP ports a confined child may connect to
-    # (comma-separated; empty: TCP is not restricted).
+    # Confinement of attempt children (Landlock and seccomp: worker/sandbox.py,
+    # worker/seccomp.py): auto, required or off; and the TCP ports a child of
+    # a networked pipeline may connect to (comma-separated; empty: any).
     child_sandbox: str = "auto"
     child_connect_ports: str = ""
     backoff_base_seconds: float = 2.0
