@@ -87,16 +87,6 @@ def _status_field(status: bytes, field: bytes) -> int | None:
         return None
 
 
-_memory: _Memory | None = None
-
-
-def _memory_now() -> _Memory:
-    global _memory
-    if _memory is None:
-        _memory = _Memory()
-    return _memory
-
-
 def _soft_limit(which: int, mb: int) -> None:
     """Lower ``which`` to ``mb`` MiB (never above its hard limit)."""
     _, hard = resource.getrlimit(which)
@@ -124,7 +114,7 @@ def _limit(mem_mb: int | None, cpu_s: int | None, file_mb: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (used + cpu_s, hard))
 
 
-def run_attempt(msg: dict[str, Any], out: int) -> bytes:
+def run_attempt(msg: dict[str, Any], out: int, memory: _Memory) -> bytes:
     """Run one attempt; its report, as the frame to send."""
     from hypermedia.pipelines import registry
 
@@ -136,7 +126,6 @@ def run_attempt(msg: dict[str, Any], out: int) -> bytes:
             percent = None
         write_frame(out, {"op": "progress", "percent": percent, "step": step and str(step)})
 
-    memory = _memory_now()
     os.chdir(msg["scratch"])
     memory.reset_peak()
     cpu0 = _cpu_ms()
@@ -294,6 +283,7 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.dup2(2, 1)
+    memory = _Memory()
     while True:
         msg = read_frame(inp)
         if msg is None or msg.get("op") == "exit":
@@ -304,7 +294,7 @@ def main() -> None:
             registry.warm(msg.get("job_types") or [])
             write_frame(out, {"op": "warm"})
             continue
-        write_encoded(out, run_attempt(msg, out))
+        write_encoded(out, run_attempt(msg, out, memory))
 
 
 if __name__ == "__main__":

@@ -98,8 +98,15 @@ class Flusher(threading.Thread):
 
     def started(self, job_id: int, attempt: int) -> None:
         with self._cond:
+            # A start is due only START_DELAY from now: a flusher that holds
+            # an earlier start or a result already waits with a deadline and
+            # sees this one then.  Only one with nothing pending (an untimed
+            # wait) needs waking; a needless wake is a context switch and a
+            # GIL hand-over per job.
+            untimed = not self._starts and not self._results
             self._starts[(job_id, attempt)] = time.monotonic()
-            self._cond.notify()
+            if untimed:
+                self._cond.notify()
 
     def finished(self, result: AttemptResult) -> None:
         with self._cond:
