@@ -31,7 +31,9 @@ for all of them together, with:
 
 Targets (the issue): hypermedia >= 0.9x sharp's throughput for 4-16 MP JPEGs,
 and peak memory per attempt <= sharp's.  Each system runs ``--repeat`` times
-per row, alternating which goes first; the best run counts.  2 shared cores:
+per row, alternating which goes first; the best run counts, and the median
+of the ratios of runs side by side (each pair shares the VM's drift) is
+printed beside it.  2 shared cores:
 the 1-minute load is printed per run, and ``--quiet-wait S`` waits up to S
 seconds for it to drop below 0.7 before each run.  Run from the repository root.
 """
@@ -348,6 +350,7 @@ def main() -> None:
     try:
         for name, files in groups:
             best: dict[str, dict[str, Any]] = {}
+            rates: dict[str, list[float]] = {"hypermedia": [], "sharp": []}
             for rep in range(args.repeat):
                 order = ["hypermedia", "sharp"] if rep % 2 == 0 else ["sharp", "hypermedia"]
                 for system in order:
@@ -372,6 +375,7 @@ def main() -> None:
                             break
                     loads.append(load)
                     others.append(res["others"])
+                    rates[system].append(rate)
                     if system not in best or res["seconds"] < best[system]["seconds"]:
                         best[system] = res
             # sharp one image at a time: what one hypermedia attempt compares with.
@@ -409,11 +413,15 @@ def main() -> None:
                     f"{hm['others']:.2f} / {sh['others']:.2f}",
                 ]
             )
+            # Each hypermedia run against the sharp run beside it: the VM's
+            # speed drifts within a row, and a pair shares the drift.
+            pairs = sorted(a / b for a, b in zip(rates["hypermedia"], rates["sharp"], strict=True))
             verdict_rows.append(
                 [
                     name,
                     f"{hm_rate / sh_rate:.2f}x "
                     + ("met" if hm_rate >= 0.9 * sh_rate else "MISSED"),
+                    f"{statistics.median(pairs):.2f}x ({pairs[0]:.2f}-{pairs[-1]:.2f})",
                     f"{hm['peak_mb']} MB vs {serial['peak_rss_mb']:.0f} MB "
                     + ("met" if hm["peak_mb"] <= serial["peak_rss_mb"] else "MISSED"),
                 ]
@@ -480,6 +488,7 @@ def main() -> None:
             [
                 "JPEGs",
                 "throughput vs sharp (target >= 0.9x)",
+                "paired runs: median (min-max)",
                 "peak per attempt vs sharp's (target <=)",
             ],
             verdict_rows,
