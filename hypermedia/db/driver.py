@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
-from hypermedia.db import dialects
+from hypermedia.db import dialects, wakeups
 from hypermedia.db.queries import Tx
 from hypermedia.errors import ValueRefused
 
@@ -97,7 +97,10 @@ class Driver:
     def tx(self) -> Iterator[Tx]:
         """A write transaction, committed on success, rolled back on error."""
         with _refusals(), self._sqlite_writer, self._engines["write"].begin() as conn:
-            yield Tx(conn, self.name)
+            tx = Tx(conn, self.name)
+            yield tx
+        if tx.woken:  # committed: this process's idle workers may claim now
+            wakeups.publish(self.url, tx.woken)
 
     def tx_retrying(self, work: Callable[[Tx], T], attempts: int = 3) -> T:
         """``work(tx)`` in a write transaction, run again (on a fresh one) when the
@@ -156,10 +159,14 @@ class Driver:
     def listen(self, on_wake: Callable[[str], None], stop: threading.Event) -> None:
         """Block until ``stop``; call ``on_wake(queue)`` for each job notification.
 
-        Only PostgreSQL can push; elsewhere this returns at once and workers poll.
+        PostgreSQL pushes them from every process; elsewhere only commits of
+        this process are heard (db/wakeups.py) and other processes' jobs are
+        found by polling.
         """
         if self.name == "postgresql":
             dialects.pg_listen(self.url, on_wake, stop)
+        else:
+            wakeups.listen(self.url, on_wake, stop)
 
     def healthy(self) -> bool:
         try:

@@ -77,6 +77,9 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
         self.dialect = dialect
         # Every statement commits on its own: locks end with the statement.
         self.autocommit = autocommit
+        # Queues whose workers this process wakes once the transaction has
+        # committed (where the database cannot: see db/wakeups.py).
+        self.woken: set[str] = set()
 
     def ping(self) -> None:
         self.conn.execute(sa.text("SELECT 1"))
@@ -391,7 +394,10 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
         return dialects.pg_apply(self.conn, worker_id, items, args)
 
     def notify(self, queues: set[str]) -> None:
-        dialects.notify(self.conn, self.dialect, queues)
+        if self.dialect == "postgresql":
+            dialects.notify(self.conn, self.dialect, queues)
+        else:
+            self.woken.update(queues)
 
     def due_retries(self, now: datetime, limit: int) -> list[Row]:
         q = (

@@ -1,0 +1,49 @@
+"""``hypermedia serve`` on SQLite starts a job submitted to its API at once.
+
+SQLite cannot push a notification, so separate worker processes poll; the
+embedded service's workers share the API's process and are woken by the
+commit itself (hypermedia/db/wakeups.py).  With a 30 s poll interval, each job
+here would otherwise wait for the worker's next poll.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.harness import start_serve, stop, wait_for
+
+
+def _call(base: str, token: str, method: str, path: str, body: Any = None) -> Any:
+    req = urllib.request.Request(
+        base + path,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_a_job_submitted_to_the_api_starts_without_waiting_for_a_poll(tmp_path: Path) -> None:
+    home = tmp_path / "embedded"
+    server, base = start_serve(tmp_path, home, HYPERMEDIA_POLL_INTERVAL_SECONDS="30")
+    try:
+        token = (home / "admin-token").read_text().strip()
+        time.sleep(1.5)  # past the worker's first claim: it now waits for its next poll
+        for _ in range(2):  # the second after the worker went idle again
+            t0 = time.monotonic()
+            job = _call(base, token, "POST", "/v1/jobs", {"job_type": "debug.noop"})
+
+            def done(job_id: int = job["job_id"]) -> bool:
+                return _call(base, token, "GET", f"/v1/jobs/{job_id}")["status"] == "completed"
+
+            wait_for(done, 10, interval=0.05, what="the job completes")
+            assert time.monotonic() - t0 < 5, "the job waited for the worker's poll"
+            time.sleep(0.5)
+    finally:
+        assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
