@@ -56,6 +56,10 @@ class Driver:
         self._sqlite_writer: AbstractContextManager[Any] = (
             threading.RLock() if self.name == "sqlite" else nullcontext()
         )
+        # A SQLite database is a file on this machine: its processes wake each
+        # other through a file beside it (db/wakeups.py).
+        database = make_url(self.url).database if self.name == "sqlite" else None
+        self._wake_file = f"{database}-wake" if database and database != ":memory:" else None
 
     # -- engines -------------------------------------------------------------
 
@@ -99,8 +103,10 @@ class Driver:
         with _refusals(), self._sqlite_writer, self._engines["write"].begin() as conn:
             tx = Tx(conn, self.name)
             yield tx
-        if tx.woken:  # committed: this process's idle workers may claim now
+        if tx.woken:  # committed: idle workers may claim now
             wakeups.publish(self.url, tx.woken)
+            if self._wake_file is not None:
+                wakeups.touch(self._wake_file)
 
     def tx_retrying(self, work: Callable[[Tx], T], attempts: int = 3) -> T:
         """``work(tx)`` in a write transaction, run again (on a fresh one) when the
@@ -166,7 +172,7 @@ class Driver:
         if self.name == "postgresql":
             dialects.pg_listen(self.url, on_wake, stop)
         else:
-            wakeups.listen(self.url, on_wake, stop)
+            wakeups.listen(self.url, on_wake, stop, self._wake_file)
 
     def healthy(self) -> bool:
         try:

@@ -1,9 +1,10 @@
-"""``hypermedia serve`` on SQLite starts a job submitted to its API at once.
+"""``hypermedia serve`` on SQLite starts a job at once, wherever it was queued.
 
-SQLite cannot push a notification, so separate worker processes poll; the
-embedded service's workers share the API's process and are woken by the
-commit itself (hypermedia/db/wakeups.py).  With a 30 s poll interval, each job
-here would otherwise wait for the worker's next poll.
+SQLite cannot push a notification.  The embedded service's workers share the
+API's process and are woken by the commit itself; a CLI in another process
+wakes them through the wake file beside the database (hypermedia/db/wakeups.py).
+With a 30 s poll interval, each job here would otherwise wait for the worker's
+next poll.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.harness import start_serve, stop, wait_for
+from tests.harness import hypermedia, start_serve, stop, wait_for
 
 
 def _call(base: str, token: str, method: str, path: str, body: Any = None) -> Any:
@@ -45,5 +46,25 @@ def test_a_job_submitted_to_the_api_starts_without_waiting_for_a_poll(tmp_path: 
             wait_for(done, 10, interval=0.05, what="the job completes")
             assert time.monotonic() - t0 < 5, "the job waited for the worker's poll"
             time.sleep(0.5)
+    finally:
+        assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
+
+
+def test_a_job_submitted_from_another_process_starts_without_waiting_for_a_poll(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "embedded"
+    server, _ = start_serve(tmp_path, home, HYPERMEDIA_POLL_INTERVAL_SECONDS="30")
+    try:
+        time.sleep(1.5)  # past the worker's first claim
+        for _ in range(2):
+            t0 = time.monotonic()
+            out = hypermedia(
+                "jobs", "submit", "debug.noop", "--wait", "--json", url="", home=home, timeout=20
+            )
+            assert out.returncode == 0, out.stderr
+            assert json.loads(out.stdout)["jobs"][0]["status"] == "completed"
+            # The CLI's own start-up is most of it; a missed wake-up costs up to 30 s.
+            assert time.monotonic() - t0 < 10, "the job waited for the worker's poll"
     finally:
         assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
