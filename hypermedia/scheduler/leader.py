@@ -14,6 +14,7 @@ from datetime import timedelta
 
 from hypermedia.queue.engine import Engine
 from hypermedia.scheduler.maintenance import Service, default_services
+from hypermedia.threadname import name_native
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class Leader(threading.Thread):
         return self.is_leader
 
     def run(self) -> None:
+        name_native()
         renew_every = self.engine.settings.leader_lease_seconds / 3
         next_renew = 0.0
         due = {s.name: 0.0 for s in self.services}

@@ -30,6 +30,7 @@ from typing import Any
 from hypermedia.db.dialects import is_transient
 from hypermedia.queue.engine import Engine, held_row
 from hypermedia.queue.models import AttemptResult, Claimed
+from hypermedia.threadname import name_native
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,7 @@ class Flusher(threading.Thread):
     # -- the thread ----------------------------------------------------------------
 
     def run(self) -> None:
+        name_native()
         delay = 0.05
         while True:
             with self._cond:

@@ -20,6 +20,7 @@ import psutil
 
 from hypermedia import __version__
 from hypermedia.queue.engine import Engine
+from hypermedia.threadname import name_native
 from hypermedia.worker.slot import Running
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class Monitor(threading.Thread):
         self.status = "active"
 
     def run(self) -> None:
+        name_native()
         due = [time.monotonic() + period for period, _ in self.duties]
         while not self.stop.wait(0.1):
             now = time.monotonic()

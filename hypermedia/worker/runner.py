@@ -25,6 +25,7 @@ from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import AttemptResult, Claimed
 from hypermedia.storage.ledger import Storage
+from hypermedia.threadname import name_native
 from hypermedia.worker import sandbox as landlock
 from hypermedia.worker import seccomp
 from hypermedia.worker.flusher import Flusher
@@ -124,8 +125,7 @@ class Worker:
             self.engine, self.worker_id, self.running, self.stats, self.settings.home, self.stopped
         )
         listener = threading.Thread(
-            target=self.engine.db.listen,
-            args=(self._on_notify, self.stopped),
+            target=self._listen,
             daemon=True,
             name="listener",
         )
@@ -263,6 +263,10 @@ class Worker:
             busy = bool(self._running)
         return not busy and self.buffer.empty() and self.flusher.idle()
 
+    def _listen(self) -> None:
+        name_native()
+        self.engine.db.listen(self._on_notify, self.stopped)
+
     def _on_notify(self, queue_name: str) -> None:
         if queue_name == "*" or queue_name in self.queues:
             self.wake.set()
@@ -274,6 +278,7 @@ class Worker:
             return list(self._running.values())
 
     def _slot_loop(self, slot: Slot) -> None:
+        name_native()
         try:
             slot.warm(registry.job_types_for(self.queues))
         finally:

@@ -31,6 +31,7 @@ from hypermedia.errors import JobError
 from hypermedia.pipelines import registry
 from hypermedia.queue.models import AttemptResult, Claimed, Output
 from hypermedia.storage.ledger import Storage
+from hypermedia.threadname import name_native
 from hypermedia.worker.files import fetch_input, inside, storable, store_outputs
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class Stager(threading.Thread):
         self.join(5)
 
     def run(self) -> None:
+        name_native()
         while True:
             with self._cond:
                 while not self._closing and not (self._queue and self._ready < self.depth):
@@ -241,7 +243,9 @@ class Storer:
     ) -> None:
         self.storage = storage
         self.report = report
-        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="storer")
+        self._pool = ThreadPoolExecutor(
+            max(1, threads), thread_name_prefix="storer", initializer=name_native
+        )
 
     def submit(
         self, job: Claimed, res: AttemptResult, declared: list[dict[str, Any]], outbox: Path

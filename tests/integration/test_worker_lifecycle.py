@@ -3,6 +3,7 @@ its registry row, heartbeats and metrics."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -189,3 +190,21 @@ def test_worker_registers_heartbeats_and_writes_metrics(
     assert str(w2.pid) in w2.worker_id
     assert _worker_row(procs, w.worker_id).status == "terminated"
     assert _worker_row(procs, w2.worker_id).status in ("active", "idle")
+
+
+def test_the_worker_threads_carry_their_names_for_the_kernel(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    w = procs.worker("--concurrency", "2")
+    run_one(driver, live, {"ms": 0})  # warm: every thread has started
+    tasks = Path(f"/proc/{w.proc.pid}/task")
+
+    def names() -> set[str]:
+        out = set()
+        for t in tasks.iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+                out.add((t / "comm").read_text().strip())
+        return out
+
+    want = {"flusher", "monitor", "listener", "stager", "slot-0", "slot-1", "leader"}
+    eventually(lambda: want <= names(), 5, f"threads named {sorted(want)}")
