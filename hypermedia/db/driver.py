@@ -165,9 +165,10 @@ class Driver:
     def listen(self, on_wake: Callable[[str], None], stop: threading.Event) -> None:
         """Block until ``stop``; call ``on_wake(queue)`` for each job notification.
 
-        PostgreSQL pushes them from every process; elsewhere only commits of
-        this process are heard (db/wakeups.py) and other processes' jobs are
-        found by polling.
+        PostgreSQL pushes them from every process.  Elsewhere db/wakeups.py
+        hears this process's commits and, on SQLite, other processes' through
+        the wake file; MariaDB jobs queued by other processes are found by
+        polling.
         """
         if self.name == "postgresql":
             dialects.pg_listen(self.url, on_wake, stop)
