@@ -7,7 +7,7 @@ its ``--inputs`` folder) into a fresh SQLite HYPERMEDIA_HOME, enqueues one
 ``image.thumbnail`` job (profile ``image-thumbnail:v1``) per file and drains
 them with ``hypermedia worker --burst``, sampling every 20 ms the CPU time and
 voluntary context switches of each of the worker's threads (their kernel
-names: hypermedia/threadname.py), of its children and of the whole machine.
+names: hypermedia/linux.py), of its children and of the whole machine.
 The figures are per image over the steady window between the 1/6th and the
 5/6th completion (``processing_jobs.completed_at``), so the worker's start-up
 and the drain's tail do not count.  Not a comparison with a peer: the

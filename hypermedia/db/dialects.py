@@ -312,12 +312,14 @@ def server_now(conn: sa.Connection, dialect: str) -> datetime:
     return value
 
 
-def notify(conn: sa.Connection, dialect: str, queues: set[str]) -> None:
-    """Wake idle workers of these queues when the transaction commits (PostgreSQL only)."""
+def notify(conn: sa.Connection, dialect: str, queues: set[str]) -> bool:
+    """Wake idle workers of these queues when the transaction commits; False
+    where the database cannot (all but PostgreSQL: see db/wakeups.py)."""
     if dialect != "postgresql":
-        return
+        return False
     for q in sorted(queues):
         conn.execute(sa.select(sa.func.pg_notify(CHANNEL, q)))
+    return True
 
 
 def pg_listen(url: str, on_wake: Callable[[str], None], stop: threading.Event) -> None:

@@ -394,9 +394,7 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
         return dialects.pg_apply(self.conn, worker_id, items, args)
 
     def notify(self, queues: set[str]) -> None:
-        if self.dialect == "postgresql":
-            dialects.notify(self.conn, self.dialect, queues)
-        else:
+        if not dialects.notify(self.conn, self.dialect, queues):
             self.woken.update(queues)
 
     def due_retries(self, now: datetime, limit: int) -> list[Row]:

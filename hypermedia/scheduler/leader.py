@@ -12,9 +12,9 @@ import threading
 import time
 from datetime import timedelta
 
+from hypermedia.linux import name_native
 from hypermedia.queue.engine import Engine
 from hypermedia.scheduler.maintenance import Service, default_services
-from hypermedia.threadname import name_native
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ import traceback
 from typing import Any
 
 from hypermedia.errors import JobError
+from hypermedia.linux import prctl
 from hypermedia.worker.protocol import (
     encode,
     finite_number,
@@ -217,23 +218,11 @@ def _wrote_too_much(scratch: str, file_mb: int | None, most: int = 10_000) -> bo
     return False
 
 
-def _prctl(option: int, arg: int) -> bool:
-    """prctl(2) where there is one (Linux); whether it took."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        return bool(ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
-
-
 def _adopt_orphans() -> None:
     """PR_SET_CHILD_SUBREAPER: a process the attempt starts, and that outlives
     its parent (a daemon's double fork), becomes our child, not init's, so
     _strays sees it."""
-    _prctl(36, 1)
+    prctl(36, 1)
 
 
 def _die_with_worker(worker_pid: int | None) -> None:
@@ -248,7 +237,7 @@ def _die_with_worker(worker_pid: int | None) -> None:
     """
     if not sys.platform.startswith("linux"):
         return
-    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if worker_pid is not None and os.getppid() != worker_pid:
         os._exit(1)  # the worker died before we asked: nobody is listening
 

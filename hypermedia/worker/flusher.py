@@ -28,9 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 from hypermedia.db.dialects import is_transient
+from hypermedia.linux import name_native
 from hypermedia.queue.engine import Engine, held_row
 from hypermedia.queue.models import AttemptResult, Claimed
-from hypermedia.threadname import name_native
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 
 from hypermedia import __version__
+from hypermedia.linux import name_native
 from hypermedia.queue.engine import Engine
-from hypermedia.threadname import name_native
 from hypermedia.worker.slot import Running
 
 log = logging.getLogger(__name__)

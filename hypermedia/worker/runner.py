@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from hypermedia.errors import InvalidRequest
+from hypermedia.linux import name_native
 from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import AttemptResult, Claimed
 from hypermedia.storage.ledger import Storage
-from hypermedia.threadname import name_native
 from hypermedia.worker import sandbox as landlock
 from hypermedia.worker import seccomp
 from hypermedia.worker.flusher import Flusher

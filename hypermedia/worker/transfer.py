@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from hypermedia.errors import JobError
+from hypermedia.linux import name_native
 from hypermedia.pipelines import registry
 from hypermedia.queue.models import AttemptResult, Claimed, Output
 from hypermedia.storage.ledger import Storage
-from hypermedia.threadname import name_native
 from hypermedia.worker.files import fetch_input, inside, storable, store_outputs
 
 log = logging.getLogger(__name__)
