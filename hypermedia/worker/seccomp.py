@@ -6,7 +6,11 @@ PostgreSQL's ``/var/run/postgresql`` socket (often ``trust`` for local users)
 or, with TCP unrestricted, any port on the host.  Only a few pipelines talk to
 anything (the virus scan talks to clamd); every other attempt runs in a child
 whose ``socket()`` fails with EACCES for every address family.  No socket, no
-connection: by path, by port, or abstract.
+connection: by path, by port, or abstract.  A child that may use the network
+gets stream and datagram sockets of the Unix and IP families only: no raw or
+packet socket (a worker run as root could sniff or forge the host's traffic)
+and none of the rarely used families (netlink, AF_ALG, vsock, ...) whose
+kernel code is where socket exploits usually live.
 
 Every child also loses the syscalls no decoder needs and an exploit would
 (``REFUSED``): tracing and reading other processes, loading kernel code
@@ -81,8 +85,12 @@ REFUSED: dict[str, tuple[int | None, int | None]] = {
     "io_uring_enter": (426, 426),
     "io_uring_register": (427, 427),
 }
-# Refused unless the child may use the network.
+# Refused unless the child may use the network; then only for these
+# families (AF_UNIX, AF_INET, AF_INET6) and types (SOCK_STREAM, SOCK_DGRAM).
 SOCKET = (41, 198)
+SOCKET_FAMILIES = (1, 2, 10)
+SOCKET_TYPES = (1, 2)
+_TYPE_MASK = 0xF  # SOCK_NONBLOCK and SOCK_CLOEXEC ride in the type's higher bits
 # Checked (clone's flags) or answered ENOSYS (clone3), not refused outright.
 CLONE, CLONE3 = (56, 220), (435, 435)
 SECCOMP = (317, 277)
@@ -95,10 +103,11 @@ _MACHINES = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7)}  # column, A
 # Classic BPF (linux/filter.h) and seccomp's answers.
 _LD_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS
 _JEQ, _JGE, _JSET = 0x15, 0x35, 0x45  # BPF_JMP | op | BPF_K
+_AND = 0x54  # BPF_ALU | BPF_AND | BPF_K
 _RET = 0x06
 _ALLOW = 0x7FFF0000
 _ERRNO = 0x00050000
-_NR, _ARCH, _ARG0 = 0, 4, 16  # offsets in struct seccomp_data (arg0's low half)
+_NR, _ARCH, _ARG0, _ARG1 = 0, 4, 16, 24  # offsets in struct seccomp_data (args' low halves)
 _X32_BIT = 0x40000000
 _SET_MODE_FILTER, _FLAG_TSYNC = 1, 1
 _PR_SET_NO_NEW_PRIVS = 38
@@ -138,13 +147,26 @@ def program(machine: str, *, network: bool) -> list[Row] | None:
     if machine == "x86_64":
         rows.append((_JGE, "deny", 0, _X32_BIT))  # x32: x86-64's numbers with this bit
     rows += [(_JEQ, "deny", 0, nr) for nr in refused]
+    if network:
+        rows.append((_JEQ, "socket", 0, SOCKET[col]))
     rows += [
         (_JEQ, "enosys", 0, CLONE3[col]),
         (_JEQ, 0, "allow", CLONE[col]),
         (_LD_ABS, 0, 0, _ARG0),
         (_JSET, "deny", "allow", NAMESPACE_FLAGS),
     ]
-    labels = {"enosys": len(rows), "allow": len(rows) + 1, "deny": len(rows) + 2}
+    labels = {"socket": len(rows)}
+    if network:
+        *others, last = SOCKET_FAMILIES
+        rows.append((_LD_ABS, 0, 0, _ARG0))
+        rows += [(_JEQ, "type", 0, family) for family in others]
+        rows.append((_JEQ, 0, "deny", last))
+        labels["type"] = len(rows)
+        *others, last = SOCKET_TYPES
+        rows += [(_LD_ABS, 0, 0, _ARG1), (_AND, 0, 0, _TYPE_MASK)]
+        rows += [(_JEQ, "allow", 0, kind) for kind in others]
+        rows.append((_JEQ, "allow", "deny", last))
+    labels |= {"enosys": len(rows), "allow": len(rows) + 1, "deny": len(rows) + 2}
     rows += [
         (_RET, 0, 0, _ERRNO | errno.ENOSYS),
         (_RET, 0, 0, _ALLOW),

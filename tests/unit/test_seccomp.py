@@ -24,15 +24,17 @@ X86_64, AARCH64, I386 = 0xC000003E, 0xC00000B7, 0x40000003
 CLONE_NEWUSER, CLONE_THREAD = 0x10000000, 0x00010000
 
 
-def run(program: list[seccomp.Row], arch: int, nr: int, arg0: int = 0) -> int:
+def run(program: list[seccomp.Row], arch: int, nr: int, arg0: int = 0, arg1: int = 0) -> int:
     """What the filter answers for syscall ``nr``: a tiny interpreter of the
     classic BPF rows the filter uses."""
-    data = {0: nr, 4: arch, 16: arg0}
+    data = {0: nr, 4: arch, 16: arg0, 24: arg1}
     acc, pc = 0, 0
     while True:
         code, jt, jf, k = program[pc]
         if code == 0x20:
             acc = data[k]
+        elif code == 0x54:
+            acc &= k
         elif code in (0x15, 0x35, 0x45):
             taken = {0x15: acc == k, 0x35: acc >= k, 0x45: acc & k != 0}[code]
             pc += jt if taken else jf
@@ -47,7 +49,8 @@ def run(program: list[seccomp.Row], arch: int, nr: int, arg0: int = 0) -> int:
 def test_sockets_are_refused_unless_networked(network: bool) -> None:
     prog = seccomp.program("x86_64", network=network)
     assert prog is not None
-    assert run(prog, X86_64, 41) == (ALLOW if network else DENY)  # socket
+    # socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC)
+    assert run(prog, X86_64, 41, 2, 1 | 0x80000) == (ALLOW if network else DENY)
     for allowed in (
         0,
         1,
@@ -58,6 +61,26 @@ def test_sockets_are_refused_unless_networked(network: bool) -> None:
         9,
     ):  # read, write, connect, socketpair, fork, execve, mmap
         assert run(prog, X86_64, allowed) == ALLOW
+
+
+def test_a_networked_child_gets_unix_and_ip_sockets_only() -> None:
+    AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_ALG = 1, 2, 10, 16, 17, 38
+    STREAM, DGRAM, RAW, SEQPACKET = 1, 2, 3, 5
+    flags = 0x800 | 0x80000  # SOCK_NONBLOCK | SOCK_CLOEXEC
+    for machine, arch, nr in (("x86_64", X86_64, 41), ("aarch64", AARCH64, 198)):
+        prog = seccomp.program(machine, network=True)
+        assert prog is not None
+        for family in (AF_UNIX, AF_INET, AF_INET6):
+            for kind in (STREAM, DGRAM, STREAM | flags, DGRAM | flags):
+                assert run(prog, arch, nr, family, kind) == ALLOW, (machine, family, kind)
+            assert run(prog, arch, nr, family, RAW) == DENY
+            assert run(prog, arch, nr, family, RAW | flags) == DENY
+        assert run(prog, arch, nr, AF_UNIX, SEQPACKET) == DENY
+        for family in (0, AF_NETLINK, AF_PACKET, AF_ALG, 40, 0xFF):  # 40: AF_VSOCK
+            for kind in (STREAM, DGRAM, RAW):
+                assert run(prog, arch, nr, family, kind) == DENY, (machine, family, kind)
+        # The family is the whole low half: 0x100 | AF_INET is no AF_INET.
+        assert run(prog, arch, nr, 0x100 | AF_INET, STREAM) == DENY
 
 
 def test_what_no_decoder_needs_is_refused_on_both_machines() -> None:
@@ -135,6 +158,12 @@ _PROBE = textwrap.dedent(
     def syscall(name, *args):
         nr = seccomp.REFUSED[name][0 if os.uname().machine == "x86_64" else 1]
         return libc.syscall(nr, *args) >= 0 or ctypes.get_errno() != 13
+    def refused(*args):
+        try:
+            socket.socket(*args).close()
+            return 0
+        except OSError as exc:
+            return exc.errno
     def thread():
         t = threading.Thread(target=lambda: None)
         t.start()
@@ -149,6 +178,12 @@ _PROBE = textwrap.dedent(
         "unix": can(lambda: socket.socket(socket.AF_UNIX).close()),
         "inet": can(lambda: socket.socket(socket.AF_INET).close()),
         "socketpair": can(lambda: [s.close() for s in socket.socketpair()]),
+        "udp6": can(lambda: socket.socket(socket.AF_INET6, socket.SOCK_DGRAM).close()),
+        # EACCES is the filter's answer (without root, raw and packet sockets
+        # fail with EPERM instead; netlink opens for anyone).
+        "raw": refused(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP) == 13,
+        "packet": refused(socket.AF_PACKET, socket.SOCK_RAW) == 13,
+        "netlink": refused(socket.AF_NETLINK, socket.SOCK_RAW) == 13,
         "io_uring": syscall("io_uring_setup", 1, ctypes.create_string_buffer(120)),
         "unshare": syscall("unshare", 0x10000000),  # CLONE_NEWUSER
         "ptrace": syscall("ptrace", 16, os.getppid(), 0, 0),  # PTRACE_ATTACH
@@ -173,6 +208,10 @@ def test_a_filtered_process(network: str) -> None:
         "unix": on,
         "inet": on,
         "socketpair": True,  # a connected pair reaches nobody
+        "udp6": on,
+        "raw": True,  # refused networked or not
+        "packet": True,
+        "netlink": True,
         "io_uring": False,  # refused with EACCES, whatever the kernel offers
         "unshare": False,
         "ptrace": False,
