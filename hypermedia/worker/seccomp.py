@@ -155,8 +155,9 @@ def program(machine: str, *, network: bool) -> list[Row] | None:
         (_LD_ABS, 0, 0, _ARG0),
         (_JSET, "deny", "allow", NAMESPACE_FLAGS),
     ]
-    labels = {"socket": len(rows)}
+    labels: dict[str, int] = {}
     if network:
+        labels["socket"] = len(rows)
         *others, last = SOCKET_FAMILIES
         rows.append((_LD_ABS, 0, 0, _ARG0))
         rows += [(_JEQ, "type", 0, family) for family in others]
