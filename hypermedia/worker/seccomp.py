@@ -158,15 +158,10 @@ def program(machine: str, *, network: bool) -> list[Row] | None:
     labels: dict[str, int] = {}
     if network:
         labels["socket"] = len(rows)
-        *others, last = SOCKET_FAMILIES
-        rows.append((_LD_ABS, 0, 0, _ARG0))
-        rows += [(_JEQ, "type", 0, family) for family in others]
-        rows.append((_JEQ, 0, "deny", last))
+        rows += [(_LD_ABS, 0, 0, _ARG0), *_one_of(SOCKET_FAMILIES, "type")]
         labels["type"] = len(rows)
-        *others, last = SOCKET_TYPES
         rows += [(_LD_ABS, 0, 0, _ARG1), (_AND, 0, 0, _TYPE_MASK)]
-        rows += [(_JEQ, "allow", 0, kind) for kind in others]
-        rows.append((_JEQ, "allow", "deny", last))
+        rows += _one_of(SOCKET_TYPES, "allow")
     labels |= {"enosys": len(rows), "allow": len(rows) + 1, "deny": len(rows) + 2}
     rows += [
         (_RET, 0, 0, _ERRNO | errno.ENOSYS),
@@ -180,6 +175,12 @@ def program(machine: str, *, network: bool) -> list[Row] | None:
     out = [(code, jump(i, jt), jump(i, jf), k) for i, (code, jt, jf, k) in enumerate(rows)]
     assert all(0 <= r[1] <= 255 and 0 <= r[2] <= 255 for r in out)  # a jump is one byte
     return out
+
+
+def _one_of(values: tuple[int, ...], then: str) -> list[tuple[int, int | str, int | str, int]]:
+    """Rows that go to ``then`` if the loaded value is one of ``values``, else deny."""
+    *others, last = values
+    return [(_JEQ, then, 0, v) for v in others] + [(_JEQ, then, "deny", last)]
 
 
 def _machine() -> str:
