@@ -27,6 +27,9 @@ class Settings:
     promoter_interval_seconds: float = 1.0
     retention_interval_seconds: float = 3600.0
     metrics_raw_days: int = 7
+    # Finished jobs are deleted with their history this long after they
+    # ended (scheduler/retention.py); 0 keeps them for ever.
+    job_retention_days: float = 30.0
     leader_lease_seconds: float = 15.0
     poll_interval_seconds: float = 1.0
     cancel_poll_seconds: float = 1.0
@@ -88,6 +91,7 @@ _ENV_NAMES = {
     "promoter_interval_seconds": "PROMOTER_INTERVAL_SECONDS",
     "retention_interval_seconds": "RETENTION_INTERVAL_SECONDS",
     "metrics_raw_days": "METRICS_RAW_DAYS",
+    "job_retention_days": "JOB_RETENTION_DAYS",
     "leader_lease_seconds": "LEADER_LEASE_SECONDS",
     "poll_interval_seconds": "POLL_INTERVAL_SECONDS",
     "cancel_poll_seconds": "CANCEL_POLL_SECONDS",

@@ -1,4 +1,4 @@
-"""hypermedia jobs submit|ls|show|cancel|retry|tail."""
+"""hypermedia jobs submit|ls|show|cancel|retry|prune|tail."""
 
 from __future__ import annotations
 
@@ -215,6 +215,38 @@ def retry(job_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
             print_json({"job_id": job_id, "status": "queued"})
         else:
             console.print(f"job {job_id}: queued again")
+
+
+@app.command()
+def prune(
+    older_than_days: float | None = typer.Option(
+        None,
+        "--older-than-days",
+        min=0.0,
+        help="default: HYPERMEDIA_JOB_RETENTION_DAYS (the leader prunes every hour)",
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Delete jobs that ended (completed, failed, cancelled) more than N days ago, now.
+
+    Their attempts, events and output rows go with them; outputs no photo or
+    other job refers to are then left for GC.  Credit use is kept.
+    """
+    from hypermedia.scheduler.retention import JobRetention
+
+    with user_errors():
+        eng = engine()
+        days = eng.settings.job_retention_days if older_than_days is None else older_than_days
+        if days <= 0:
+            raise InvalidRequest(
+                "job retention is off (HYPERMEDIA_JOB_RETENTION_DAYS=0): "
+                "give --older-than-days above 0"
+            )
+        deleted = JobRetention(eng, days=days).run_once()
+        if as_json:
+            print_json({"deleted": deleted})
+        else:
+            console.print(f"deleted {deleted} finished job(s)")
 
 
 TAIL_POLL_SECONDS = 0.25

@@ -18,6 +18,7 @@ from hypermedia.db.bulk import update_many
 from hypermedia.db.dedup_queries import DedupQueries
 from hypermedia.db.photo_queries import PhotoQueries
 from hypermedia.db.queue_queries import QueueQueries
+from hypermedia.db.retention_queries import RetentionQueries
 from hypermedia.db.schema import job_attempts as A
 from hypermedia.db.schema import job_events as E
 from hypermedia.db.schema import job_outputs as O
@@ -71,7 +72,15 @@ def _rows(result: sa.CursorResult[Any]) -> list[Row]:
     return [dict(r._mapping) for r in result]
 
 
-class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries, AuthQueries):
+class Tx(
+    WorkerQueries,
+    QueueQueries,
+    StorageQueries,
+    PhotoQueries,
+    DedupQueries,
+    AuthQueries,
+    RetentionQueries,
+):
     def __init__(self, conn: sa.Connection, dialect: str, *, autocommit: bool = False) -> None:
         self.conn = conn
         self.dialect = dialect
@@ -180,11 +189,16 @@ class Tx(WorkerQueries, QueueQueries, StorageQueries, PhotoQueries, DedupQueries
 
     def credit_use(self, project_id: str) -> int:
         q = sa.select(self._credits_used()).where(J.c.project_id == project_id)
-        return int(self.conn.execute(q).scalar_one())
+        pruned = sa.select(PC.c.pruned_credits).where(PC.c.project_id == project_id)
+        return int(self.conn.execute(q).scalar_one()) + int(self.conn.execute(pruned).scalar() or 0)
 
     def credit_use_by_project(self) -> dict[str, int]:
         q = sa.select(J.c.project_id, self._credits_used()).group_by(J.c.project_id)
-        return {r[0]: int(r[1]) for r in self.conn.execute(q)}
+        used = {r[0]: int(r[1]) for r in self.conn.execute(q)}
+        pruned = sa.select(PC.c.project_id, PC.c.pruned_credits).where(PC.c.pruned_credits > 0)
+        for project_id, credits in self.conn.execute(pruned):
+            used[project_id] = used.get(project_id, 0) + int(credits)
+        return used
 
     def credit_inputs(self, job_ids: Sequence[int]) -> dict[int, Row]:
         """What settling needs to price jobs: input size, input object and its facts."""

@@ -134,12 +134,15 @@ object_hashes = sa.Table(
     sa.Index("object_hashes_project_idx", "project_id", "algorithm", "version"),
 )
 
-# A project's credit budget (seed 000 credits); NULL means no limit.
+# A project's credit budget (seed 000 credits); NULL means no limit.  Credit
+# use is summed over the project's jobs, plus what the jobs that job retention
+# deleted had used (pruned_credits).
 project_credits = sa.Table(
     "project_credits",
     metadata,
     sa.Column("project_id", sa.String(64), primary_key=True),
     sa.Column("budget_credits", sa.BigInteger, nullable=True),
+    sa.Column("pruned_credits", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("created_at", Timestamp, nullable=False, server_default=NOW),
     sa.Column("updated_at", Timestamp, nullable=False, server_default=NOW),
 )

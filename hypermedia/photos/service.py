@@ -60,6 +60,13 @@ def variant_key(photo_id: str, role: str) -> str:
     return f"photo:{photo_id}:{role}"
 
 
+def photo_of_variant_key(key: str | None) -> str | None:
+    """The photo whose variant job has idempotency key ``key``, if it is one."""
+    kind, _, rest = (key or "").partition(":")
+    photo_id, _, role = rest.rpartition(":")
+    return photo_id if kind == "photo" and photo_id and role in VARIANTS else None
+
+
 def project_of(photo: Row) -> str:
     # Rows written by legacy producers carry no project.
     return str(photo["project_id"] or DEFAULT_PROJECT)

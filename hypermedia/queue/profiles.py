@@ -286,7 +286,8 @@ class Credits:
         """Budget, used and remaining per project (one project, or every known one).
 
         Used = actual credits of completed jobs + estimates of jobs not yet
-        finished; failed and cancelled jobs cost nothing.
+        finished + what completed jobs that job retention deleted had used;
+        failed and cancelled jobs cost nothing.
         """
         with self.db.read() as tx:
             if project_id is not None:

@@ -110,6 +110,7 @@ def _aggregate(rows: list[dict[str, Any]], hour: datetime) -> list[dict[str, Any
 
 def default_services(engine: Engine) -> list[Service]:
     from hypermedia.photos import PhotoBridge, Photos
+    from hypermedia.scheduler.retention import JobRetention
     from hypermedia.storage.gc import GarbageCollector
     from hypermedia.storage.ledger import Storage
 
@@ -119,6 +120,7 @@ def default_services(engine: Engine) -> list[Service]:
         Reaper(engine, period=s.reaper_interval_seconds),
         Promoter(engine, period=s.promoter_interval_seconds),
         MetricsRetention(engine, period=s.retention_interval_seconds),
+        JobRetention(engine, period=s.retention_interval_seconds),
         GarbageCollector(storage, period=s.gc_interval_seconds),
         PhotoBridge(Photos(engine, storage), period=s.photo_bridge_interval_seconds),
     ]

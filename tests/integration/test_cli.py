@@ -65,6 +65,35 @@ def test_submit_ls_show_cancel_retry(driver: Driver, tmp_path: Path) -> None:
     assert "Traceback" not in again.stderr
 
 
+def test_jobs_prune_deletes_jobs_that_ended_long_ago(driver: Driver, tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from hypermedia.queue.clock import utcnow
+    from tests.conformance._helpers import set_columns
+
+    url = driver.url
+    ids = _json(
+        _run("jobs", "submit", "debug.noop", "--count", "3", "--json", url=url, home=tmp_path)
+    )
+    old, young, live = ids["job_ids"]
+    for job_id in (old, young):
+        _json(_run("jobs", "cancel", str(job_id), "--json", url=url, home=tmp_path))
+    ago = utcnow() - timedelta(days=40)
+    set_columns(driver, old, {"created_at": ago, "updated_at": ago})
+    set_columns(driver, live, {"created_at": ago, "updated_at": ago})  # queued: stays
+
+    off = hypermedia("jobs", "prune", url=url, home=tmp_path, HYPERMEDIA_JOB_RETENTION_DAYS="0")
+    assert off.returncode != 0 and "job retention is off" in off.stderr
+    assert _json(_run("jobs", "prune", "--json", url=url, home=tmp_path)) == {"deleted": 1}
+    gone = _run("jobs", "show", str(old), url=url, home=tmp_path)
+    assert gone.returncode != 0 and "not found" in gone.stderr
+    listed = _json(_run("jobs", "ls", "--json", url=url, home=tmp_path))
+    assert sorted(r["job_id"] for r in listed) == sorted([young, live])
+    # A shorter age, given on the command line, takes the younger one too.
+    pruned = _run("jobs", "prune", "--older-than-days", "0.00001", url=url, home=tmp_path)
+    assert pruned.returncode == 0 and "deleted 1 finished job(s)" in pruned.stdout
+
+
 def test_worker_burst_drains_and_wait_reports(driver: Driver, tmp_path: Path) -> None:
     url = driver.url
     _json(_run("jobs", "submit", "debug.noop", "--count", "20", "--json", url=url, home=tmp_path))

@@ -1,0 +1,100 @@
+"""Queries of job retention: find finished jobs past their time, delete them
+with their history, and keep the credits they had used."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from hypermedia.db.schema import job_attempts as A
+from hypermedia.db.schema import job_events as E
+from hypermedia.db.schema import job_outputs as O
+from hypermedia.db.schema import processing_jobs as J
+from hypermedia.db.schema_storage import project_credits as PC
+from hypermedia.db.schema_storage import variant_jobs as VJ
+from hypermedia.queue.states import TERMINAL
+
+Row = dict[str, Any]
+_DONE = sorted(TERMINAL)
+
+
+def _finished_before(before: datetime) -> list[sa.ColumnElement[bool]]:
+    # created_at <= updated_at always: the created_at bound lets idx_created
+    # lead to the oldest jobs first; updated_at is when the job ended.
+    return [J.c.created_at < before, J.c.updated_at < before, J.c.status.in_(_DONE)]
+
+
+class RetentionQueries:
+    conn: sa.Connection
+    dialect: str
+
+    def prunable_jobs(self, before: datetime, limit: int) -> list[Row]:
+        """Lock up to ``limit`` jobs that ended before ``before``, oldest first.
+
+        Rows another transaction holds (an explicit retry, say) are skipped;
+        the lock keeps them finished until this transaction deletes them.
+        """
+        q = (
+            sa.select(
+                J.c.job_id,
+                J.c.project_id,
+                J.c.status,
+                J.c.idempotency_key,
+                sa.func.coalesce(J.c.actual_credits, J.c.estimated_credits).label("credits"),
+            )
+            .where(*_finished_before(before))
+            .order_by(J.c.created_at)
+            .limit(limit)
+        )
+        if self.dialect != "sqlite":  # SQLite: the write lock is held already
+            q = q.with_for_update(skip_locked=True)
+        return [dict(r._mapping) for r in self.conn.execute(q)]
+
+    def photos_with_variant_rows(self, photo_ids: Sequence[str]) -> set[str]:
+        """Those of ``photo_ids`` whose variant_jobs row is still there."""
+        if not photo_ids:
+            return set()
+        q = sa.select(VJ.c.photo_id).where(VJ.c.photo_id.in_(sorted(set(photo_ids))))
+        return {r[0] for r in self.conn.execute(q)}
+
+    def delete_jobs(self, job_ids: Sequence[int], before: datetime) -> int:
+        """Delete finished jobs with their attempts, events and output rows."""
+        if not job_ids:
+            return 0
+        ids = list(job_ids)
+        for table in (E, A, O):
+            self.conn.execute(sa.delete(table).where(table.c.job_id.in_(ids)))
+        q = sa.delete(J).where(J.c.job_id.in_(ids), *_finished_before(before))
+        gone = int(self.conn.execute(q).rowcount)
+        if gone != len(ids):
+            # Callers lock the rows first, so this is a bug: raising rolls
+            # back the history deleted above with the jobs it belonged to.
+            raise RuntimeError(f"{len(ids) - gone} of {len(ids)} jobs changed while locked")
+        return gone
+
+    def add_pruned_credits(self, project_id: str, credits: int, now: datetime) -> None:
+        """Count ``credits`` of deleted jobs into the project's use for good."""
+        if credits <= 0:
+            return
+        q = (
+            sa.update(PC)
+            .where(PC.c.project_id == project_id)
+            .values(pruned_credits=PC.c.pruned_credits + credits, updated_at=now)
+        )
+        if self.conn.execute(q).rowcount == 0:
+            try:
+                with self.conn.begin_nested():
+                    self.conn.execute(
+                        sa.insert(PC).values(
+                            project_id=project_id,
+                            budget_credits=None,
+                            pruned_credits=credits,
+                            created_at=now,
+                            updated_at=now,
+                        )
+                    )
+            except sa.exc.IntegrityError:  # a budget row set meanwhile
+                self.conn.execute(q)

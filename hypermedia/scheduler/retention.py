@@ -1,0 +1,75 @@
+"""Job retention (DESIGN §3 maintenance): finished jobs are deleted after a while.
+
+A job that ended (completed, failed or cancelled) more than
+``job_retention_days`` ago is deleted with its attempts, events and output
+rows, a batch per transaction.  What that lets go of:
+
+* its outputs: objects nothing else references (no photo binding, no other
+  job's output, no live job's input) are then collected by GC after
+  ``gc_unreferenced_seconds``, as any unreferenced object is;
+* its idempotency key: the same key makes a new job afterwards.
+
+What it keeps: the project's credit use (a deleted completed job's credits
+move to ``project_credits.pruned_credits`` in the same transaction), and the
+jobs of a photo whose variants are not attached yet (their ``variant_jobs``
+row still points at them by key).  ``job_retention_days = 0`` keeps every job.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from hypermedia.photos.service import photo_of_variant_key
+from hypermedia.queue.engine import Engine
+
+BATCH = 500
+
+
+@dataclass
+class JobRetention:
+    engine: Engine
+    name: str = "job-retention"
+    period: float = 3600.0
+    # None: the engine's settings (job_retention_days).
+    days: float | None = None
+
+    def run_once(self, now: datetime | None = None) -> int:
+        """Delete every job that ended before the cutoff; return how many."""
+        days = self.engine.settings.job_retention_days if self.days is None else self.days
+        if days <= 0:
+            return 0
+        before = (now or self.engine.clock()) - timedelta(days=days)
+        total, kept = 0, 0
+        while True:
+            deleted, seen = self._batch(before, BATCH + kept)
+            total += deleted
+            if seen < BATCH + kept or deleted == 0:
+                return total
+            # Jobs kept stay at the head of the oldest-first scan: look past them.
+            kept = seen - deleted
+
+    def _batch(self, before: datetime, limit: int) -> tuple[int, int]:
+        """One transaction: (jobs deleted, jobs looked at)."""
+        now = self.engine.clock()
+        with self.engine.db.tx() as tx:
+            rows = tx.prunable_jobs(before, limit)
+            waiting = tx.photos_with_variant_rows(
+                [p for r in rows if (p := photo_of_variant_key(r["idempotency_key"]))]
+            )
+            gone = [r for r in rows if photo_of_variant_key(r["idempotency_key"]) not in waiting]
+            tx.delete_jobs([r["job_id"] for r in gone], before)
+            for project_id, credits in _credits(gone).items():
+                tx.add_pruned_credits(project_id, credits, now)
+        return len(gone), len(rows)
+
+
+def _credits(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Credits used per project by these jobs: completed ones only (as in credit use)."""
+    used: dict[str, int] = defaultdict(int)
+    for r in rows:
+        if r["status"] == "completed":
+            used[r["project_id"]] += int(r["credits"] or 0)
+    return used
