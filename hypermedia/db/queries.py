@@ -534,6 +534,24 @@ class Tx(
         else:
             self.conn.execute(sa.insert(E), list(rows))
 
+    def trim_history(self, job_ids: Iterable[int], keep: int) -> int:
+        """Keep each job's newest ``keep`` progress and log entries (seed 004's
+        cap); its state changes (kind "event") are all kept."""
+        deleted = 0
+        for job_id in sorted(set(job_ids)):
+            diagnostic = (E.c.job_id == job_id, E.c.kind != "event")
+            oldest_kept = self.conn.execute(
+                sa.select(E.c.event_id)
+                .where(*diagnostic)
+                .order_by(E.c.event_id.desc())
+                .offset(keep - 1)
+                .limit(1)
+            ).scalar()
+            if oldest_kept is not None:
+                q = sa.delete(E).where(*diagnostic, E.c.event_id < oldest_kept)
+                deleted += int(self.conn.execute(q).rowcount)
+        return deleted
+
     def events(self, job_id: int, after_id: int = 0) -> list[Row]:
         q = sa.select(E).where(E.c.job_id == job_id, E.c.event_id > after_id).order_by(E.c.event_id)
         return _rows(self.conn.execute(q))

@@ -45,6 +45,9 @@ from hypermedia.redact import redact
 Row = dict[str, Any]
 # Carried with a decision's outputs for their objects' rows, not job_outputs columns.
 _OBJECT_ONLY = ("checksum", "width", "height")
+# A job keeps its newest 50 progress and log entries (seed 004, DESIGN §7);
+# every state change is kept.
+DIAGNOSTIC_HISTORY = 50
 
 
 def event(job_id: int, now: datetime, src: str | None, dst: str | None, **kw: Any) -> Row:
@@ -666,6 +669,7 @@ class Engine:
                 )
             tx.update_jobs_many(states.RUNNING_SIDE, rows)
             tx.insert_events(events)
+            tx.trim_history([r["_id"] for r in rows], DIAGNOSTIC_HISTORY)
         return len(rows)
 
     def poll_statuses(self, worker_id: str, items: Sequence[tuple[int, int]]) -> dict[int, str]:

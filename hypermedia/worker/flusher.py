@@ -47,6 +47,11 @@ START_DELAY = 0.2
 # would only make its job end later.  So is the last of a stream, when the
 # worker holds no other job whose result could join it (the end of a burst).
 RESULT_DELAY = 0.005
+# Progress is written at most this often on its own (it rides along with any
+# other write): a pipeline that reports every page or every strip would
+# otherwise make a transaction of each report.  Only the latest report of an
+# attempt is kept meanwhile, so the last one written is always the newest.
+PROGRESS_DELAY = 0.5
 
 
 class _ClaimRequest:
@@ -91,6 +96,7 @@ class Flusher(threading.Thread):
         self._lookup = lookup
         self._written: set[tuple[int, int]] = set()  # starts written, result not yet
         self._progress: dict[tuple[int, int], dict[str, Any]] = {}
+        self._progress_written = -1e9  # when progress was last written
         self._claim: _ClaimRequest | None = None
         self._busy = False
         self._closing = False
@@ -156,7 +162,7 @@ class Flusher(threading.Thread):
             with self._cond:
                 while not (
                     self._results_due()
-                    or self._progress
+                    or self._progress_due()
                     or self._claim
                     or self._closing
                     or self._due()
@@ -169,6 +175,8 @@ class Flusher(threading.Thread):
                 results, self._results = self._results[:MAX_BATCH], self._results[MAX_BATCH:]
                 self._results_since = time.monotonic()
                 progress, self._progress = self._progress, {}
+                if progress:
+                    self._progress_written = time.monotonic()
                 # Folded into their results, or due (old enough, reporting
                 # progress, or the worker is stopping): the rest wait on.
                 for r in results:
@@ -257,6 +265,11 @@ class Flusher(threading.Thread):
     def _due(self) -> bool:
         return bool(self._starts) and self._due_now(next(iter(self._starts)))
 
+    def _progress_due(self) -> bool:
+        if not self._progress:
+            return False
+        return self._closing or time.monotonic() - self._progress_written >= PROGRESS_DELAY
+
     def _results_due(self) -> bool:
         if not self._results:
             return False
@@ -273,11 +286,14 @@ class Flusher(threading.Thread):
         return RESULT_DELAY
 
     def _until_due(self) -> float | None:
-        """How long until the oldest waiting start or result is due (None: nothing waits)."""
+        """How long until the oldest waiting start, result or progress report is
+        due (None: nothing waits)."""
         now = time.monotonic()
         left = [self._window() - (now - self._results_since)] if self._results else []
         if self._starts:
             left.append(START_DELAY - (now - next(iter(self._starts.values()))))
+        if self._progress:
+            left.append(PROGRESS_DELAY - (now - self._progress_written))
         return max(0.0, min(left)) if left else None
 
     def _write(

@@ -225,6 +225,26 @@ def test_progress_reports_are_fenced_and_batched(engine, driver, clock):
     assert job_row(driver, j1)["progress"]["percent"] == 40.0
 
 
+def test_progress_history_keeps_the_newest_fifty_and_every_state_change(engine, driver):
+    from hypermedia.queue.engine import DIAGNOSTIC_HISTORY
+
+    j1, a1 = _running(engine)
+    j2, a2 = _running(engine)
+    changes = [(e["from_status"], e["to_status"]) for e in events(driver, j1)]
+    for i in range(1, DIAGNOSTIC_HISTORY + 12):
+        reports = {(j1, a1): {"percent": i}}
+        if i <= 3:
+            reports[(j2, a2)] = {"percent": i}
+        assert engine.report_progress(W1, reports) == len(reports)
+    kept = [e for e in events(driver, j1) if e["kind"] == "progress"]
+    assert len(kept) == DIAGNOSTIC_HISTORY
+    assert [e["message"] for e in kept] == [f"{i}%" for i in range(12, DIAGNOSTIC_HISTORY + 12)]
+    assert [
+        (e["from_status"], e["to_status"]) for e in events(driver, j1) if e["kind"] == "event"
+    ] == changes
+    assert len([e for e in events(driver, j2) if e["kind"] == "progress"]) == 3
+
+
 # -- completed results and outputs ------------------------------------------------------
 
 

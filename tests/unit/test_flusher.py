@@ -7,6 +7,7 @@ in tests/conformance).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from types import SimpleNamespace
@@ -16,7 +17,7 @@ import pytest
 
 from hypermedia.queue.models import AttemptResult, Claimed
 from hypermedia.worker import flusher
-from hypermedia.worker.flusher import START_DELAY, Flusher
+from hypermedia.worker.flusher import PROGRESS_DELAY, START_DELAY, Flusher
 
 
 class Recorder:
@@ -30,6 +31,7 @@ class Recorder:
         self.wrote = threading.Event()
         self.claims: list[tuple[list[str], int, list[int]]] = []
         self.held: list[Any] = []
+        self.progress: list[tuple[float, dict[Any, Any]]] = []
         self.db = SimpleNamespace(autocommit=True)  # held views are built for PostgreSQL
 
     def flush(self, worker_id: str, starts: Any, results: Any, held: Any = None) -> set[int]:
@@ -45,6 +47,7 @@ class Recorder:
         return {r.job_id for r in results}
 
     def report_progress(self, worker_id: str, reports: Any) -> int:
+        self.progress.append((time.monotonic(), dict(reports)))
         return len(reports)
 
     def flush_and_claim(
@@ -96,6 +99,45 @@ def test_progress_writes_its_start_at_once() -> None:
     when, starts, _ = engine.calls[0]
     assert starts == [(3, 1)] and when - t0 < START_DELAY
     assert f.close(5)
+
+
+def test_progress_is_written_at_most_every_delay_and_the_newest_wins() -> None:
+    engine = Recorder()
+    f = _flusher(engine)
+    f.started(4, 1)
+    t0 = time.monotonic()
+    sent = 0
+    while time.monotonic() - t0 < 2.5 * PROGRESS_DELAY:
+        sent += 1
+        f.progress(4, 1, {"percent": sent})
+        time.sleep(PROGRESS_DELAY / 25)
+    time.sleep(PROGRESS_DELAY * 1.5)  # the last report is still written, late
+    assert f.close(5)
+    written = [(t, r[(4, 1)]["percent"]) for t, r in engine.progress]
+    assert sent > 40 and 2 <= len(written) <= 4, (sent, written)
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(written)]
+    assert min(gaps) >= PROGRESS_DELAY * 0.95, gaps
+    assert [p for _, p in written] == sorted(p for _, p in written)
+    assert written[-1][1] == sent
+
+
+def test_waiting_progress_rides_along_with_a_result() -> None:
+    engine = Recorder()
+    f = _flusher(engine)
+    f.progress(5, 1, {"percent": 10})
+    f.progress(6, 1, {"percent": 20})
+    deadline = time.monotonic() + 5
+    while not engine.progress and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.progress, "the first report was not written at once"
+    t0 = time.monotonic()
+    f.progress(6, 1, {"percent": 90})  # not due for PROGRESS_DELAY on its own
+    f.finished(AttemptResult(5, 1, "completed"))
+    assert engine.wrote.wait(5)
+    assert f.close(5)
+    last_when, last = engine.progress[-1]
+    assert last == {(6, 1): {"percent": 90}}
+    assert last_when - t0 < PROGRESS_DELAY / 2
 
 
 def test_closing_writes_waiting_starts_and_a_failed_write_is_retried() -> None:
