@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from hypermedia.db.schema import job_attempts as A
 from hypermedia.db.schema import processing_jobs as J
 from hypermedia.db.schema import processing_profiles as P
+from hypermedia.db.schema import pruned_attempt_durations as PD
 from hypermedia.db.schema import queue_states as Q
 from hypermedia.db.schema import workers as W
 from hypermedia.queue.states import RUNNING_SIDE, STATUSES, TERMINAL
@@ -100,8 +101,11 @@ class QueueQueries:
         )
         return [dict(r._mapping) for r in self.conn.execute(q)]
 
-    def attempt_duration_histogram(self, bounds_ms: Sequence[float]) -> list[Row]:
-        """Per job type: ``le_<i>`` attempts with duration_ms <= bounds_ms[i], sum and count."""
+    def attempt_duration_histogram(
+        self, bounds_ms: Sequence[float], job_ids: Sequence[int] | None = None
+    ) -> list[Row]:
+        """Per job type: ``le_<i>`` attempts with duration_ms <= bounds_ms[i], sum
+        and count; of every job's attempts, or of ``job_ids``' only."""
         d = A.c.duration_ms
         cols = [_count_if(d <= b).label(f"le_{i}") for i, b in enumerate(bounds_ms)]
         q = (
@@ -115,7 +119,12 @@ class QueueQueries:
             .where(d.is_not(None))
             .group_by(J.c.job_type)
         )
+        if job_ids is not None:
+            q = q.where(A.c.job_id.in_(list(job_ids)))
         return [dict(r._mapping) for r in self.conn.execute(q)]
+
+    def pruned_durations(self) -> list[Row]:
+        return [dict(r._mapping) for r in self.conn.execute(sa.select(PD))]
 
     def worker_counts_by_status(self) -> dict[str, int]:
         q = sa.select(W.c.status, sa.func.count()).group_by(W.c.status)

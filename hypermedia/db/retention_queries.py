@@ -13,8 +13,10 @@ from hypermedia.db.schema import job_attempts as A
 from hypermedia.db.schema import job_events as E
 from hypermedia.db.schema import job_outputs as O
 from hypermedia.db.schema import processing_jobs as J
+from hypermedia.db.schema import pruned_attempt_durations as PD
 from hypermedia.db.schema_storage import project_credits as PC
 from hypermedia.db.schema_storage import variant_jobs as VJ
+from hypermedia.queue import durations
 from hypermedia.queue.states import TERMINAL
 
 Row = dict[str, Any]
@@ -74,6 +76,51 @@ class RetentionQueries:
             # back the history deleted above with the jobs it belonged to.
             raise RuntimeError(f"{len(ids) - gone} of {len(ids)} jobs changed while locked")
         return gone
+
+    def add_pruned_durations(
+        self, histogram: Sequence[Row], bounds_ms: Sequence[float], now: datetime
+    ) -> None:
+        """Add the histogram of attempts about to be deleted (rows of
+        ``attempt_duration_histogram``) to what earlier deletions left."""
+        for h in histogram:
+            added = {durations.key(b): int(h[f"le_{i}"]) for i, b in enumerate(bounds_ms)}
+            if self._add_durations(h, added, now):
+                continue
+            try:
+                with self.conn.begin_nested():
+                    self.conn.execute(
+                        sa.insert(PD).values(
+                            job_type=h["job_type"],
+                            attempts=int(h["count"]),
+                            sum_ms=int(h["sum_ms"]),
+                            buckets=added,
+                            updated_at=now,
+                        )
+                    )
+            except sa.exc.IntegrityError:  # another pruner's first row of the type
+                self._add_durations(h, added, now)
+
+    def _add_durations(self, h: Row, added: dict[str, int], now: datetime) -> bool:
+        q = sa.select(PD.c.buckets).where(PD.c.job_type == h["job_type"])
+        if self.dialect != "sqlite":
+            q = q.with_for_update()
+        row = self.conn.execute(q).first()
+        if row is None:
+            return False
+        buckets = {k: int(v) for k, v in dict(row.buckets).items()}
+        for k, n in added.items():
+            buckets[k] = buckets.get(k, 0) + n
+        self.conn.execute(
+            sa.update(PD)
+            .where(PD.c.job_type == h["job_type"])
+            .values(
+                attempts=PD.c.attempts + int(h["count"]),
+                sum_ms=PD.c.sum_ms + int(h["sum_ms"]),
+                buckets=buckets,
+                updated_at=now,
+            )
+        )
+        return True
 
     def add_pruned_credits(self, project_id: str, credits: int, now: datetime) -> None:
         """Count ``credits`` of deleted jobs into the project's use for good."""

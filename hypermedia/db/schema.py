@@ -275,6 +275,19 @@ queue_states = sa.Table(
     sa.Column("updated_at", Timestamp, nullable=False, server_default=NOW),
 )
 
+# What the attempts that job retention deleted add to /metrics' duration
+# histogram, per job type: the histogram's counters must never go down.
+# ``buckets`` holds cumulative counts keyed by bound in milliseconds.
+pruned_attempt_durations = sa.Table(
+    "pruned_attempt_durations",
+    metadata,
+    sa.Column("job_type", sa.String(50), primary_key=True),
+    sa.Column("attempts", sa.BigInteger, nullable=False),
+    sa.Column("sum_ms", sa.BigInteger, nullable=False),
+    sa.Column("buckets", Json, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False, server_default=NOW),
+)
+
 # Seed 002's tables and the auth tables live in their own modules; importing
 # them registers them here.
 from hypermedia.db import schema_auth as _schema_auth  # noqa: E402, F401

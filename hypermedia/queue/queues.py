@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from hypermedia.queue import durations
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import check_queue_name
 
@@ -56,7 +57,9 @@ class Queues:
             return {
                 "jobs": tx.job_counts_by_status_type(),
                 "queued": [r for r in tx.queue_depth() if r["status"] == "queued"],
-                "durations": tx.attempt_duration_histogram(bounds_ms),
+                "durations": durations.merged(
+                    tx.attempt_duration_histogram(bounds_ms), tx.pruned_durations(), bounds_ms
+                ),
                 "switches": tx.queue_states(),
             }
 

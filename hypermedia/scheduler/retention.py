@@ -10,9 +10,11 @@ rows, a batch per transaction.  What that lets go of:
 * its idempotency key: the same key makes a new job afterwards.
 
 What it keeps: the project's credit use (a deleted completed job's credits
-move to ``project_credits.pruned_credits`` in the same transaction), and the
-jobs of a photo whose variants are not attached yet (their ``variant_jobs``
-row still points at them by key).  ``job_retention_days = 0`` keeps every job.
+move to ``project_credits.pruned_credits`` in the same transaction), the
+counts of /metrics' attempt duration histogram (``pruned_attempt_durations``,
+queue/durations.py), and the jobs of a photo whose variants are not
+attached yet (their ``variant_jobs`` row still points at them by key).
+``job_retention_days = 0`` keeps every job.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from hypermedia.photos.service import photo_of_variant_key
+from hypermedia.queue import durations
 from hypermedia.queue.engine import Engine
 
 BATCH = 500
@@ -60,7 +63,11 @@ class JobRetention:
                 [p for r in rows if (p := photo_of_variant_key(r["idempotency_key"]))]
             )
             gone = [r for r in rows if photo_of_variant_key(r["idempotency_key"]) not in waiting]
-            tx.delete_jobs([r["job_id"] for r in gone], before)
+            ids = [r["job_id"] for r in gone]
+            if ids:
+                histogram = tx.attempt_duration_histogram(durations.BOUNDS_MS, ids)
+                tx.add_pruned_durations(histogram, durations.BOUNDS_MS, now)
+            tx.delete_jobs(ids, before)
             for project_id, credits in _credits(gone).items():
                 tx.add_pruned_credits(project_id, credits, now)
         return len(gone), len(rows)

@@ -252,6 +252,37 @@ def test_metrics_parse_and_match_the_jobs(client: TestClient, svc: Services, a: 
     assert get(s, "hypermedia_queue_paused", queue="documents") == 0
 
 
+def test_the_duration_histogram_never_goes_down_when_jobs_are_pruned(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    from hypermedia.scheduler.retention import JobRetention
+
+    h = "hypermedia_attempt_duration_seconds"
+
+    def histogram() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        r = client.get("/metrics", headers=bearer(a.admin))
+        return {k: v for k, v in parse_metrics(r.text).items() if k[0].startswith(h)}
+
+    _run(svc, "debug.noop", 3)
+    _run(svc, "debug.noop", 200)
+    _run(svc, "debug.sleep", 40, ok=False)
+    before = histogram()
+    assert get(before, f"{h}_count", job_type="debug.noop") == 2
+    later = datetime.now(UTC).replace(tzinfo=None) + timedelta(days=31)
+    assert JobRetention(svc.engine).run_once(now=later) == 3
+    assert svc.engine.list() == []
+    assert histogram() == before  # the same counts, from the pruned table now
+
+    _run(svc, "debug.noop", 3)  # live attempts add to what was pruned
+    after = histogram()
+    assert get(after, f"{h}_bucket", job_type="debug.noop", le="0.005") == 2
+    assert get(after, f"{h}_bucket", job_type="debug.noop", le="0.25") == 3
+    assert get(after, f"{h}_count", job_type="debug.noop") == 3
+    assert get(after, f"{h}_sum", job_type="debug.noop") == 0.206
+    assert JobRetention(svc.engine).run_once(now=later + timedelta(days=1)) == 1
+    assert histogram() == after
+
+
 def test_metrics_on_an_empty_database_still_parse(client: TestClient, a: Project) -> None:
     r = client.get("/metrics", headers=bearer(a.admin))
     s = parse_metrics(r.text)

@@ -17,11 +17,12 @@ from fastapi.responses import Response
 
 from hypermedia.api.deps import scoped, services
 from hypermedia.auth.tokens import Principal
+from hypermedia.queue import durations
 
 router = APIRouter(tags=["ops"])
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+BUCKETS = durations.BUCKETS_S
 Row = dict[str, Any]
 
 
@@ -116,7 +117,5 @@ def render(figures: Row, workers: list[Row], worker_counts: dict[str, int]) -> s
 @router.get("/metrics", summary="Prometheus metrics (admin scope)", response_class=Response)
 def metrics(request: Request, principal: Principal = scoped("admin")) -> Response:
     svc = services(request)
-    text = render(
-        svc.queues.figures([b * 1000 for b in BUCKETS]), svc.fleet.list(), svc.fleet.counts()
-    )
+    text = render(svc.queues.figures(durations.BOUNDS_MS), svc.fleet.list(), svc.fleet.counts())
     return Response(text, media_type=CONTENT_TYPE)
