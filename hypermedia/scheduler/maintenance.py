@@ -13,11 +13,16 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from hypermedia.queue.engine import Engine
+from hypermedia.scheduler.budget import BUDGET_SECONDS, Backlog
 
 
 class Service(Protocol):
     name: str
-    period: float
+
+    @property
+    def period(self) -> float:
+        """Seconds from the end of one run to the next (read after each run)."""
+        ...
 
     def run_once(self) -> Any: ...
 
@@ -120,7 +125,7 @@ def default_services(engine: Engine) -> list[Service]:
         Reaper(engine, period=s.reaper_interval_seconds),
         Promoter(engine, period=s.promoter_interval_seconds),
         MetricsRetention(engine, period=s.retention_interval_seconds),
-        JobRetention(engine, period=s.retention_interval_seconds),
-        GarbageCollector(storage, period=s.gc_interval_seconds),
+        JobRetention(engine, backlog=Backlog(s.retention_interval_seconds, BUDGET_SECONDS)),
+        GarbageCollector(storage, backlog=Backlog(s.gc_interval_seconds, BUDGET_SECONDS)),
         PhotoBridge(Photos(engine, storage), period=s.photo_bridge_interval_seconds),
     ]

@@ -20,13 +20,14 @@ attached yet (their ``variant_jobs`` row still points at them by key).
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from hypermedia.photos.service import photo_of_variant_key
 from hypermedia.queue import durations
 from hypermedia.queue.engine import Engine
+from hypermedia.scheduler.budget import Backlog
 
 BATCH = 500
 
@@ -35,21 +36,28 @@ BATCH = 500
 class JobRetention:
     engine: Engine
     name: str = "job-retention"
-    period: float = 3600.0
     # None: the engine's settings (job_retention_days).
     days: float | None = None
+    # The leader's runs have a time budget (scheduler/budget.py); without
+    # one (``hypermedia jobs prune``) a run goes on until it is done.
+    backlog: Backlog = field(default_factory=lambda: Backlog(3600.0))
+
+    @property
+    def period(self) -> float:
+        return self.backlog.period
 
     def run_once(self, now: datetime | None = None) -> int:
-        """Delete every job that ended before the cutoff; return how many."""
+        """Delete the jobs that ended before the cutoff; return how many."""
         days = self.engine.settings.job_retention_days if self.days is None else self.days
         if days <= 0:
             return 0
         before = (now or self.engine.clock()) - timedelta(days=days)
+        self.backlog.start()
         total, kept = 0, 0
         while True:
             deleted, seen = self._batch(before, BATCH + kept)
             total += deleted
-            if seen < BATCH + kept or deleted == 0:
+            if seen < BATCH + kept or deleted == 0 or self.backlog.spent():
                 return total
             # Jobs kept stay at the head of the oldest-first scan: look past them.
             kept = seen - deleted

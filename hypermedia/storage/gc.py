@@ -21,6 +21,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from hypermedia.scheduler.budget import Backlog
 from hypermedia.storage.base import StorageError
 from hypermedia.storage.keys import object_prefix
 from hypermedia.storage.ledger import Storage
@@ -46,11 +47,19 @@ class GcReport:
 class GarbageCollector:
     storage: Storage
     name: str = "gc"
-    period: float = 60.0
     report: GcReport = field(default_factory=GcReport)
+    # The leader's runs have a time budget (scheduler/budget.py): each phase
+    # does a batch at least, then stops once it is spent, and the next run
+    # comes soon.  Without one (``hypermedia gc run-once``) a run does it all.
+    backlog: Backlog = field(default_factory=lambda: Backlog(60.0))
+
+    @property
+    def period(self) -> float:
+        return self.backlog.period
 
     def run_once(self) -> GcReport:
         self.report = GcReport()
+        self.backlog.start()
         self.mark()
         self.sweep()
         self.sweep_uploads()
@@ -72,7 +81,7 @@ class GarbageCollector:
                     self.report.marked_pending += marked
                 # Stop on a short batch, or when a whole batch was kept (all
                 # referenced after all): the next round would see it again.
-                if seen < BATCH or not marked:
+                if seen < BATCH or not marked or self.backlog.spent():
                     break
 
     def _mark(self, state: str, before: datetime, unreferenced: bool) -> tuple[int, int]:
@@ -120,5 +129,5 @@ class GarbageCollector:
                 with self.storage.db.tx() as tx:
                     if tx.delete_object_row(row["object_id"]):
                         self.report.deleted += 1
-            if len(rows) < BATCH:
+            if len(rows) < BATCH or self.backlog.spent():
                 return

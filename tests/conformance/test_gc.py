@@ -187,3 +187,26 @@ def _tmpfile(storage: Storage, data: bytes):  # type: ignore[no-untyped-def]
     path = storage.settings.home / f"f-{uuid.uuid4().hex}"
     path.write_bytes(data)
     return path
+
+
+def test_a_leader_run_stops_on_its_budget_and_comes_back_soon(
+    storage: Storage, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    from hypermedia.scheduler import budget
+    from hypermedia.storage import gc
+
+    monkeypatch.setattr(gc, "BATCH", 3)
+    ids = [storage.put(io.BytesIO(b"orphan %d" % i))["object_id"] for i in range(8)]
+    s = storage.settings.with_(gc_unreferenced_seconds=0.0)
+    svc = GarbageCollector(Storage(storage.db, s), backlog=budget.Backlog(60, 0.0))
+    first = svc.run_once()
+    # One batch of each phase a run: 3 marked, 3 swept.
+    assert (first.marked_unreferenced, first.deleted) == (3, 3)
+    assert svc.backlog.behind and svc.period == budget.CATCH_UP_SECONDS
+    runs = 1
+    while svc.backlog.behind:
+        svc.run_once()
+        runs += 1
+        assert runs < 10
+    assert svc.period == 60 and runs == 3
+    assert [_state(storage, i) for i in ids] == [None] * 8

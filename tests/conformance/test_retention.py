@@ -240,3 +240,19 @@ def test_the_leader_runs_job_retention(engine) -> None:
     services = {s.name: s for s in default_services(engine)}
     assert isinstance(services["job-retention"], JobRetention)
     assert services["job-retention"].period == engine.settings.retention_interval_seconds
+    assert services["job-retention"].backlog.budget_seconds is not None
+    assert services["gc"].backlog.budget_seconds is not None
+
+
+def test_a_leader_run_stops_on_its_budget_and_comes_back_soon(engine, driver, clock, monkeypatch):
+    from hypermedia.scheduler import budget, retention
+
+    monkeypatch.setattr(retention, "BATCH", 2)
+    ids = [drive_to(engine, driver, "cancelled") for _ in range(7)]
+    clock.advance(31 * DAY)
+    svc = JobRetention(engine, backlog=budget.Backlog(3600, 0.0))  # one batch a run
+    assert svc.run_once() == 2 and svc.backlog.behind
+    assert svc.period == budget.CATCH_UP_SECONDS
+    assert [svc.run_once() for _ in range(3)] == [2, 2, 1]
+    assert not svc.backlog.behind and svc.period == 3600
+    assert not any(_exists(driver, j) for j in ids)
