@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from hypermedia.db import dialects, fast
 from hypermedia.db.auth_queries import AuthQueries
 from hypermedia.db.bulk import update_many
+from hypermedia.db.credit_queries import CreditQueries
 from hypermedia.db.dedup_queries import DedupQueries
 from hypermedia.db.photo_queries import PhotoQueries
 from hypermedia.db.queue_queries import QueueQueries
@@ -25,15 +26,12 @@ from hypermedia.db.schema import job_outputs as O
 from hypermedia.db.schema import processing_jobs as J
 from hypermedia.db.schema import processing_profiles as P
 from hypermedia.db.schema_storage import objects as OB
-from hypermedia.db.schema_storage import project_credits as PC
 from hypermedia.db.storage_queries import StorageQueries
 from hypermedia.db.workers import WorkerQueries
 from hypermedia.errors import Conflict
-from hypermedia.queue.states import RUNNING_SIDE, STATUSES, TERMINAL
+from hypermedia.queue.states import RUNNING_SIDE
 
 Row = dict[str, Any]
-# Jobs not yet terminal: they hold their estimated credits.
-LIVE = frozenset(STATUSES) - TERMINAL
 
 
 def _uniform(rows: Sequence[Row]) -> list[Row]:
@@ -80,6 +78,7 @@ class Tx(
     DedupQueries,
     AuthQueries,
     RetentionQueries,
+    CreditQueries,
 ):
     def __init__(self, conn: sa.Connection, dialect: str, *, autocommit: bool = False) -> None:
         self.conn = conn
@@ -143,62 +142,6 @@ class Tx(
     def set_profile_active(self, profile_id: int, active: bool) -> bool:
         q = sa.update(P).where(P.c.profile_id == profile_id).values(is_active=active)
         return self.conn.execute(q).rowcount == 1
-
-    # -- credits -------------------------------------------------------------
-
-    def budget(self, project_id: str, *, lock: bool = False) -> Row | None:
-        """A project's budget row; ``lock`` serialises enqueues of the project
-        (SQLite: the write lock is held already)."""
-        q = sa.select(PC).where(PC.c.project_id == project_id)
-        if lock and self.dialect != "sqlite":
-            q = q.with_for_update()
-        row = self.conn.execute(q).first()
-        return dict(row._mapping) if row else None
-
-    def budgets(self) -> list[Row]:
-        return _rows(self.conn.execute(sa.select(PC).order_by(PC.c.project_id)))
-
-    def set_budget(self, project_id: str, credits: int | None, now: datetime) -> None:
-        values = {"budget_credits": credits, "updated_at": now}
-        q = sa.update(PC).where(PC.c.project_id == project_id).values(values)
-        if self.conn.execute(q).rowcount == 0:
-            try:
-                with self.conn.begin_nested():
-                    self.conn.execute(
-                        sa.insert(PC).values(project_id=project_id, created_at=now, **values)
-                    )
-            except sa.exc.IntegrityError:  # a concurrent first budget for the project
-                self.conn.execute(q)
-
-    def _credits_used(self) -> sa.ColumnElement[Any]:
-        # Completed jobs cost what they really used (their estimate if that was
-        # never recorded); jobs still on their way hold their estimate.
-        return sa.func.coalesce(
-            sa.func.sum(
-                sa.case(
-                    (
-                        J.c.status == "completed",
-                        sa.func.coalesce(J.c.actual_credits, J.c.estimated_credits),
-                    ),
-                    (J.c.status.in_(sorted(LIVE)), J.c.estimated_credits),
-                    else_=0,
-                )
-            ),
-            0,
-        )
-
-    def credit_use(self, project_id: str) -> int:
-        q = sa.select(self._credits_used()).where(J.c.project_id == project_id)
-        pruned = sa.select(PC.c.pruned_credits).where(PC.c.project_id == project_id)
-        return int(self.conn.execute(q).scalar_one()) + int(self.conn.execute(pruned).scalar() or 0)
-
-    def credit_use_by_project(self) -> dict[str, int]:
-        q = sa.select(J.c.project_id, self._credits_used()).group_by(J.c.project_id)
-        used = {r[0]: int(r[1]) for r in self.conn.execute(q)}
-        pruned = sa.select(PC.c.project_id, PC.c.pruned_credits).where(PC.c.pruned_credits > 0)
-        for project_id, credits in self.conn.execute(pruned):
-            used[project_id] = used.get(project_id, 0) + int(credits)
-        return used
 
     def credit_inputs(self, job_ids: Sequence[int]) -> dict[int, Row]:
         """What settling needs to price jobs: input size, input object and its facts."""

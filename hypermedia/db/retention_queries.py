@@ -14,7 +14,6 @@ from hypermedia.db.schema import job_events as E
 from hypermedia.db.schema import job_outputs as O
 from hypermedia.db.schema import processing_jobs as J
 from hypermedia.db.schema import pruned_attempt_durations as PD
-from hypermedia.db.schema_storage import project_credits as PC
 from hypermedia.db.schema_storage import variant_jobs as VJ
 from hypermedia.queue import durations
 from hypermedia.queue.states import TERMINAL
@@ -45,6 +44,7 @@ class RetentionQueries:
                 J.c.project_id,
                 J.c.status,
                 J.c.idempotency_key,
+                J.c.credits_folded,
                 sa.func.coalesce(J.c.actual_credits, J.c.estimated_credits).label("credits"),
             )
             .where(*_finished_before(before))
@@ -121,27 +121,3 @@ class RetentionQueries:
             )
         )
         return True
-
-    def add_pruned_credits(self, project_id: str, credits: int, now: datetime) -> None:
-        """Count ``credits`` of deleted jobs into the project's use for good."""
-        if credits <= 0:
-            return
-        q = (
-            sa.update(PC)
-            .where(PC.c.project_id == project_id)
-            .values(pruned_credits=PC.c.pruned_credits + credits, updated_at=now)
-        )
-        if self.conn.execute(q).rowcount == 0:
-            try:
-                with self.conn.begin_nested():
-                    self.conn.execute(
-                        sa.insert(PC).values(
-                            project_id=project_id,
-                            budget_credits=None,
-                            pruned_credits=credits,
-                            created_at=now,
-                            updated_at=now,
-                        )
-                    )
-            except sa.exc.IntegrityError:  # a budget row set meanwhile
-                self.conn.execute(q)

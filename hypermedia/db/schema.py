@@ -106,6 +106,9 @@ processing_jobs = sa.Table(
     sa.Column("created_at", Timestamp, nullable=False, server_default=NOW),
     sa.Column("updated_at", Timestamp, nullable=False, server_default=NOW),
     sa.Column("deleted_at", Timestamp, nullable=True),
+    # The leader added this finished job's credits to its project's
+    # settled_credits (scheduler/credits.py); credit use sums the rest.
+    sa.Column("credits_folded", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.CheckConstraint(_in("status", STATUSES), name="status"),
     sa.CheckConstraint("priority BETWEEN 1 AND 10", name="priority"),
     sa.CheckConstraint("attempt_count >= 0 AND attempt_count <= max_attempts", name="attempts"),
@@ -125,7 +128,10 @@ processing_jobs = sa.Table(
     # Seed 001's (file_id, status); its prefix serves seed 000's idx_object.
     sa.Index("idx_object", "object_id", "status"),
     sa.Index("idx_owner", "owner_id"),
-    sa.Index("idx_project", "project_id"),
+    # Seed 000's (project_id); credits_folded appended so a budget check
+    # reads only the project's jobs whose credits are not folded yet, and
+    # job_id so the fold walks them in order (scheduler/credits.py).
+    sa.Index("idx_project", "project_id", "credits_folded", "job_id"),
     sa.Index("idx_claimed", "claimed_by", "claimed_at"),
     sa.Index("idx_visibility", "visibility_timeout"),
     sa.Index("idx_created", "created_at"),

@@ -135,14 +135,14 @@ object_hashes = sa.Table(
 )
 
 # A project's credit budget (seed 000 credits); NULL means no limit.  Credit
-# use is summed over the project's jobs, plus what the jobs that job retention
-# deleted had used (pruned_credits).
+# use is settled_credits (completed jobs the leader folded, or that job
+# retention deleted) plus the sum over the project's other jobs.
 project_credits = sa.Table(
     "project_credits",
     metadata,
     sa.Column("project_id", sa.String(64), primary_key=True),
     sa.Column("budget_credits", sa.BigInteger, nullable=True),
-    sa.Column("pruned_credits", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("settled_credits", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("created_at", Timestamp, nullable=False, server_default=NOW),
     sa.Column("updated_at", Timestamp, nullable=False, server_default=NOW),
 )

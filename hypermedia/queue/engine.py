@@ -758,6 +758,8 @@ class Engine:
                 "completed_at": None,
                 "available_at": now,
                 "visibility_timeout": None,
+                # Live again, it holds its estimate: back into the summed rows.
+                "credits_folded": False,
             }
             self._guarded(tx, job, "retry", values, actor, "retried by request")
             tx.notify({job["queue_name"]})

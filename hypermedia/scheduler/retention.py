@@ -9,8 +9,9 @@ rows, a batch per transaction.  What that lets go of:
   ``gc_unreferenced_seconds``, as any unreferenced object is;
 * its idempotency key: the same key makes a new job afterwards.
 
-What it keeps: the project's credit use (a deleted completed job's credits
-move to ``project_credits.pruned_credits`` in the same transaction), the
+What it keeps: the project's credit use (a deleted completed job's credits,
+unless the leader folded them already, move to
+``project_credits.settled_credits`` in the same transaction), the
 counts of /metrics' attempt duration histogram (``pruned_attempt_durations``,
 queue/durations.py), and the jobs of a photo whose variants are not
 attached yet (their ``variant_jobs`` row still points at them by key).
@@ -77,14 +78,15 @@ class JobRetention:
                 tx.add_pruned_durations(histogram, durations.BOUNDS_MS, now)
             tx.delete_jobs(ids, before)
             for project_id, credits in _credits(gone).items():
-                tx.add_pruned_credits(project_id, credits, now)
+                tx.add_settled_credits(project_id, credits, now)
         return len(gone), len(rows)
 
 
 def _credits(rows: list[dict[str, Any]]) -> dict[str, int]:
-    """Credits used per project by these jobs: completed ones only (as in credit use)."""
+    """Credits used per project by these jobs and not settled yet: completed
+    ones only (as in credit use), and not those the fold counted already."""
     used: dict[str, int] = defaultdict(int)
     for r in rows:
-        if r["status"] == "completed":
+        if r["status"] == "completed" and not r["credits_folded"]:
             used[r["project_id"]] += int(r["credits"] or 0)
     return used
