@@ -68,10 +68,9 @@ class JobRetention:
         now = self.engine.clock()
         with self.engine.db.tx() as tx:
             rows = tx.prunable_jobs(before, limit)
-            waiting = tx.photos_with_variant_rows(
-                [p for r in rows if (p := photo_of_variant_key(r["idempotency_key"]))]
-            )
-            gone = [r for r in rows if photo_of_variant_key(r["idempotency_key"]) not in waiting]
+            photo_of = {r["job_id"]: photo_of_variant_key(r["idempotency_key"]) for r in rows}
+            waiting = tx.photos_with_variant_rows([p for p in photo_of.values() if p])
+            gone = [r for r in rows if photo_of[r["job_id"]] not in waiting]
             ids = [r["job_id"] for r in gone]
             if ids:
                 histogram = tx.attempt_duration_histogram(durations.BOUNDS_MS, ids)
