@@ -20,6 +20,7 @@ from hypermedia.db.dedup_queries import DedupQueries
 from hypermedia.db.photo_queries import PhotoQueries
 from hypermedia.db.queue_queries import QueueQueries
 from hypermedia.db.retention_queries import RetentionQueries
+from hypermedia.db.schema import JOB_VIEW
 from hypermedia.db.schema import job_attempts as A
 from hypermedia.db.schema import job_events as E
 from hypermedia.db.schema import job_outputs as O
@@ -184,14 +185,14 @@ class Tx(
         return {r.job_uuid: r.job_id for r in res}
 
     def job(self, job_id: int, *, lock: bool = False) -> Row | None:
-        q = sa.select(J).where(J.c.job_id == job_id, J.c.deleted_at.is_(None))
+        q = sa.select(*JOB_VIEW).where(J.c.job_id == job_id, J.c.deleted_at.is_(None))
         if lock:
             q = q.with_for_update()
         row = self.conn.execute(q).first()
         return dict(row._mapping) if row else None
 
     def job_by_idempotency_key(self, project_id: str, key: str) -> Row | None:
-        q = sa.select(J).where(J.c.project_id == project_id, J.c.idempotency_key == key)
+        q = sa.select(*JOB_VIEW).where(J.c.project_id == project_id, J.c.idempotency_key == key)
         row = self.conn.execute(q).first()
         return dict(row._mapping) if row else None
 
@@ -205,7 +206,7 @@ class Tx(
         before_id: int | None = None,
         limit: int = 50,
     ) -> list[Row]:
-        q = sa.select(J).where(J.c.deleted_at.is_(None))
+        q = sa.select(*JOB_VIEW).where(J.c.deleted_at.is_(None))
         for col, value in (
             (J.c.status, status),
             (J.c.job_type, job_type),
@@ -222,7 +223,7 @@ class Tx(
         ids = list(job_ids)
         if not ids:
             return []
-        q = sa.select(J).where(J.c.job_id.in_(ids))
+        q = sa.select(*JOB_VIEW).where(J.c.job_id.in_(ids))
         if lock:
             q = q.with_for_update()
         return _rows(self.conn.execute(q))

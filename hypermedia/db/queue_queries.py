@@ -12,6 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from hypermedia.db.schema import JOB_VIEW
 from hypermedia.db.schema import job_attempts as A
 from hypermedia.db.schema import processing_jobs as J
 from hypermedia.db.schema import processing_profiles as P
@@ -148,7 +149,7 @@ class QueueQueries:
         limit: int = 50,
     ) -> list[Row]:
         """A project's jobs, newest first, filtered by sets of statuses and job types."""
-        q = sa.select(J).where(*_live_jobs(project_id))
+        q = sa.select(*JOB_VIEW).where(*_live_jobs(project_id))
         if statuses is not None:
             q = q.where(J.c.status.in_(list(statuses)))
         if job_types is not None:

@@ -139,6 +139,9 @@ processing_jobs = sa.Table(
     sa.Index("idx_type_status", "job_type", "status"),
 )
 
+# A job as it is read and shown: the credit fold's flag is its bookkeeping.
+JOB_VIEW = tuple(c for c in processing_jobs.c if c.key != "credits_folded")
+
 job_attempts = sa.Table(
     "job_attempts",
     metadata,

@@ -79,6 +79,7 @@ def test_a_fold_moves_finished_jobs_credits_and_keeps_the_use(engine, driver) ->
 
     assert CreditFold(engine).run_once() == 3
     assert _folded(driver, [a, b, c, d]) == {a: True, b: True, c: True, d: False}
+    assert "credits_folded" not in engine.get(a)  # bookkeeping, not part of a job
     assert _settled(driver, project) == 5
     assert _used(engine, project) == before
     assert Credits(engine).show()[0]["used"] == before  # the report of every project too
