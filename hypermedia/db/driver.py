@@ -166,14 +166,19 @@ class Driver:
         """Block until ``stop``; call ``on_wake(queue)`` for each job notification.
 
         PostgreSQL pushes them from every process.  Elsewhere db/wakeups.py
-        hears this process's commits and, on SQLite, other processes' through
-        the wake file; MariaDB jobs queued by other processes are found by
-        polling.
+        hears this process's commits and other processes' new jobs: on SQLite
+        through the wake file, on MariaDB by watching the newest job id.
         """
         if self.name == "postgresql":
             dialects.pg_listen(self.url, on_wake, stop)
+        elif self.name == "mysql":
+            wakeups.listen(self.url, on_wake, stop, newest=self._newest_job_id)
         else:
             wakeups.listen(self.url, on_wake, stop, self._wake_file)
+
+    def _newest_job_id(self) -> int:
+        with self.read() as tx:
+            return tx.newest_job_id()
 
     def healthy(self) -> bool:
         try:

@@ -94,6 +94,10 @@ class QueueQueries:
 
     # -- /metrics ----------------------------------------------------------------
 
+    def newest_job_id(self) -> int:
+        """The highest job id (MariaDB answers from the primary key's last entry)."""
+        return int(self.conn.execute(sa.select(sa.func.max(J.c.job_id))).scalar() or 0)
+
     def job_counts_by_status_type(self) -> list[Row]:
         q = (
             sa.select(J.c.status, J.c.job_type, sa.func.count().label("count"))

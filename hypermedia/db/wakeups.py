@@ -13,6 +13,12 @@ the transaction that queued the job has committed (a claim must find it):
   terminal wakes ``serve``'s workers at once.  Without inotify (not Linux),
   those processes poll as before.
 
+And on MariaDB, whose other processes may be on other machines, a listener
+reads the newest job id every ``WATCH_SECONDS`` (an index's last entry: no
+transaction of anyone's waits for it, nothing is written) and looks for work
+when it grew.  That finds new jobs from anywhere within ~0.05 s; jobs queued by
+an update (a retry promoted, a held job released) are still found by the poll.
+
 Listeners are kept per database URL, so two Drivers on the same database in
 one process hear each other.
 """
@@ -31,19 +37,29 @@ from collections.abc import Callable, Iterable
 log = logging.getLogger(__name__)
 
 Listener = Callable[[str], None]
+WATCH_SECONDS = 0.05
 
 _lock = threading.Lock()
 _listeners: dict[str, list[Listener]] = {}
 
 
-def listen(url: str, on_wake: Listener, stop: threading.Event, wake_file: str | None) -> None:
+def listen(
+    url: str,
+    on_wake: Listener,
+    stop: threading.Event,
+    wake_file: str | None = None,
+    newest: Callable[[], int] | None = None,
+) -> None:
     """Call ``on_wake(queue)`` for each queue a commit in this process woke,
-    and ``on_wake("*")`` whenever another process touches ``wake_file``,
-    until ``stop``; ``on_wake("*")`` first, as after a LISTEN (look once)."""
+    and ``on_wake("*")`` whenever another process touches ``wake_file`` or
+    ``newest()`` (the newest job id) grows, until ``stop``; ``on_wake("*")``
+    first, as after a LISTEN (look once)."""
     with _lock:
         _listeners.setdefault(url, []).append(on_wake)
     try:
-        if wake_file is None or not _watch(wake_file, on_wake, stop):
+        if newest is not None:
+            _follow(newest, on_wake, stop)
+        elif wake_file is None or not _watch(wake_file, on_wake, stop):
             on_wake("*")
             stop.wait()
     finally:
@@ -73,6 +89,30 @@ def touch(wake_file: str) -> None:
         _create(wake_file)
     except OSError:  # nobody can listen there either: they poll
         pass
+
+
+def _follow(newest: Callable[[], int], on_wake: Listener, stop: threading.Event) -> None:
+    """``on_wake("*")`` whenever ``newest()`` changes; a failing read (the
+    server restarting) is tried again with backoff, then looked past once."""
+    seen: int | None = None
+    delay = WATCH_SECONDS
+    with contextlib.suppress(Exception):  # read before looking: nothing slips between
+        seen = newest()
+    on_wake("*")
+    while not stop.wait(delay):
+        try:
+            top = newest()
+        except Exception as exc:
+            if delay == WATCH_SECONDS:
+                log.warning("job watch cannot read the database (%s); retrying", type(exc).__name__)
+            delay = min(delay * 2, 5.0)
+            seen = None
+            continue
+        delay = WATCH_SECONDS
+        if top != seen:
+            if seen is not None or top:
+                on_wake("*")
+            seen = top
 
 
 # -- inotify (Linux), through libc: the standard library has no binding --------
