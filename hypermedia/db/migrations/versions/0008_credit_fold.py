@@ -29,14 +29,7 @@ def upgrade() -> None:
         )
         batch.drop_index("idx_project")
         batch.create_index("idx_project", ["project_id", "credits_folded", "job_id"])
-    with op.batch_alter_table("project_credits") as batch:
-        batch.alter_column(
-            "pruned_credits",
-            new_column_name="settled_credits",
-            existing_type=sa.BigInteger(),
-            existing_nullable=False,
-            existing_server_default="0",
-        )
+    _rename_counter("pruned_credits", "settled_credits")
 
 
 def downgrade() -> None:
@@ -69,15 +62,19 @@ def downgrade() -> None:
         .scalar_subquery()
     )
     op.execute(sa.update(credits).values(settled_credits=credits.c.settled_credits - folded))
-    with op.batch_alter_table("project_credits") as batch:
-        batch.alter_column(
-            "settled_credits",
-            new_column_name="pruned_credits",
-            existing_type=sa.BigInteger(),
-            existing_nullable=False,
-            existing_server_default="0",
-        )
+    _rename_counter("settled_credits", "pruned_credits")
     with op.batch_alter_table("processing_jobs") as batch:
         batch.drop_index("idx_project")
         batch.create_index("idx_project", ["project_id"])
         batch.drop_column("credits_folded")
+
+
+def _rename_counter(old: str, new: str) -> None:
+    with op.batch_alter_table("project_credits") as batch:  # SQLite: table rebuilt
+        batch.alter_column(
+            old,
+            new_column_name=new,
+            existing_type=sa.BigInteger(),
+            existing_nullable=False,
+            existing_server_default="0",
+        )
