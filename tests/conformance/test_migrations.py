@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
+import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from hypermedia.db.driver import Driver
 from hypermedia.db.migrate import current, downgrade, head, upgrade
 from hypermedia.db.schema import metadata
+from hypermedia.db.schema import processing_jobs as jobs_table
 from tests.conftest import drop_database, make_database
 
 
@@ -53,5 +56,56 @@ def test_downgrade_to_empty_and_back(database_url: str, tmp_path) -> None:
         finally:
             drv.dispose()
         assert keys == {("debug-noop", "debug.noop")}
+    finally:
+        drop_database(backend, url)
+
+
+def test_0008_down_gives_folded_credits_back_to_the_rows(database_url: str, tmp_path) -> None:
+    """Below 0008 credit use is the rows' sum plus pruned_credits: the folded
+    part of settled_credits must leave the counter, retention's part stay."""
+    backend = Driver(database_url).name
+    backend = "mariadb" if backend == "mysql" else backend
+    url = make_database(backend, tmp_path)
+    try:
+        upgrade(url)
+        drv = Driver(url)
+        try:
+            with drv.tx() as tx:
+                profile_id = tx.profiles_for_type("debug.noop")[0]["profile_id"]
+                job = {"owner_id": "o", "job_type": "debug.noop", "queue_name": "bulk"}
+                job |= {"profile_id": profile_id, "estimated_credits": 5, "max_attempts": 3}
+                rows = [
+                    ("completed", 2, True),  # folded: 2 of the counter
+                    ("completed", None, True),  # folded at its estimate: 5
+                    ("failed", None, True),  # folded for nothing
+                    ("completed", 3, False),  # not folded: its row counts
+                ]
+                for i, (status, actual, folded) in enumerate(rows):
+                    tx.conn.execute(
+                        sa.insert(jobs_table).values(
+                            **job,
+                            job_uuid=f"u{i}",
+                            project_id="p",
+                            status=status,
+                            actual_credits=actual,
+                            credits_folded=folded,
+                            attempt_count=1,
+                            completed_at=sa.func.current_timestamp(),
+                        )
+                    )
+                # 7 folded + 100 from jobs retention deleted
+                tx.add_settled_credits("p", 107, datetime(2026, 12, 3))
+        finally:
+            drv.dispose()
+        downgrade(url, "0007")
+        engine = sa.create_engine(Driver(url).url)
+        try:
+            with engine.connect() as conn:
+                pruned = conn.execute(sa.text("SELECT pruned_credits FROM project_credits"))
+                assert pruned.scalar_one() == 100
+        finally:
+            engine.dispose()
+        upgrade(url)
+        assert current(url) == head()
     finally:
         drop_database(backend, url)
