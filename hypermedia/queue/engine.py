@@ -758,9 +758,11 @@ class Engine:
                 "completed_at": None,
                 "available_at": now,
                 "visibility_timeout": None,
-                # Live again, it holds its estimate: back into the summed rows.
-                "credits_folded": False,
+                "credits_folded": False,  # back among the rows credit use sums
             }
+            # Live again, it holds its estimate: within the budget, as an enqueue.
+            if job["status"] in states.sources("retry"):
+                self._check_budgets(tx, [job])
             self._guarded(tx, job, "retry", values, actor, "retried by request")
             tx.notify({job["queue_name"]})
 

@@ -129,9 +129,15 @@ def test_credits_show_and_budget(client: TestClient, a: Project, b: Project) -> 
     assert r.json()["remaining"] == -2
     refused = client.post("/v1/jobs", json={"profile": key}, headers=bearer(a.admin))
     assert refused.status_code == 422
+    # A retry makes a job hold its estimate again: the same check, the same answer.
+    job_id = job.json()["job_id"]
+    assert client.post(f"/v1/jobs/{job_id}/cancel", headers=bearer(a.admin)).status_code == 200
+    again = client.post(f"/v1/jobs/{job_id}/retry", headers=bearer(a.admin))
+    assert again.status_code == 422 and "credit budget exceeded: 0 of 5" in again.text
 
     r = client.put("/v1/credits/budget", json={"budget_credits": None}, headers=bearer(a.admin))
     assert r.json()["budget"] is None and r.json()["remaining"] is None
+    assert client.post(f"/v1/jobs/{job_id}/retry", headers=bearer(a.admin)).status_code == 200
 
 
 def test_budget_validation_and_scopes(client: TestClient, a: Project) -> None:

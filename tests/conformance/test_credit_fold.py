@@ -181,3 +181,20 @@ def test_a_fold_racing_enqueues_never_lets_the_budget_overrun(
     refused = [g for g in got[1:] if isinstance(g, InvalidRequest)]
     assert (len(made), len(refused)) == (5, 3), got
     assert _used(engine, project) == 30
+
+
+def test_a_retry_past_the_budget_is_refused_and_changes_nothing(engine, driver) -> None:
+    project, key = _project(), _paid(engine, 4)
+    Credits(engine).set_budget(project, 12)
+    _run(engine, project, key, "completed")
+    _run(engine, project, key, "completed")
+    job_id = _run(engine, project, key, "failed")
+    CreditFold(engine).run_once()
+    Credits(engine).set_budget(project, 10)
+    with pytest.raises(InvalidRequest, match="credit budget exceeded: 8 of 10 used"):
+        engine.retry(job_id)
+    assert engine.get(job_id)["status"] == "failed"
+    assert _folded(driver, [job_id]) == {job_id: True}
+    Credits(engine).set_budget(project, 12)
+    engine.retry(job_id)
+    assert engine.get(job_id)["status"] == "queued" and _used(engine, project) == 12
