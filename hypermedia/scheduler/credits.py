@@ -1,14 +1,14 @@
 """The credit fold: finished jobs' credits summed once, into one counter.
 
 A budget check (``Engine.enqueue``) adds up the project's credit use under
-the project's lock: summed over every job it ever ran, that is ~75 ms at
+the project's lock: summed over every job it ever ran, that is ~95 ms at
 500,000 jobs on PostgreSQL, per paid enqueue.  This leader service moves the
 credits of a budgeted project's finished jobs into
 ``project_credits.settled_credits`` and flags the jobs (``credits_folded``),
 a batch per transaction; the check then sums only the unflagged rows, which
-``idx_project (project_id, credits_folded)`` finds, and stays as fast as the
-project's recent and live jobs allow.  Why the counts stay exact is in
-db/credit_queries.py.
+``idx_project (project_id, credits_folded, job_id)`` finds, and stays as
+fast as the project's recent and live jobs allow.  Why the counts stay
+exact is in db/credit_queries.py.
 """
 
 from __future__ import annotations

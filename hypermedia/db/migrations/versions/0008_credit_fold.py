@@ -17,7 +17,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # A budget check summed every job the project ever ran (~75 ms at 500,000
+    # A budget check summed every job the project ever ran (~95 ms at 500,000
     # jobs on PostgreSQL, under the project's lock).  The leader now folds
     # finished jobs' credits into one counter and flags them; the check sums
     # only the unflagged rows, which idx_project's new columns find in order.
