@@ -71,7 +71,12 @@ class Driver:
                 # SKIP LOCKED claims block each other on the index range.
                 opts["isolation_level"] = "READ COMMITTED"
             eng = sa.create_engine(self.url, echo=echo, **opts)
-            engines = {"write": eng, "read": eng}
+            # Same pool; snapshot() reads see one snapshot for all statements.
+            engines = {
+                "write": eng,
+                "read": eng,
+                "snapshot": eng.execution_options(isolation_level="REPEATABLE READ"),
+            }
             if self.name == "postgresql":
                 # Same pool, connections switched to autocommit while used.
                 engines["auto"] = eng.execution_options(isolation_level="AUTOCOMMIT")
@@ -152,6 +157,15 @@ class Driver:
     @contextmanager
     def read(self) -> Iterator[Tx]:
         with _refusals(), self._engines["read"].begin() as conn:
+            yield Tx(conn, self.name)
+
+    @contextmanager
+    def snapshot(self) -> Iterator[Tx]:
+        """A read transaction whose statements all see the database as of its
+        first one (REPEATABLE READ; on SQLite every read transaction does):
+        for figures read in several statements that a concurrent commit must
+        not split, such as a counter moved from one table to another."""
+        with _refusals(), self._engines.get("snapshot", self._engines["read"]).begin() as conn:
             yield Tx(conn, self.name)
 
     def server_now(self) -> datetime:

@@ -286,10 +286,11 @@ class Credits:
         """Budget, used and remaining per project (one project, or every known one).
 
         Used = actual credits of completed jobs + estimates of jobs not yet
-        finished + what completed jobs that job retention deleted had used;
-        failed and cancelled jobs cost nothing.
+        finished; failed and cancelled jobs cost nothing.  Read in one
+        snapshot: the credit fold and job retention move credits from job
+        rows to ``settled_credits`` in one commit (db/credit_queries.py).
         """
-        with self.db.read() as tx:
+        with self.db.snapshot() as tx:
             if project_id is not None:
                 budget = tx.budget(project_id)
                 return [_usage(project_id, budget, tx.credit_use(project_id))]

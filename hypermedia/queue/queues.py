@@ -52,8 +52,13 @@ class Queues:
     def figures(self, bounds_ms: Sequence[float]) -> Row:
         """What /metrics shows of jobs and queues, across every project: jobs by
         status and type, queued jobs by queue and priority, the attempt duration
-        histogram (cumulative ``le_<i>`` counts for ``bounds_ms``), paused queues."""
-        with self.db.read() as tx:
+        histogram (cumulative ``le_<i>`` counts for ``bounds_ms``), paused queues.
+
+        One snapshot: job retention moves deleted attempts' counts from the
+        attempts to ``pruned_attempt_durations`` in one commit, and reading
+        the two on either side of it would count them twice, then once: a
+        Prometheus counter going down."""
+        with self.db.snapshot() as tx:
             return {
                 "jobs": tx.job_counts_by_status_type(),
                 "queued": [r for r in tx.queue_depth() if r["status"] == "queued"],

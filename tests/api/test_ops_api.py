@@ -300,3 +300,36 @@ def test_heartbeat_gauge_is_recent_for_a_live_worker(
     )
     assert stamp is not None
     assert abs(datetime.now(UTC).timestamp() - stamp) < timedelta(minutes=1).total_seconds()
+
+
+def test_a_prune_between_the_histograms_two_reads_counts_nothing_twice(
+    client: TestClient, svc: Services, a: Project, monkeypatch
+) -> None:
+    """/metrics reads the live attempts, then the pruned counts: a prune that
+    commits between the two must not be seen half (once in each)."""
+    from hypermedia.db.queries import Tx
+    from hypermedia.scheduler.retention import JobRetention
+
+    h = "hypermedia_attempt_duration_seconds"
+    _run(svc, "debug.noop", 3)
+    _run(svc, "debug.noop", 200)
+    before = parse_metrics(client.get("/metrics", headers=bearer(a.admin)).text)
+    assert get(before, f"{h}_count", job_type="debug.noop") == 2
+
+    read_pruned = Tx.pruned_durations
+    later = datetime.now(UTC).replace(tzinfo=None) + timedelta(days=31)
+    pruned: list[int] = []
+
+    def prune_first(tx: Tx) -> list:
+        if not pruned:  # once: the prune commits after the live attempts were read
+            pruned.append(JobRetention(svc.engine).run_once(now=later))
+        return read_pruned(tx)
+
+    monkeypatch.setattr(Tx, "pruned_durations", prune_first)
+    during = parse_metrics(client.get("/metrics", headers=bearer(a.admin)).text)
+    assert pruned == [2]
+    assert get(during, f"{h}_count", job_type="debug.noop") == 2
+    assert get(during, f"{h}_sum", job_type="debug.noop") == 0.203
+    monkeypatch.undo()
+    after = parse_metrics(client.get("/metrics", headers=bearer(a.admin)).text)
+    assert get(after, f"{h}_count", job_type="debug.noop") == 2
