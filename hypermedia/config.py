@@ -30,10 +30,10 @@ class Settings:
     # Finished jobs are deleted with their history this long after they
     # ended (scheduler/retention.py); 0 keeps them for ever.
     job_retention_days: float = 30.0
-    # How often the leader folds budgeted projects' finished jobs' credits
-    # into one counter, so a budget check sums only recent rows
-    # (scheduler/credits.py).
-    credit_fold_interval_seconds: float = 60.0
+    # How often the leader folds finished work into counters, so a budget
+    # check and a /metrics scrape read only recent rows (scheduler/credits.py,
+    # scheduler/attempt_fold.py).
+    fold_interval_seconds: float = 60.0
     leader_lease_seconds: float = 15.0
     poll_interval_seconds: float = 1.0
     cancel_poll_seconds: float = 1.0
@@ -96,7 +96,7 @@ _ENV_NAMES = {
     "retention_interval_seconds": "RETENTION_INTERVAL_SECONDS",
     "metrics_raw_days": "METRICS_RAW_DAYS",
     "job_retention_days": "JOB_RETENTION_DAYS",
-    "credit_fold_interval_seconds": "CREDIT_FOLD_INTERVAL_SECONDS",
+    "fold_interval_seconds": "FOLD_INTERVAL_SECONDS",
     "leader_lease_seconds": "LEADER_LEASE_SECONDS",
     "poll_interval_seconds": "POLL_INTERVAL_SECONDS",
     "cancel_poll_seconds": "CANCEL_POLL_SECONDS",

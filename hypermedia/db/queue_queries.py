@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from hypermedia.db.schema import JOB_VIEW
+from hypermedia.db.schema import attempt_fold as AF
 from hypermedia.db.schema import job_attempts as A
 from hypermedia.db.schema import processing_jobs as J
 from hypermedia.db.schema import processing_profiles as P
@@ -23,6 +24,9 @@ from hypermedia.queue.states import RUNNING_SIDE, STATUSES, TERMINAL
 
 Row = dict[str, Any]
 OPEN = sorted(frozenset(STATUSES) - TERMINAL)
+
+
+_FOLD = "durations"  # attempt_fold's one row
 
 
 def _count_if(cond: sa.ColumnElement[bool]) -> sa.ColumnElement[Any]:
@@ -107,10 +111,16 @@ class QueueQueries:
         return [dict(r._mapping) for r in self.conn.execute(q)]
 
     def attempt_duration_histogram(
-        self, bounds_ms: Sequence[float], job_ids: Sequence[int] | None = None
+        self,
+        bounds_ms: Sequence[float],
+        job_ids: Sequence[int] | None = None,
+        *,
+        after: int = 0,
+        upto: int | None = None,
     ) -> list[Row]:
         """Per job type: ``le_<i>`` attempts with duration_ms <= bounds_ms[i], sum
-        and count; of every job's attempts, or of ``job_ids``' only."""
+        and count; of the attempts with ids in (``after``, ``upto``] (the
+        primary key's range), of every job or of ``job_ids``' only."""
         d = A.c.duration_ms
         cols = [_count_if(d <= b).label(f"le_{i}") for i, b in enumerate(bounds_ms)]
         q = (
@@ -126,10 +136,41 @@ class QueueQueries:
         )
         if job_ids is not None:
             q = q.where(A.c.job_id.in_(list(job_ids)))
+        if after:
+            q = q.where(A.c.attempt_id > after)
+        if upto is not None:
+            q = q.where(A.c.attempt_id <= upto)
         return [dict(r._mapping) for r in self.conn.execute(q)]
 
     def pruned_durations(self) -> list[Row]:
         return [dict(r._mapping) for r in self.conn.execute(sa.select(PD))]
+
+    # -- the attempt fold (scheduler/attempt_fold.py) --------------------------------
+
+    def attempt_fold(self, *, lock: bool = False) -> Row:
+        """watermark, seen, seen_at; ``lock``: the fold's and retention's turn
+        (SQLite: the write lock is held already)."""
+        q = sa.select(AF.c.watermark, AF.c.seen, AF.c.seen_at).where(AF.c.name == _FOLD)
+        if lock and self.dialect != "sqlite":
+            q = q.with_for_update()
+        row = self.conn.execute(q).first()
+        return dict(row._mapping) if row else {"watermark": 0, "seen": 0, "seen_at": None}
+
+    def set_attempt_fold(self, values: Row, now: datetime) -> None:
+        values = {**values, "updated_at": now}
+        q = sa.update(AF).where(AF.c.name == _FOLD).values(values)
+        if self.conn.execute(q).rowcount == 0:  # MariaDB: 0 also when nothing changed
+            try:
+                with self.conn.begin_nested():
+                    self.conn.execute(sa.insert(AF).values(name=_FOLD, **values))
+            except sa.exc.IntegrityError:
+                pass  # the row is there, already as asked
+
+    def attempt_ids(self) -> tuple[int, int | None]:
+        """The newest attempt id, and the oldest of the attempts still running."""
+        newest = self.conn.execute(sa.select(sa.func.max(A.c.attempt_id))).scalar()
+        running = sa.select(sa.func.min(A.c.attempt_id)).where(A.c.status == "started")
+        return int(newest or 0), self.conn.execute(running).scalar()
 
     def worker_counts_by_status(self) -> dict[str, int]:
         q = sa.select(W.c.status, sa.func.count()).group_by(W.c.status)

@@ -284,8 +284,9 @@ queue_states = sa.Table(
     sa.Column("updated_at", Timestamp, nullable=False, server_default=NOW),
 )
 
-# What the attempts that job retention deleted add to /metrics' duration
-# histogram, per job type: the histogram's counters must never go down.
+# What the attempts that job retention deleted, or the attempt fold counted,
+# add to /metrics' duration histogram, per job type: the histogram's counters
+# must never go down, and a scrape must not read every attempt.
 # ``buckets`` holds cumulative counts keyed by bound in milliseconds.
 pruned_attempt_durations = sa.Table(
     "pruned_attempt_durations",
@@ -294,6 +295,20 @@ pruned_attempt_durations = sa.Table(
     sa.Column("attempts", sa.BigInteger, nullable=False),
     sa.Column("sum_ms", sa.BigInteger, nullable=False),
     sa.Column("buckets", Json, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False, server_default=NOW),
+)
+
+# How far the leader's attempt fold (scheduler/attempt_fold.py) has moved
+# finished attempts' durations into pruned_attempt_durations: every attempt
+# with an id up to ``watermark``.  ``seen`` is the newest attempt id when
+# ``seen_at``; the fold never passes an id younger than a minute.
+attempt_fold = sa.Table(
+    "attempt_fold",
+    metadata,
+    sa.Column("name", sa.String(50), primary_key=True),
+    sa.Column("watermark", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("seen", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("seen_at", Timestamp, nullable=True),
     sa.Column("updated_at", Timestamp, nullable=False, server_default=NOW),
 )
 

@@ -54,17 +54,17 @@ class Queues:
         status and type, queued jobs by queue and priority, the attempt duration
         histogram (cumulative ``le_<i>`` counts for ``bounds_ms``), paused queues.
 
-        One snapshot: job retention moves deleted attempts' counts from the
-        attempts to ``pruned_attempt_durations`` in one commit, and reading
-        the two on either side of it would count them twice, then once: a
-        Prometheus counter going down."""
+        One snapshot: job retention and the attempt fold move attempts' counts
+        from the attempts to ``pruned_attempt_durations`` in one commit, and
+        reading the two on either side of it would count them twice, then
+        once: a Prometheus counter going down."""
         with self.db.snapshot() as tx:
+            folded = int(tx.attempt_fold()["watermark"])  # scheduler/attempt_fold.py
+            live = tx.attempt_duration_histogram(bounds_ms, after=folded)
             return {
                 "jobs": tx.job_counts_by_status_type(),
                 "queued": [r for r in tx.queue_depth() if r["status"] == "queued"],
-                "durations": durations.merged(
-                    tx.attempt_duration_histogram(bounds_ms), tx.pruned_durations(), bounds_ms
-                ),
+                "durations": durations.merged(live, tx.pruned_durations(), bounds_ms),
                 "switches": tx.queue_states(),
             }
 

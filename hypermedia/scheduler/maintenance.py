@@ -115,6 +115,7 @@ def _aggregate(rows: list[dict[str, Any]], hour: datetime) -> list[dict[str, Any
 
 def default_services(engine: Engine) -> list[Service]:
     from hypermedia.photos import PhotoBridge, Photos
+    from hypermedia.scheduler.attempt_fold import AttemptFold
     from hypermedia.scheduler.credits import CreditFold
     from hypermedia.scheduler.retention import JobRetention
     from hypermedia.storage.gc import GarbageCollector
@@ -128,6 +129,7 @@ def default_services(engine: Engine) -> list[Service]:
         MetricsRetention(engine, period=s.retention_interval_seconds),
         JobRetention(engine, backlog=Backlog(s.retention_interval_seconds, BUDGET_SECONDS)),
         GarbageCollector(storage, backlog=Backlog(s.gc_interval_seconds, BUDGET_SECONDS)),
-        CreditFold(engine, backlog=Backlog(s.credit_fold_interval_seconds, BUDGET_SECONDS)),
+        CreditFold(engine, backlog=Backlog(s.fold_interval_seconds, BUDGET_SECONDS)),
+        AttemptFold(engine, backlog=Backlog(s.fold_interval_seconds, BUDGET_SECONDS)),
         PhotoBridge(Photos(engine, storage), period=s.photo_bridge_interval_seconds),
     ]

@@ -151,11 +151,11 @@ def test_many_batches_and_the_leaders_budget(engine, driver, monkeypatch) -> Non
         _run(engine, project, key, "completed")
     fold = {s.name: s for s in default_services(engine)}["credit-fold"]
     assert isinstance(fold, CreditFold)
-    assert fold.period == engine.settings.credit_fold_interval_seconds
+    assert fold.period == engine.settings.fold_interval_seconds
     fold.backlog.budget_seconds = 0.0  # spent before the first batch
-    assert fold.run_once() == 0 and fold.period < engine.settings.credit_fold_interval_seconds
+    assert fold.run_once() == 0 and fold.period < engine.settings.fold_interval_seconds
     fold.backlog.budget_seconds = None
-    assert fold.run_once() == 4 and fold.period == engine.settings.credit_fold_interval_seconds
+    assert fold.run_once() == 4 and fold.period == engine.settings.fold_interval_seconds
     assert _used(engine, project) == 11
 
 

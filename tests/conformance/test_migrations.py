@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 
@@ -11,8 +12,10 @@ from alembic.migration import MigrationContext
 
 from hypermedia.db.driver import Driver
 from hypermedia.db.migrate import current, downgrade, head, upgrade
+from hypermedia.db.schema import job_attempts as attempts_table
 from hypermedia.db.schema import metadata
 from hypermedia.db.schema import processing_jobs as jobs_table
+from hypermedia.queue import durations
 from tests.conftest import drop_database, make_database
 
 
@@ -60,9 +63,10 @@ def test_downgrade_to_empty_and_back(database_url: str, tmp_path) -> None:
         drop_database(backend, url)
 
 
-def test_0008_down_gives_folded_credits_back_to_the_rows(database_url: str, tmp_path) -> None:
-    """Below 0008 credit use is the rows' sum plus pruned_credits: the folded
-    part of settled_credits must leave the counter, retention's part stay."""
+def test_0008_down_gives_folded_counts_back_to_the_rows(database_url: str, tmp_path) -> None:
+    """Below 0008 credit use is the rows' sum plus pruned_credits, and the
+    duration histogram the attempts' plus pruned_attempt_durations: what the
+    folds counted must leave those counters, what retention counted stay."""
     backend = Driver(database_url).name
     backend = "mariadb" if backend == "mysql" else backend
     url = make_database(backend, tmp_path)
@@ -94,7 +98,29 @@ def test_0008_down_gives_folded_credits_back_to_the_rows(database_url: str, tmp_
                         )
                     )
                 # 7 folded + 100 from jobs retention deleted
-                tx.add_settled_credits("p", 107, datetime(2026, 12, 3))
+                now = datetime(2026, 12, 3)
+                tx.add_settled_credits("p", 107, now)
+                # Two attempts folded, one live, and one retention deleted (50 ms).
+                job_id = tx.conn.execute(sa.select(sa.func.min(jobs_table.c.job_id))).scalar()
+                for number, ms in ((1, 3), (2, 700), (3, 9)):
+                    tx.conn.execute(
+                        sa.insert(attempts_table).values(
+                            job_id=job_id,
+                            worker_id="w",
+                            attempt_number=number,
+                            status="failed",
+                            duration_ms=ms,
+                        )
+                    )
+                folded = tx.attempt_ids()[0] - 1
+                bounds = durations.BOUNDS_MS
+                tx.add_pruned_durations(
+                    tx.attempt_duration_histogram(bounds, upto=folded), bounds, now
+                )
+                deleted = {"job_type": "debug.noop", "count": 1, "sum_ms": 50}
+                deleted |= {f"le_{i}": int(b >= 50) for i, b in enumerate(bounds)}
+                tx.add_pruned_durations([deleted], bounds, now)
+                tx.set_attempt_fold({"watermark": folded, "seen": folded}, now)
         finally:
             drv.dispose()
         downgrade(url, "0007")
@@ -103,6 +129,15 @@ def test_0008_down_gives_folded_credits_back_to_the_rows(database_url: str, tmp_
             with engine.connect() as conn:
                 pruned = conn.execute(sa.text("SELECT pruned_credits FROM project_credits"))
                 assert pruned.scalar_one() == 100
+                # Only the deleted attempt's counts stay: the others have rows.
+                row = conn.execute(
+                    sa.text("SELECT attempts, sum_ms, buckets FROM pruned_attempt_durations")
+                ).one()
+                buckets = row[2] if isinstance(row[2], dict) else json.loads(row[2])
+                assert (row[0], row[1]) == (1, 50)
+                assert {k: v for k, v in buckets.items() if v} == {
+                    durations.key(b): 1 for b in durations.BOUNDS_MS if b >= 50
+                }
         finally:
             engine.dispose()
         upgrade(url)
