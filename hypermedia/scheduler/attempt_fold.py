@@ -25,22 +25,18 @@ from typing import Any
 
 from hypermedia.queue import durations
 from hypermedia.queue.engine import Engine
-from hypermedia.scheduler.budget import Backlog
+from hypermedia.scheduler.budget import Backlog, Backlogged
 
 STEP = 20_000  # attempt ids per transaction
 SETTLE = timedelta(seconds=60)  # how old an id must be to fold past it
 
 
 @dataclass
-class AttemptFold:
+class AttemptFold(Backlogged):
     engine: Engine
     name: str = "attempt-fold"
     # Without a budget (``run_once`` in tests) a run goes on until it is done.
     backlog: Backlog = field(default_factory=lambda: Backlog(60.0))
-
-    @property
-    def period(self) -> float:
-        return self.backlog.period
 
     def run_once(self) -> int:
         """Fold what may be folded; return how many attempt ids the watermark moved."""

@@ -43,3 +43,13 @@ class Backlog:
         if self._until is not None and time.monotonic() >= self._until:
             self.behind = True
         return self.behind
+
+
+class Backlogged:
+    """A service whose runs have a ``backlog``: it comes back as soon as that says."""
+
+    backlog: Backlog
+
+    @property
+    def period(self) -> float:
+        return self.backlog.period

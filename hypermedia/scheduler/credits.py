@@ -16,21 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hypermedia.queue.engine import Engine
-from hypermedia.scheduler.budget import Backlog
+from hypermedia.scheduler.budget import Backlog, Backlogged
 
 BATCH = 500
 
 
 @dataclass
-class CreditFold:
+class CreditFold(Backlogged):
     engine: Engine
     name: str = "credit-fold"
     # Without a budget (``run_once`` in tests) a run goes on until it is done.
     backlog: Backlog = field(default_factory=lambda: Backlog(60.0))
-
-    @property
-    def period(self) -> float:
-        return self.backlog.period
 
     def run_once(self) -> int:
         """Fold the finished jobs of every project with a budget; return how many."""

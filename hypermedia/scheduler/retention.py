@@ -28,13 +28,13 @@ from typing import Any
 from hypermedia.photos.service import photo_of_variant_key
 from hypermedia.queue import durations
 from hypermedia.queue.engine import Engine
-from hypermedia.scheduler.budget import Backlog
+from hypermedia.scheduler.budget import Backlog, Backlogged
 
 BATCH = 500
 
 
 @dataclass
-class JobRetention:
+class JobRetention(Backlogged):
     engine: Engine
     name: str = "job-retention"
     # None: the engine's settings (job_retention_days).
@@ -42,10 +42,6 @@ class JobRetention:
     # The leader's runs have a time budget (scheduler/budget.py); without
     # one (``hypermedia jobs prune``) a run goes on until it is done.
     backlog: Backlog = field(default_factory=lambda: Backlog(3600.0))
-
-    @property
-    def period(self) -> float:
-        return self.backlog.period
 
     def run_once(self, now: datetime | None = None) -> int:
         """Delete the jobs that ended before the cutoff; return how many."""

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from hypermedia.scheduler.budget import Backlog
+from hypermedia.scheduler.budget import Backlog, Backlogged
 from hypermedia.storage.base import StorageError
 from hypermedia.storage.keys import object_prefix
 from hypermedia.storage.ledger import Storage
@@ -44,7 +44,7 @@ class GcReport:
 
 
 @dataclass
-class GarbageCollector:
+class GarbageCollector(Backlogged):
     storage: Storage
     name: str = "gc"
     report: GcReport = field(default_factory=GcReport)
@@ -52,10 +52,6 @@ class GarbageCollector:
     # does a batch at least, then stops once it is spent, and the next run
     # comes soon.  Without one (``hypermedia gc run-once``) a run does it all.
     backlog: Backlog = field(default_factory=lambda: Backlog(60.0))
-
-    @property
-    def period(self) -> float:
-        return self.backlog.period
 
     def run_once(self) -> GcReport:
         self.report = GcReport()
