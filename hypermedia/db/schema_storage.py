@@ -54,6 +54,10 @@ objects = sa.Table(
     sa.CheckConstraint(_in("state", OBJECT_STATES), name="state"),
     sa.Index("objects_state_created_idx", "state", "created_at"),
     sa.Index("objects_checksum_idx", "checksum"),
+    # SQLite would give a new object the id of the newest one GC deleted, and
+    # with it the same storage key: a signed or presigned URL for the old
+    # object would then serve the new one.  AUTOINCREMENT never reuses ids.
+    sqlite_autoincrement=True,
 )
 
 photos = sa.Table(

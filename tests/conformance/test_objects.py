@@ -280,3 +280,20 @@ def test_worker_outputs_are_fsynced_in_one_batch_before_they_may_become_ready(
     row = storage.add_output(pool_id, "thumb", src, "text/plain", "p")
     assert any("/.tmp/" in p for p in synced)  # the blob, fsynced before its rename
     assert str((root / row["storage_key"]).resolve().parent) in synced
+
+
+def test_an_object_never_gets_the_id_of_one_deleted(storage, driver) -> None:
+    """SQLite would hand the newest deleted row's id (and so its storage key)
+    to the next object: a signed URL for the old one would serve the new."""
+    import io as _io
+
+    import sqlalchemy as _sa
+
+    from hypermedia.db.schema_storage import objects as _objects
+
+    first = storage.put(_io.BytesIO(b"first"))["object_id"]
+    newest = storage.put(_io.BytesIO(b"newest"))["object_id"]
+    with driver.tx() as tx:  # what GC's last step does to the newest row
+        tx.conn.execute(_sa.delete(_objects).where(_objects.c.object_id == newest))
+    again = storage.put(_io.BytesIO(b"after"))["object_id"]
+    assert first < newest < again

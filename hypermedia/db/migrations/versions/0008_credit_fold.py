@@ -45,9 +45,11 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("name", name="pk_attempt_fold"),
     )
     op.execute("INSERT INTO attempt_fold (name, watermark, seen) VALUES ('durations', 0, 0)")
+    _object_ids_never_reused(True)
 
 
 def downgrade() -> None:
+    _object_ids_never_reused(False)
     # The folded attempts' counts go back to being summed from their rows.
     _unfold_attempts()
     op.drop_table("attempt_fold")
@@ -144,3 +146,16 @@ def _unfold_attempts() -> None:
             .where(pruned.c.job_type == row["job_type"])
             .values(attempts=row["attempts"] - n, sum_ms=row["sum_ms"] - int(total), buckets=left)
         )
+
+
+def _object_ids_never_reused(never: bool) -> None:
+    """SQLite gives a new row the highest id left plus one: a new object took
+    the id, and so the storage key, of the newest one GC had deleted, and a
+    signed URL for that one served it.  AUTOINCREMENT needs the table rebuilt
+    (foreign keys are off while migrations run on SQLite: env.py)."""
+    if op.get_bind().dialect.name != "sqlite":
+        return  # PostgreSQL sequences and InnoDB counters never go back
+    with op.batch_alter_table(
+        "objects", recreate="always", table_kwargs={"sqlite_autoincrement": never}
+    ):
+        pass
