@@ -1,4 +1,4 @@
-"""folds: processing_jobs.credits_folded, project_credits.settled_credits, attempt_fold
+"""folds (credits_folded, settled_credits, attempt_fold); objects AUTOINCREMENT on SQLite
 
 Revision ID: 0008
 Revises: 0007
@@ -114,37 +114,35 @@ def _unfold_attempts() -> None:
         sa.column("sum_ms", sa.BigInteger),
         sa.column("buckets", sa.JSON),
     )
-    rows = conn.execute(sa.select(pruned)).mappings().all()
-    for row in rows:
+    attempts = sa.table(
+        "job_attempts",
+        sa.column("attempt_id"),
+        sa.column("job_id"),
+        sa.column("duration_ms"),
+    )
+    jobs = sa.table("processing_jobs", sa.column("job_id"), sa.column("job_type"))
+    d = attempts.c.duration_ms
+    for row in conn.execute(sa.select(pruned)).mappings().all():
         buckets = {k: int(v) for k, v in dict(row["buckets"]).items()}
-        if not buckets:
-            continue
-        counts = [
-            sa.func.sum(sa.case((sa.column("duration_ms") <= float(k), 1), else_=0))
-            for k in buckets
-        ]
-        q = sa.text(
-            "SELECT count(*), coalesce(sum(a.duration_ms), 0) FROM job_attempts a "
-            "JOIN processing_jobs j ON j.job_id = a.job_id WHERE a.attempt_id <= :w "
-            "AND a.duration_ms IS NOT NULL AND j.job_type = :t"
-        )
-        n, total = conn.execute(q, {"w": fold, "t": row["job_type"]}).one()
-        below = conn.execute(
-            sa.select(*counts)
-            .select_from(sa.table("job_attempts", sa.column("duration_ms"), sa.column("job_id")))
+        folded = conn.execute(
+            sa.select(
+                sa.func.count(),
+                sa.func.coalesce(sa.func.sum(d), 0),
+                *(sa.func.sum(sa.case((d <= float(k), 1), else_=0)) for k in buckets),
+            )
+            .select_from(attempts.join(jobs, jobs.c.job_id == attempts.c.job_id))
             .where(
-                sa.text(
-                    "attempt_id <= :w AND duration_ms IS NOT NULL AND job_id IN "
-                    "(SELECT job_id FROM processing_jobs WHERE job_type = :t)"
-                )
-            ),
-            {"w": fold, "t": row["job_type"]},
+                attempts.c.attempt_id <= fold,
+                d.is_not(None),
+                jobs.c.job_type == row["job_type"],
+            )
         ).one()
+        n, total, below = int(folded[0]), int(folded[1]), folded[2:]
         left = {k: v - int(b or 0) for (k, v), b in zip(buckets.items(), below, strict=True)}
         conn.execute(
             sa.update(pruned)
             .where(pruned.c.job_type == row["job_type"])
-            .values(attempts=row["attempts"] - n, sum_ms=row["sum_ms"] - int(total), buckets=left)
+            .values(attempts=row["attempts"] - n, sum_ms=row["sum_ms"] - total, buckets=left)
         )
 
 
