@@ -137,6 +137,9 @@ processing_jobs = sa.Table(
     sa.Index("idx_created", "created_at"),
     sa.Index("idx_available", "status", "available_at"),
     sa.Index("idx_type_status", "job_type", "status"),
+    # SQLite would give a new job the id of the newest one retention pruned:
+    # a client still holding that id would read another job (migration 0009).
+    sqlite_autoincrement=True,
 )
 
 # A job as it is read and shown: the credit fold's flag is its bookkeeping.
@@ -162,6 +165,7 @@ job_attempts = sa.Table(
     sa.Index("idx_attempt_job", "job_id"),
     sa.Index("idx_attempt_worker", "worker_id"),
     sa.Index("idx_attempt_status", "status"),
+    sqlite_autoincrement=True,  # see processing_jobs
 )
 
 job_outputs = sa.Table(

@@ -76,21 +76,9 @@ class JobRetention(Backlogged):
                 )
                 tx.add_pruned_durations(histogram, durations.BOUNDS_MS, now)
                 tx.delete_jobs(ids, before)
-                _lower_fold(tx, fold, now)
             for project_id, credits in _credits(gone).items():
                 tx.add_settled_credits(project_id, credits, now)
         return len(gone), len(rows)
-
-
-def _lower_fold(tx: Any, fold: dict[str, Any], now: datetime) -> None:
-    """SQLite gives a new row the highest id left plus one: once the newest
-    attempts are deleted, new ones would get ids the attempt fold has passed
-    and never be counted.  Bring the watermark (and the id it may fold to)
-    down to the newest attempt left, in the deleting transaction."""
-    newest = tx.attempt_ids()[0]
-    if newest < int(fold["watermark"]) or newest < int(fold["seen"]):
-        lowered = {"watermark": min(newest, int(fold["watermark"]))}
-        tx.set_attempt_fold(lowered | {"seen": min(newest, int(fold["seen"]))}, now)
 
 
 def _credits(rows: list[dict[str, Any]]) -> dict[str, int]:

@@ -6,6 +6,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -144,3 +145,70 @@ def test_0008_down_gives_folded_counts_back_to_the_rows(database_url: str, tmp_p
         assert current(url) == head()
     finally:
         drop_database(backend, url)
+
+
+def test_0009_keeps_rows_checks_and_indexes_and_ids_go_on(database_url: str, tmp_path) -> None:
+    """0009 rebuilds SQLite's processing_jobs and job_attempts as
+    AUTOINCREMENT: their rows, named CHECKs and indexes come through, and
+    after the newest job is deleted the next one still gets a new id."""
+    backend = Driver(database_url).name
+    backend = "mariadb" if backend == "mysql" else backend
+    url = make_database(backend, tmp_path)
+    try:
+        upgrade(url, "0008")
+        drv = Driver(url)
+        try:
+            with drv.tx() as tx:
+                job_id = _insert_job(tx.conn, "old")
+                tx.conn.execute(
+                    sa.insert(attempts_table).values(
+                        job_id=job_id, worker_id="w", attempt_number=1, status="failed"
+                    )
+                )
+        finally:
+            drv.dispose()
+        upgrade(url)
+        engine = sa.create_engine(Driver(url).url)
+        try:
+            insp = sa.inspect(engine)
+            for table in (jobs_table, attempts_table):
+                names = {i["name"] for i in insp.get_indexes(table.name)}
+                assert {i.name for i in table.indexes} <= names
+                checks = {c["name"] for c in insp.get_check_constraints(table.name)}
+                named = {c.name for c in table.constraints if isinstance(c, sa.CheckConstraint)}
+                assert named <= checks
+            with engine.begin() as conn:
+                assert conn.execute(sa.select(jobs_table.c.job_uuid)).scalars().all() == ["old"]
+                count = sa.select(sa.func.count()).select_from(attempts_table)
+                assert conn.execute(count).scalar() == 1
+            # MariaDB reports a failed CHECK as an OperationalError.
+            refused = (sa.exc.IntegrityError, sa.exc.OperationalError)
+            with engine.begin() as conn, pytest.raises(refused, match="status"):
+                _insert_job(conn, "bad", status="bogus")
+            with engine.begin() as conn:
+                conn.execute(sa.delete(attempts_table))
+                conn.execute(sa.delete(jobs_table))  # the newest job, pruned
+                assert _insert_job(conn, "new") > job_id
+            if backend == "sqlite":
+                with engine.connect() as conn:
+                    sql = conn.exec_driver_sql(
+                        "SELECT group_concat(sql) FROM sqlite_master WHERE name IN "
+                        "('processing_jobs', 'job_attempts')"
+                    ).scalar()
+                assert sql.count("AUTOINCREMENT") == 2
+        finally:
+            engine.dispose()
+        downgrade(url, "0008")
+        upgrade(url)
+        assert current(url) == head()
+    finally:
+        drop_database(backend, url)
+
+
+def _insert_job(conn: sa.Connection, uuid: str, status: str = "queued") -> int:
+    profile_id = conn.execute(
+        sa.text("SELECT profile_id FROM processing_profiles WHERE job_type = 'debug.noop'")
+    ).scalar()
+    values = {"owner_id": "o", "project_id": "p", "job_type": "debug.noop", "queue_name": "bulk"}
+    values |= {"profile_id": profile_id, "max_attempts": 3, "job_uuid": uuid, "status": status}
+    return int(conn.execute(sa.insert(jobs_table).values(values)).inserted_primary_key[0])

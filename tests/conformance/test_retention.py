@@ -102,6 +102,20 @@ def test_finished_jobs_past_retention_go_with_their_history(engine, driver, cloc
     assert JobRetention(engine).run_once() == 0
 
 
+def test_a_new_job_never_gets_the_id_of_one_pruned(engine, driver, clock) -> None:
+    """SQLite would give the next job the id of the newest one pruned: a
+    client still holding that id would read another job's outputs."""
+    old = drive_to(engine, driver, "completed")
+    with driver.read() as tx:
+        attempt = tx.attempts(old)[0]["attempt_id"]
+    clock.advance(31 * DAY)
+    assert JobRetention(engine).run_once() == 1  # every job gone
+    new = drive_to(engine, driver, "completed")
+    assert new > old
+    with driver.read() as tx:
+        assert tx.attempts(new)[0]["attempt_id"] > attempt
+
+
 def test_retention_counts_from_when_a_job_ended(engine, driver, clock) -> None:
     job_id = drive_to(engine, driver, "failed")
     clock.advance(20 * DAY)
