@@ -16,7 +16,15 @@ class CodePolicy:
     outcome: str = "failed"
     # OOM retries ask the next attempt for more memory (multiplier on the limit).
     memory_factor: float = 1.0
+    # Multiplies the retry delay's base (HYPERMEDIA_BACKOFF_BASE_SECONDS; the
+    # cap stays).  A store, a provider or a disk that is away is seldom back
+    # within the seconds a crashed child needs: retried after 1-4 s, three
+    # attempts were spent by a ten-second restart.
+    backoff_factor: float = 1.0
 
+
+# Something outside the job is away: first retry after 15-30 s at the default base.
+AWAY = 15.0
 
 ERROR_POLICY: dict[str, CodePolicy] = {
     "CORRUPT_INPUT": CodePolicy(False, "invalid_input"),
@@ -33,9 +41,11 @@ ERROR_POLICY: dict[str, CodePolicy] = {
     "PERMISSION_DENIED": CodePolicy(False, "permission_denied"),
     "OOM": CodePolicy(True, "provider_failure", memory_factor=2.0),
     "TIMEOUT": CodePolicy(True, "timeout", outcome="timeout"),
-    "STORAGE_UNAVAILABLE": CodePolicy(True, "storage"),
-    "PROVIDER_UNAVAILABLE": CodePolicy(True, "provider_unavailable", "provider_unavailable"),
-    "DEPENDENCY_FAILED": CodePolicy(True, "external_dependency"),
+    "STORAGE_UNAVAILABLE": CodePolicy(True, "storage", backoff_factor=AWAY),
+    "PROVIDER_UNAVAILABLE": CodePolicy(
+        True, "provider_unavailable", "provider_unavailable", backoff_factor=AWAY
+    ),
+    "DEPENDENCY_FAILED": CodePolicy(True, "external_dependency", backoff_factor=AWAY),
     "CRASHED": CodePolicy(True, "provider_failure"),
     "ORPHANED": CodePolicy(True, "provider_failure", outcome="orphaned"),
     "INTERNAL": CodePolicy(True, "unknown"),

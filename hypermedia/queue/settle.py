@@ -153,9 +153,8 @@ def _failure(
     safe = reason or code.lower().replace("_", " ")
     common = {"category": pol.category, "safe_reason": safe}
     if pol.retryable and job["attempt_count"] < job["max_attempts"]:
-        delay = retry_delay(
-            job["attempt_count"], settings.backoff_base_seconds, settings.backoff_max_seconds, rng
-        )
+        base = settings.backoff_base_seconds * pol.backoff_factor
+        delay = retry_delay(job["attempt_count"], base, settings.backoff_max_seconds, rng)
         values: Row = {
             **common,
             "status": "retry_wait",

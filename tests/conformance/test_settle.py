@@ -315,12 +315,13 @@ def test_failed_attempt_leaves_no_outputs(engine, driver):
 # -- retries ------------------------------------------------------------------------------
 
 
-def _assert_backoff(row, now, attempt: int, settings) -> None:
-    step = min(settings.backoff_max_seconds, settings.backoff_base_seconds * 2 ** (attempt - 1))
+def _assert_backoff(row, now, attempt: int, settings, code: str) -> None:
+    base = settings.backoff_base_seconds * ERROR_POLICY[code].backoff_factor
+    step = min(settings.backoff_max_seconds, base * 2 ** (attempt - 1))
     delay = row["available_at"] - now
     assert timedelta(seconds=step / 2) - US <= delay <= timedelta(seconds=step) + US, delay
     # And the policy function agrees on those bounds.
-    assert retry_delay(attempt, settings.backoff_base_seconds, settings.backoff_max_seconds) <= step
+    assert retry_delay(attempt, base, settings.backoff_max_seconds) <= step
 
 
 def test_retryable_codes_wait_with_backoff(engine, driver, settings, clock):
@@ -335,7 +336,7 @@ def test_retryable_codes_wait_with_backoff(engine, driver, settings, clock):
         assert row["outcome"] is None and row["completed_at"] is None, code
         assert row["visibility_timeout"] is None, code
         assert "/srv/data" not in row["safe_reason"], code  # redacted
-        _assert_backoff(row, clock.now, a, settings)
+        _assert_backoff(row, clock.now, a, settings, code)
         [att] = attempts(driver, job_id)
         assert (att["status"], att["error_code"]) == ("failed", code)
         assert transitions(driver, job_id)[-1] == ("processing", "retry_wait"), code
@@ -399,7 +400,7 @@ def test_retries_back_off_exponentially_until_attempts_run_out(engine, driver, s
         row = job_row(driver, job_id)
         if n < 3:
             assert row["status"] == "retry_wait"
-            _assert_backoff(row, clock.now, n, settings)
+            _assert_backoff(row, clock.now, n, settings, "STORAGE_UNAVAILABLE")
             # Not due yet: promote leaves it, claim cannot see it.
             assert engine.promote() == 0
             assert engine.claim(W1, ["bulk"], 5) == []

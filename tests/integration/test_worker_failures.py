@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hypermedia.db.driver import Driver
+from hypermedia.errors import ERROR_POLICY
 from hypermedia.queue.engine import Engine
 from tests.harness import FAST
 from tests.integration._procs import (
@@ -150,6 +151,7 @@ def test_permanent_code_fails_at_once_retryable_code_backs_off(
     # Backoff: attempt n waits between half and all of base * 2**(n-1)
     # (capped), and the next attempt was not claimed before that.
     base = float(FAST["HYPERMEDIA_BACKOFF_BASE_SECONDS"])
+    base *= ERROR_POLICY["STORAGE_UNAVAILABLE"].backoff_factor
     cap = float(FAST["HYPERMEDIA_BACKOFF_MAX_SECONDS"])
     said = [
         float(m.group(1))
@@ -164,7 +166,8 @@ def test_permanent_code_fails_at_once_retryable_code_backs_off(
         assert step / 2 <= gap < step + 5, (n, gap)
     # The last retry's available_at is still on the row (failing keeps it).
     wait = (row["available_at"] - tries[1]["finished_at"]).total_seconds()
-    assert base - 0.001 <= wait <= 2 * base + 0.001, wait  # step 2 = 2 * base
+    step = min(cap, 2 * base)
+    assert step / 2 - 0.001 <= wait <= step + 0.001, wait
     assert tries[2]["started_at"] >= row["available_at"]
     assert w.alive()
 

@@ -50,6 +50,7 @@ def test_policy_is_consistent_data():
         assert pol.category in CATEGORIES, code
         assert pol.outcome in states.OUTCOMES, code
         assert pol.memory_factor >= 1.0
+        assert pol.backoff_factor >= 1.0
     assert policy_for("NEVER_HEARD_OF_IT") is ERROR_POLICY["INTERNAL"]
 
 
@@ -134,7 +135,7 @@ def test_cancel_requested_ends_cancelled(kind):
 @pytest.mark.parametrize("attempt", [1, 2])
 def test_retryable_with_attempts_left_waits(code, attempt):
     d = run(job(attempt_count=attempt, max_attempts=3), result("failed", code, attempt=attempt))
-    step = min(30.0, 2.0 * 2 ** (attempt - 1))
+    step = min(30.0, 2.0 * ERROR_POLICY[code].backoff_factor * 2 ** (attempt - 1))
     assert d.action == "retry_later"
     v = d.job_values
     assert v["status"] == "retry_wait" and v["retryable"] is True
@@ -224,6 +225,19 @@ def test_messages_are_redacted_and_bounded():
 def test_reason_defaults_to_the_code_in_words():
     d = run(job(), result("failed", "UNSUPPORTED_FORMAT"))
     assert d.job_values["safe_reason"] == "unsupported format"
+
+
+@pytest.mark.parametrize(
+    "code", ["STORAGE_UNAVAILABLE", "PROVIDER_UNAVAILABLE", "DEPENDENCY_FAILED"]
+)
+def test_something_away_is_waited_for_longer_up_to_the_cap(code):
+    """A store or provider that is away gets 15 times the base (15-30 s first
+    at the default 2 s); a crashed child is retried within seconds."""
+    crashed = run(job(), result("failed", "CRASHED")).job_values["available_at"] - NOW
+    away = run(job(), result("failed", code)).job_values["available_at"] - NOW
+    assert crashed <= timedelta(seconds=2) and timedelta(seconds=15) <= away
+    later = run(job(attempt_count=2), result("failed", code, attempt=2))
+    assert later.job_values["available_at"] - NOW <= timedelta(seconds=30)  # the cap
 
 
 def test_same_seed_same_delay_different_seed_spreads():
