@@ -65,6 +65,10 @@ CATEGORIES = (
 )
 
 
+# The reason of an attempt that found no room to write (pipelines, the child).
+SCRATCH_FULL = "the scratch space is full"
+
+
 def policy_for(code: str) -> CodePolicy:
     """Unknown codes are treated like INTERNAL: retried, category unknown."""
     return ERROR_POLICY.get(code, ERROR_POLICY["INTERNAL"])

@@ -50,3 +50,13 @@ def _redact(text: str, limit: int) -> str:
     if len(out) > limit:
         out = out[: limit - 1] + "…"
     return out
+
+
+def brief(exc: BaseException) -> str:
+    """An exception for a log line: its kind and the first line of what the
+    database or the system said ("OperationalError: database or disk is
+    full"), redacted; never the statement or its parameters."""
+    cause = getattr(exc, "orig", None) or exc  # SQLAlchemy's DBAPIError wraps the driver's
+    lines = str(cause).strip().splitlines()
+    said = redact(lines[0], 160) if lines else ""
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__

@@ -8,6 +8,7 @@ paths, SQL, stack traces or tokens.
 
 from __future__ import annotations
 
+import errno
 import logging
 import uuid
 from typing import Any
@@ -17,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hypermedia.db.dialects import is_transient
 from hypermedia.errors import (
     Conflict,
     Forbidden,
@@ -27,7 +29,7 @@ from hypermedia.errors import (
     StaleTransition,
     Unauthorized,
 )
-from hypermedia.redact import redact
+from hypermedia.redact import brief, redact
 from hypermedia.storage.base import StorageUnavailable
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,9 @@ STATUS_OF: list[tuple[type[Exception], int, str]] = [
     (StorageUnavailable, 503, "storage_unavailable"),
     (HypermediaError, 400, "bad_request"),
 ]
+
+# Seconds a client should wait before sending again what failed for no fault of its own.
+RETRY_AFTER = "2"
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -123,7 +128,8 @@ def install(app: FastAPI) -> None:
     async def _ours(request: Request, exc: HypermediaError) -> JSONResponse:
         for kind, status, code in STATUS_OF:
             if isinstance(exc, kind):
-                return error_response(request, status, code, str(exc))
+                again = {"Retry-After": RETRY_AFTER} if status == 503 else None
+                return error_response(request, status, code, str(exc), headers=again)
         raise AssertionError("HypermediaError is in STATUS_OF")  # pragma: no cover
 
     @app.exception_handler(StarletteHTTPException)
@@ -137,5 +143,26 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        away = _away(exc)
+        if away is not None:
+            log.warning("request %s: %s", request_id(request), brief(exc))
+            status, code, message = away
+            return error_response(
+                request, status, code, message, headers={"Retry-After": RETRY_AFTER}
+            )
         log.exception("request %s failed", request_id(request))
         return error_response(request, 500, "internal", "internal error; quote the request id")
+
+
+def _away(exc: Exception) -> tuple[int, str, str] | None:
+    """A 503 or 507 for what is no fault of the request and passes: the
+    database restarting or unreachable, the disk full.  The client is told
+    to try again; what the database said goes to the log only (it names
+    hosts and databases)."""
+    if isinstance(exc, OSError):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return 507, "insufficient_storage", "the server has no room left; try again later"
+        return None
+    if is_transient(exc):
+        return 503, "database_unavailable", "the database is unavailable; try again shortly"
+    return None

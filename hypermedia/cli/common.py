@@ -19,7 +19,7 @@ from hypermedia.db.driver import connect
 from hypermedia.errors import HypermediaError, NotFound
 from hypermedia.queue.clock import clock_for
 from hypermedia.queue.engine import Engine
-from hypermedia.redact import redact
+from hypermedia.redact import brief, redact
 
 console = Console()
 err_console = Console(stderr=True)
@@ -69,5 +69,5 @@ def user_errors() -> Iterator[None]:
         err_console.print(f"[red]error:[/] {redact(exc)}")
         raise typer.Exit(1) from None
     except Exception as exc:  # database down, bad URL…: say what kind, not the internals
-        err_console.print(f"[red]error:[/] {type(exc).__name__}: {redact(exc)}")
+        err_console.print(f"[red]error:[/] {brief(exc)}")
         raise typer.Exit(1) from None

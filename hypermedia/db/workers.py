@@ -23,7 +23,15 @@ class WorkerQueries:
     dialect: str
 
     def insert_worker(self, values: Row) -> None:
-        self.conn.execute(sa.insert(W).values(values))
+        """Idempotent: a worker id is new per process, so a row already there
+        is this worker's own, from a retry after a commit whose answer was lost."""
+        try:
+            with self.conn.begin_nested():
+                self.conn.execute(sa.insert(W).values(values))
+        except sa.exc.IntegrityError:
+            mine = sa.select(W.c.worker_id).where(W.c.worker_id == values["worker_id"])
+            if self.conn.execute(mine).first() is None:
+                raise
 
     def update_worker(self, worker_id: str, values: Row) -> bool:
         values = dict(values)

@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from hypermedia.errors import JobError
+from hypermedia.errors import SCRATCH_FULL, JobError
 from hypermedia.storage.sniff import media_type
 
 MIN_LIBVIPS = (8, 13)  # block_untrusted_set / operation_block_set / fail_on
@@ -202,7 +202,7 @@ def failure(exc: Any, header: Header) -> BaseException:
     if "out of memory" in text or "memory allocation" in text:
         return MemoryError()
     if "no space left" in text:
-        return JobError("STORAGE_UNAVAILABLE", "the scratch space is full")
+        return JobError("STORAGE_UNAVAILABLE", SCRATCH_FULL)
     if header.loader == "heifload" and ("not been built in" in text or "plugin" in text):
         kind = (header.compression or "this").upper()
         return JobError(

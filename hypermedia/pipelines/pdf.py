@@ -45,7 +45,7 @@ import os
 from importlib import metadata
 from typing import Any
 
-from hypermedia.errors import JobError
+from hypermedia.errors import SCRATCH_FULL, JobError
 from hypermedia.pipelines import imaging
 from hypermedia.pipelines.registry import Context, Pipeline, register
 from hypermedia.pipelines.schema import Field, validator
@@ -276,7 +276,7 @@ def _encode(
         if "out of memory" in text or "memory allocation" in text:
             raise MemoryError from None
         if "no space left" in text:
-            raise JobError("STORAGE_UNAVAILABLE", "the scratch space is full") from None
+            raise JobError("STORAGE_UNAVAILABLE", SCRATCH_FULL) from None
         raise JobError("INTERNAL", f"a page could not be saved as {fmt}") from None
 
 
@@ -298,7 +298,7 @@ def _jpeg(buf: Any, width: int, height: int, path: str, quality: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # no half-written page left behind
         if exc.errno == errno.ENOSPC:
-            raise JobError("STORAGE_UNAVAILABLE", "the scratch space is full") from None
+            raise JobError("STORAGE_UNAVAILABLE", SCRATCH_FULL) from None
         raise JobError("INTERNAL", "a page could not be saved as jpeg") from None
 
 

@@ -14,6 +14,7 @@ from datetime import timedelta
 
 from hypermedia.linux import name_native
 from hypermedia.queue.engine import Engine
+from hypermedia.redact import brief
 from hypermedia.scheduler.maintenance import Service, default_services
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class Leader(threading.Thread):
                 try:
                     self.try_lead()
                 except Exception as exc:
-                    log.warning("leader lease check failed (%s)", type(exc).__name__)
+                    log.warning("leader lease check failed (%s)", brief(exc))
                     self.is_leader = False
                 next_renew = now + renew_every
             if self.is_leader:
@@ -69,7 +70,7 @@ class Leader(threading.Thread):
         try:
             svc.run_once()
         except Exception as exc:
-            log.warning("%s failed (%s); will retry", svc.name, type(exc).__name__)
+            log.warning("%s failed (%s); will retry", svc.name, brief(exc))
 
     def _resign(self) -> None:
         if not self.is_leader:

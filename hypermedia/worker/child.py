@@ -10,6 +10,7 @@ serve many attempts in a row; the parent decides when to recycle it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import resource
@@ -18,7 +19,7 @@ import sys
 import traceback
 from typing import Any
 
-from hypermedia.errors import JobError
+from hypermedia.errors import SCRATCH_FULL, JobError
 from hypermedia.linux import prctl
 from hypermedia.worker.protocol import (
     encode,
@@ -115,6 +116,19 @@ def _limit(mem_mb: int | None, cpu_s: int | None, file_mb: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (used + cpu_s, hard))
 
 
+def _os_failure(exc: OSError) -> dict[str, Any]:
+    """A full scratch disk is the machine's state, not the input's: retried
+    (later, as a store that is away) on this or another worker."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return {"status": "failed", "code": "STORAGE_UNAVAILABLE", "message": SCRATCH_FULL}
+    return _internal(exc)
+
+
+def _internal(exc: Exception) -> dict[str, Any]:
+    traceback.print_exc(file=sys.stderr)
+    return {"status": "failed", "code": "INTERNAL", "message": type(exc).__name__}
+
+
 def run_attempt(msg: dict[str, Any], out: int, memory: _Memory) -> bytes:
     """Run one attempt; its report, as the frame to send."""
     from hypermedia.pipelines import registry
@@ -146,9 +160,10 @@ def run_attempt(msg: dict[str, Any], out: int, memory: _Memory) -> bytes:
             "code": "PERMISSION_DENIED",
             "message": "the attempt reached outside its sandbox (a file or the network)",
         }
+    except OSError as exc:
+        done = _os_failure(exc)
     except Exception as exc:  # a pipeline bug: keep the child alive, report it
-        traceback.print_exc(file=sys.stderr)
-        done = {"status": "failed", "code": "INTERNAL", "message": type(exc).__name__}
+        done = _internal(exc)
     finally:
         # Lift the per-attempt limits again before talking to the parent.
         _, hard = resource.getrlimit(resource.RLIMIT_AS)

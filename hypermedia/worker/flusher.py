@@ -31,6 +31,7 @@ from hypermedia.db.dialects import is_transient
 from hypermedia.linux import name_native
 from hypermedia.queue.engine import Engine, held_row
 from hypermedia.queue.models import AttemptResult, Claimed
+from hypermedia.redact import brief
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ class Flusher(threading.Thread):
                 if not (starts or results or progress):
                     continue
                 # Database away: keep everything, try again.
-                log.warning("could not record results (%s); retrying", type(exc).__name__)
+                log.warning("could not record results (%s); retrying", brief(exc))
                 with self._cond:
                     for k in starts:
                         self._starts.setdefault(k, 0.0)
@@ -224,7 +225,7 @@ class Flusher(threading.Thread):
         failed attempt, and a failure it refuses too is dropped (the reaper
         ends that job when its lease runs out).  Returns what is left when
         the database goes away meanwhile."""
-        log.error("the database refused a batch (%s); writing it item by item", type(exc).__name__)
+        log.error("the database refused a batch (%s); writing it item by item", brief(exc))
         items: list[tuple[str, int, Any]] = [
             *(("start", k[0], k) for k in starts),
             *(("progress", kv[0][0], kv) for kv in progress.items()),

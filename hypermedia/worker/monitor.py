@@ -21,6 +21,7 @@ import psutil
 from hypermedia import __version__
 from hypermedia.linux import name_native
 from hypermedia.queue.engine import Engine
+from hypermedia.redact import brief
 from hypermedia.worker.slot import Running
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class Monitor(threading.Thread):
                 try:
                     duty()
                 except Exception as exc:
-                    log.warning("%s failed (%s); will retry", duty.__name__, type(exc).__name__)
+                    log.warning("%s failed (%s); will retry", duty.__name__, brief(exc))
 
     def _apply(self, asked: list[Running], statuses: dict[int, str]) -> None:
         # Only judge the jobs we asked about: one claimed since then is simply

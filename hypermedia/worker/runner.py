@@ -20,11 +20,13 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from hypermedia.db.dialects import is_transient
 from hypermedia.errors import InvalidRequest
 from hypermedia.linux import name_native
 from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import AttemptResult, Claimed
+from hypermedia.redact import brief
 from hypermedia.storage.ledger import Storage
 from hypermedia.worker import sandbox as landlock
 from hypermedia.worker import seccomp
@@ -93,7 +95,9 @@ class Worker:
         if install_signals:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
-        self._register()
+        if not self._register():
+            self.stopped.set()
+            return
         root = scratch_root(self.settings.home, self.worker_id)
         cfg = SlotConfig(
             root,
@@ -156,13 +160,32 @@ class Worker:
         log.info("signal %s: %s", signum, "draining" if self._signals == 1 else "stopping now")
         self.request_stop(now=self._signals > 1)
 
-    def _register(self) -> None:
-        now = self.engine.clock()
+    def _register(self) -> bool:
+        """Write the worker's row; False if told to stop first.  A database
+        that is away (restarting, not up yet, its disk full) is waited for,
+        as the claim loop waits for it later: a worker started beside its
+        database need not be started again."""
         self.settings.home.mkdir(parents=True, exist_ok=True)
-        with self.engine.db.tx() as tx:
-            tx.insert_worker(
-                worker_row(self.worker_id, self.queues, self.concurrency, self.settings.home, now)
+        delay = 0.5
+        while True:
+            row = worker_row(
+                self.worker_id,
+                self.queues,
+                self.concurrency,
+                self.settings.home,
+                self.engine.clock(),
             )
+            try:
+                with self.engine.db.tx() as tx:
+                    tx.insert_worker(row)
+                return True
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                log.warning("cannot register the worker (%s); retrying in %.1fs", brief(exc), delay)
+            if self.stop_claiming.wait(delay):
+                return False
+            delay = min(delay * 2, 5.0)
 
     # -- claiming --------------------------------------------------------------
 
@@ -171,7 +194,7 @@ class Worker:
         try:
             self.engine.prime(self.worker_id, self.queues, self.batch)
         except Exception as exc:  # the database is away: the claim below backs off
-            log.debug("could not prime the claim (%s)", type(exc).__name__)
+            log.debug("could not prime the claim (%s)", brief(exc))
         # No claim before every slot's child is warm (bounded by the slots'
         # own timeout): a lease taken by a worker that cannot start the job
         # yet is time another, ready worker could have used.
@@ -199,7 +222,7 @@ class Worker:
                     got, tried = self._claim(room), True
                     delay = 0.1
                 except Exception as exc:  # database away: back off, keep the jobs we hold
-                    log.warning("claim failed (%s); retrying in %.1fs", type(exc).__name__, delay)
+                    log.warning("claim failed (%s); retrying in %.1fs", brief(exc), delay)
                     self.stop_claiming.wait(delay)
                     delay = min(delay * 2, 5.0)
                     continue
@@ -247,7 +270,7 @@ class Worker:
             with self.engine.db.read() as tx:
                 return tx.worker_status(self.worker_id) == "draining"
         except Exception as exc:  # database away: the claim below backs off
-            log.warning("could not read worker status (%s)", type(exc).__name__)
+            log.warning("could not read worker status (%s)", brief(exc))
             return False
 
     def _held(self) -> int:
@@ -318,7 +341,7 @@ class Worker:
         try:
             self.engine.hand_back(self.worker_id, [rj.key for rj in items])
         except Exception as exc:  # the reaper will release them after the lease
-            log.warning("hand back failed (%s)", type(exc).__name__)
+            log.warning("hand back failed (%s)", brief(exc))
         with self._lock:
             for rj in items:
                 self._running.pop(rj.job.job_id, None)
@@ -380,7 +403,7 @@ class Worker:
                     },
                 )
         except Exception as exc:
-            log.warning("could not mark worker terminated (%s)", type(exc).__name__)
+            log.warning("could not mark worker terminated (%s)", brief(exc))
         log.info("worker %s stopped", self.worker_id)
 
 

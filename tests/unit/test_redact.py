@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+import sqlite3
 
-from hypermedia.redact import MAX_REASON, redact
+import pytest
+import sqlalchemy as sa
+
+from hypermedia.redact import MAX_REASON, brief, redact
 
 
 @pytest.mark.parametrize(
@@ -63,3 +66,15 @@ def test_relative_and_single_segment_paths_are_kept():
 def test_control_characters_are_replaced() -> None:
     out = redact("tag \x00evil\x1b[31m\x7f end\tand\nnext")
     assert out == "tag \ufffdevil\ufffd[31m\ufffd end and next"
+
+
+def test_brief_says_what_the_database_said_not_the_statement():
+    exc = sa.exc.OperationalError(
+        "INSERT INTO t VALUES (?)",
+        ("secret-value",),
+        sqlite3.OperationalError("database or disk is full"),
+    )
+    assert brief(exc) == "OperationalError: database or disk is full"
+    assert brief(ValueError()) == "ValueError"
+    said = brief(OSError(28, "No space left on device", "/srv/data/objects/1"))
+    assert said.startswith("OSError: [Errno 28] No space left on device") and "/srv" not in said

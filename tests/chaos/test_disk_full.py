@@ -1,0 +1,147 @@
+"""A full disk under the embedded default (SQLite, the pool and the scratch
+folders all in HYPERMEDIA_HOME), with real processes on a real small tmpfs.
+
+While the disk is full, attempts fail with STORAGE_UNAVAILABLE and wait in
+``retry_wait``; the worker stays up.  Once space is freed, every job completes
+exactly once, with one output whose bytes are the input's.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hypermedia.db.driver import Driver
+from tests.conftest import IN_CI
+from tests.harness import attempts, checksum_of, events, hypermedia, query, spawn, stop
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tmpfs mounts"),
+]
+
+INPUT = os.urandom(8 << 20)  # no room for its copy once the disk is full
+JOBS = 3
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 128 MiB tmpfs of its own (root only; CI runs as root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        why = f"cannot mount a tmpfs: {done.stderr.strip()}"
+        pytest.fail(f"CI=true and {why}") if IN_CI else pytest.skip(why)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _fill(disk: Path, leave: int) -> Path:
+    """Write a file until the disk is full, then give ``leave`` bytes back."""
+    filler = disk / "filler"
+    chunk = b"\0" * (64 << 10)
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(chunk)
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+        size = f.tell()
+    os.truncate(filler, max(0, size - leave))
+    assert os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize < len(INPUT)
+    return filler
+
+
+def _wait(what: str, check, timeout: float, log: Path) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():
+            return
+        time.sleep(0.2)
+    text = log.read_text()
+    pytest.fail(f"timed out waiting for {what}; worker log:\n{text[:3000]}\n…\n{text[-2000:]}")
+
+
+def test_a_full_disk_holds_jobs_back_and_loses_none(small_disk: Path, tmp_path: Path) -> None:
+    home = small_disk / "home"
+    url = f"sqlite:///{home / 'hypermedia.db'}"
+    home.mkdir()
+    assert hypermedia("db", "upgrade", url=url, home=home).returncode == 0
+    src = tmp_path / "input.bin"
+    src.write_bytes(INPUT)
+    put = hypermedia("objects", "put", str(src), "--json", url=url, home=home)
+    assert put.returncode == 0, put.stderr
+    object_id = json.loads(put.stdout)["object_id"]
+    submit = hypermedia(
+        "jobs", "submit", "debug.copy", "--object", str(object_id), "--count", str(JOBS),
+        "--max-attempts", "100", "--json", url=url, home=home,
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr
+    job_ids = [int(i) for i in json.loads(submit.stdout)["job_ids"]]
+    # Room for the database's writes (its WAL grows to ~4 MiB between
+    # checkpoints), not for a copy of the input.  While a copy fills the
+    # rest, the worker's database writes fail too, and are retried.
+    filler = _fill(small_disk, leave=6 << 20)
+
+    log = tmp_path / "worker.log"
+    worker = spawn("worker", "--queues", "bulk", "--concurrency", "2", url=url, home=home, log=log)
+    driver = Driver(url)
+    try:
+
+        def held_back() -> bool:
+            failed = query(
+                url,
+                "SELECT job_id FROM job_attempts WHERE error_code = 'STORAGE_UNAVAILABLE' "
+                "GROUP BY job_id HAVING count(*) >= 2",
+            )
+            return len(failed) == JOBS
+
+        _wait("every job to fail twice on the full disk", held_back, 60, log)
+        assert worker.poll() is None, log.read_text()[-3000:]
+        rows = query(url, "SELECT status, safe_reason FROM processing_jobs")
+        assert {r[0] for r in rows} <= {"retry_wait", "queued", "claimed", "processing"}, rows
+        assert not any(r[0] == "completed" for r in rows)
+
+        filler.unlink()
+
+        def all_done() -> bool:
+            rows = query(url, "SELECT status FROM processing_jobs")
+            return all(r[0] == "completed" for r in rows)
+
+        _wait("every job to complete once space is back", all_done, 90, log)
+        assert worker.poll() is None
+        for job_id in job_ids:
+            tries = attempts(driver, job_id)
+            assert [a["attempt_number"] for a in tries] == list(range(1, len(tries) + 1))
+            assert [a["status"] for a in tries[:-1]] == ["failed"] * (len(tries) - 1)
+            assert {a["error_code"] for a in tries[:-1]} == {"STORAGE_UNAVAILABLE"}
+            assert tries[-1]["status"] == "completed"
+            ends = [e for e in events(driver, job_id) if e["to_status"] == "completed"]
+            assert len(ends) == 1, ends
+            outs = query(
+                url,
+                "SELECT o.checksum, o.size, o.state FROM job_outputs j "
+                "JOIN objects o ON o.object_id = j.object_id WHERE j.job_id = :j",
+                j=job_id,
+            )
+            assert [tuple(o) for o in outs] == [(checksum_of(INPUT), len(INPUT), "ready")]
+        assert "Traceback" not in log.read_text()
+    finally:
+        assert stop(worker) == 0
+        driver.dispose()

@@ -1,0 +1,75 @@
+"""A worker started before its database is there waits for it, and a SIGTERM
+meanwhile ends it cleanly (real processes, a real PostgreSQL)."""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from hypermedia.config import Settings
+from hypermedia.db.driver import Driver
+from hypermedia.db.migrate import upgrade
+from hypermedia.queue.engine import Engine
+from hypermedia.queue.models import NewJob
+from tests.conftest import PG_ADMIN, _server_db, drop_database
+from tests.harness import spawn, stop, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _waiting(log: Path) -> bool:
+    return log.exists() and "cannot register the worker" in log.read_text()
+
+
+def test_a_worker_started_before_its_database_waits_then_works(tmp_path: Path) -> None:
+    name = f"hm_test_{uuid.uuid4().hex[:10]}"
+    url = (
+        sa.engine.make_url(Driver(PG_ADMIN).url)
+        .set(database=name)
+        .render_as_string(hide_password=False)
+    )
+    log = tmp_path / "worker.log"
+    worker = spawn("worker", "--queues", "bulk", url=url, home=tmp_path / "home", log=log)
+    try:
+        wait_for(lambda: _waiting(log), 30, what="the worker to wait for its database")
+        time.sleep(1.5)  # a few retries
+        assert worker.poll() is None, log.read_text()
+        assert _server_db(PG_ADMIN, name, "postgresql") == url  # the database appears
+        upgrade(url)
+        driver = Driver(url)
+        try:
+            job_id = Engine(driver, Settings()).enqueue(NewJob("debug.noop"))
+
+            def done() -> bool:
+                with driver.read() as tx:
+                    return tx.job(job_id)["status"] == "completed"
+
+            wait_for(done, 60, what="the job to complete")
+            with driver.read() as tx:
+                assert len(tx.workers()) == 1  # registered once
+        finally:
+            driver.dispose()
+        assert stop(worker) == 0
+        assert "Traceback" not in log.read_text()
+    finally:
+        stop(worker, signal.SIGKILL)
+        drop_database("postgresql", url)
+
+
+def test_sigterm_while_waiting_for_the_database_exits_cleanly(tmp_path: Path) -> None:
+    log = tmp_path / "worker.log"
+    url = "postgresql://postgres@127.0.0.1:1/nowhere"  # nothing listens on port 1
+    worker = spawn("worker", url=url, home=tmp_path / "home", log=log)
+    try:
+        wait_for(lambda: _waiting(log), 30, what="the worker to wait for its database")
+        t0 = time.monotonic()
+        assert stop(worker, timeout=10) == 0
+        assert time.monotonic() - t0 < 6
+        assert "Traceback" not in log.read_text()
+    finally:
+        stop(worker, signal.SIGKILL)
