@@ -16,6 +16,7 @@ import psutil
 import sqlalchemy as sa
 
 from hypermedia.db.driver import Driver
+from tests.conftest import PG_ADMIN
 
 # Fast clocks for fault tests: short leases and heartbeats, quick reaper.
 FAST = {
@@ -180,3 +181,23 @@ def claimed_input(
         input_key=obj.get("storage_key", ""),
         input_size_bytes=obj.get("size") or 0,
     )
+
+
+def _pg_admin(sql: str) -> None:
+    admin = sa.create_engine(Driver(PG_ADMIN).url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(sql)
+    finally:
+        admin.dispose()
+
+
+def pg_accepting(name: str, on: bool) -> None:
+    """Let a PostgreSQL database take connections, or refuse them and drop the
+    ones it has: the database away and back, without restarting the server."""
+    _pg_admin(f"ALTER DATABASE {name} ALLOW_CONNECTIONS {'true' if on else 'false'}")
+    if not on:
+        _pg_admin(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            f"WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+        )

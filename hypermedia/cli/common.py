@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
 
 from hypermedia.config import Settings, load_settings
+from hypermedia.db.dialects import is_transient
 from hypermedia.db.driver import connect
 from hypermedia.errors import HypermediaError, NotFound
 from hypermedia.queue.clock import clock_for
@@ -23,6 +25,7 @@ from hypermedia.redact import brief, redact
 
 console = Console()
 err_console = Console(stderr=True)
+T = TypeVar("T")
 
 
 def settings() -> Settings:
@@ -71,3 +74,23 @@ def user_errors() -> Iterator[None]:
     except Exception as exc:  # database down, bad URL…: say what kind, not the internals
         err_console.print(f"[red]error:[/] {brief(exc)}")
         raise typer.Exit(1) from None
+
+
+def through_outages(read: Callable[[], T], deadline: float | None = None) -> T:
+    """``read()``, tried again while the database is away (a restart, a
+    failover, a full disk), as the workers do: a command that waits for jobs
+    outlives the outage instead of leaving the user without their results.
+    Past ``deadline`` (time.monotonic()), or for an error the database would
+    give every time, the error is raised."""
+    delay, said = 0.5, False
+    while True:
+        try:
+            return read()
+        except Exception as exc:
+            if not is_transient(exc) or (deadline is not None and time.monotonic() > deadline):
+                raise
+            if not said:
+                err_console.print(f"[yellow]database unavailable ({brief(exc)}); waiting[/]")
+                said = True
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import re
 import time
+from functools import partial
 from typing import Any
 
 import typer
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hypermedia.cli.common import console, engine, print_json, user_errors
+from hypermedia.cli.common import console, engine, print_json, through_outages, user_errors
 from hypermedia.errors import InvalidRequest
 from hypermedia.queue.models import NewJob
 from hypermedia.queue.states import TERMINAL
@@ -94,7 +95,7 @@ def _wait(eng: Any, ids: list[int]) -> None:
     pending = set(ids)
     while pending:
         for job_id in list(pending):
-            if eng.get(job_id)["status"] in TERMINAL:
+            if through_outages(partial(eng.get, job_id))["status"] in TERMINAL:
                 pending.discard(job_id)
         if pending:
             time.sleep(0.2)
@@ -339,7 +340,7 @@ def tail(
             while True:
                 # Status first: if terminal, the events read with it include
                 # the one that made it so, and the loop may stop.
-                status, rows = eng.events_since(job_id, after)
+                status, rows = through_outages(partial(eng.events_since, job_id, after))
                 for row in rows:
                     follower.event(row)
                     after = max(after, int(row["event_id"]))

@@ -20,7 +20,15 @@ from typing import Any
 import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
-from hypermedia.cli.common import console, engine, err_console, print_json, settings, user_errors
+from hypermedia.cli.common import (
+    console,
+    engine,
+    err_console,
+    print_json,
+    settings,
+    through_outages,
+    user_errors,
+)
 from hypermedia.errors import InvalidRequest
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
@@ -118,8 +126,7 @@ def _wait(
         }
         try:
             while True:
-                with eng.db.read() as tx:
-                    jobs = {r["job_id"]: r for r in tx.jobs_where(ids)}
+                jobs = through_outages(lambda: _rows(eng, ids), deadline)
                 for job_id, task in tasks.items():
                     job = jobs[job_id]
                     bar.update(task, completed=_percent(job), status=job["status"])
@@ -130,9 +137,13 @@ def _wait(
                 time.sleep(POLL_SECONDS)
         except KeyboardInterrupt:
             if len(jobs) < len(ids):  # interrupted before the first look
-                with eng.db.read() as tx:
-                    jobs = {r["job_id"]: r for r in tx.jobs_where(ids)}
+                jobs = _rows(eng, ids)
             return jobs, "the wait was interrupted"
+
+
+def _rows(eng: Engine, ids: list[int]) -> dict[int, Row]:
+    with eng.db.read() as tx:
+        return {r["job_id"]: r for r in tx.jobs_where(ids)}
 
 
 def _percent(job: Row) -> float:

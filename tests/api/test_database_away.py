@@ -15,27 +15,10 @@ from hypermedia.db.driver import Driver
 from hypermedia.db.migrate import upgrade
 from hypermedia.queue.engine import Engine
 from hypermedia.services import Services
-from tests.conftest import PG_ADMIN, drop_database, make_database
+from tests.conftest import drop_database, make_database
+from tests.harness import pg_accepting
 
 from .conftest import bearer
-
-
-def _admin(sql: str) -> None:
-    admin = sa.create_engine(Driver(PG_ADMIN).url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(sql)
-    finally:
-        admin.dispose()
-
-
-def _accepting(name: str, on: bool) -> None:
-    _admin(f"ALTER DATABASE {name} ALLOW_CONNECTIONS {'true' if on else 'false'}")
-    if not on:
-        _admin(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            f"WHERE datname = '{name}' AND pid <> pg_backend_pid()"
-        )
 
 
 def test_requests_get_503_while_the_database_is_away(tmp_path: Path) -> None:
@@ -49,7 +32,7 @@ def test_requests_get_503_while_the_database_is_away(tmp_path: Path) -> None:
         _, token = svc.tokens.create("p", ["admin"])
         with TestClient(create_app(svc), raise_server_exceptions=False) as client:
             assert client.get("/v1/jobs", headers=bearer(token)).status_code == 200
-            _accepting(name, False)
+            pg_accepting(name, False)
             for _ in range(3):
                 r = client.get("/v1/jobs", headers=bearer(token))
                 assert r.status_code == 503, r.text
@@ -57,10 +40,10 @@ def test_requests_get_503_while_the_database_is_away(tmp_path: Path) -> None:
                 assert body["code"] == "database_unavailable"
                 assert r.headers["Retry-After"] == "2"
                 assert name not in r.text and "127.0.0.1" not in r.text  # said in the log only
-            _accepting(name, True)
+            pg_accepting(name, True)
             answers = [client.get("/v1/jobs", headers=bearer(token)).status_code for _ in range(3)]
             assert answers[-1] == 200 and set(answers) <= {200, 503}, answers
         driver.dispose()
     finally:
-        _accepting(name, True)
+        pg_accepting(name, True)
         drop_database("postgresql", url)

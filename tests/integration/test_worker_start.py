@@ -1,9 +1,11 @@
 """A worker started before its database is there waits for it, and a SIGTERM
-meanwhile ends it cleanly (real processes, a real PostgreSQL)."""
+meanwhile ends it cleanly; commands that wait for jobs outlive an outage
+(real processes, a real PostgreSQL)."""
 
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -16,8 +18,8 @@ from hypermedia.db.driver import Driver
 from hypermedia.db.migrate import upgrade
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
-from tests.conftest import PG_ADMIN, _server_db, drop_database
-from tests.harness import spawn, stop, wait_for
+from tests.conftest import PG_ADMIN, _server_db, drop_database, make_database
+from tests.harness import pg_accepting, spawn, stop, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -73,3 +75,45 @@ def test_sigterm_while_waiting_for_the_database_exits_cleanly(tmp_path: Path) ->
         assert "Traceback" not in log.read_text()
     finally:
         stop(worker, signal.SIGKILL)
+
+
+def test_commands_that_wait_outlive_a_database_outage(tmp_path: Path) -> None:
+    """``jobs submit --wait`` and ``jobs tail`` keep waiting while the
+    database refuses connections, and end when the job does."""
+    url = make_database("postgresql", tmp_path)
+    name = sa.engine.make_url(url).database
+    home = tmp_path / "home"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        upgrade(url)
+        submit = spawn("jobs", "submit", "debug.noop", "--wait", url=url, home=home)
+        procs.append(submit)
+        driver = Driver(url)
+        try:
+            wait_for(lambda: _jobs(driver) == 1, 30, what="the job to be queued")
+            job_id = _jobs(driver, newest=True)
+        finally:
+            driver.dispose()
+        tail_log = tmp_path / "tail.log"
+        tail = spawn("jobs", "tail", str(job_id), url=url, home=home, log=tail_log)
+        procs.append(tail)
+        time.sleep(1.0)
+        pg_accepting(name, False)
+        time.sleep(3.0)  # several polls fail meanwhile
+        assert submit.poll() is None and tail.poll() is None, tail_log.read_text()
+        pg_accepting(name, True)
+        procs.append(spawn("worker", "--queues", "bulk", url=url, home=home))
+        assert submit.wait(60) == 0
+        assert tail.wait(60) == 0, tail_log.read_text()
+        assert "database unavailable" in tail_log.read_text()
+    finally:
+        for p in procs:
+            stop(p, signal.SIGKILL)
+        pg_accepting(name, True)
+        drop_database("postgresql", url)
+
+
+def _jobs(driver: Driver, newest: bool = False) -> int:
+    with driver.read() as tx:
+        rows = tx.conn.execute(sa.text("SELECT job_id FROM processing_jobs")).all()
+    return max(r[0] for r in rows) if newest else len(rows)
