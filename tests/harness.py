@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import blake3
 import psutil
+import pytest
 import sqlalchemy as sa
 
 from hypermedia.db.driver import Driver
-from tests.conftest import PG_ADMIN
+from tests.conftest import IN_CI, PG_ADMIN
 
 # Fast clocks for fault tests: short leases and heartbeats, quick reaper.
 FAST = {
@@ -201,3 +204,37 @@ def pg_accepting(name: str, on: bool) -> None:
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             f"WHERE datname = '{name}' AND pid <> pg_backend_pid()"
         )
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size_mb: int) -> Iterator[Path]:
+    """A tmpfs of its own at ``where``: a real disk that fills up (root only;
+    CI runs as root, elsewhere the test is skipped)."""
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        why = f"cannot mount a tmpfs: {done.stderr.strip()}"
+        pytest.fail(f"CI=true and {why}") if IN_CI else pytest.skip(why)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill_disk(disk: Path, leave: int) -> Path:
+    """Write a file until ``disk`` is full, then give ``leave`` bytes back."""
+    filler = disk / "filler"
+    chunk = b"\0" * (64 << 10)
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(chunk)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+        size = f.tell()
+    os.truncate(filler, max(0, size - leave))
+    return filler

@@ -30,7 +30,7 @@ from hypermedia.errors import (
     Unauthorized,
 )
 from hypermedia.redact import brief, redact
-from hypermedia.storage.base import StorageUnavailable
+from hypermedia.storage.base import StorageFull, StorageUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ STATUS_OF: list[tuple[type[Exception], int, str]] = [
     (InvalidRequest, 422, "invalid_request"),
     (StaleTransition, 409, "conflict"),
     (Conflict, 409, "conflict"),
+    (StorageFull, 507, "insufficient_storage"),
     (StorageUnavailable, 503, "storage_unavailable"),
     (HypermediaError, 400, "bad_request"),
 ]
@@ -128,7 +129,7 @@ def install(app: FastAPI) -> None:
     async def _ours(request: Request, exc: HypermediaError) -> JSONResponse:
         for kind, status, code in STATUS_OF:
             if isinstance(exc, kind):
-                again = {"Retry-After": RETRY_AFTER} if status == 503 else None
+                again = {"Retry-After": RETRY_AFTER} if status in (503, 507) else None
                 return error_response(request, status, code, str(exc), headers=again)
         raise AssertionError("HypermediaError is in STATUS_OF")  # pragma: no cover
 

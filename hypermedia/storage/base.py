@@ -7,6 +7,7 @@ every write computes the checksum (``storage/checksum.py``) on the way.
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
@@ -22,6 +23,16 @@ class StorageError(HypermediaError):
 
 class StorageUnavailable(StorageError):
     """The backend could not be reached or failed; trying again may work."""
+
+
+class StorageFull(StorageUnavailable):
+    """No room left where the blob goes: freeing space helps, trying at once does not."""
+
+
+def unavailable(what: str, exc: OSError) -> StorageUnavailable:
+    """``what`` failed with ``exc``: StorageFull when the disk or quota is full."""
+    kind = StorageFull if exc.errno in (errno.ENOSPC, errno.EDQUOT) else StorageUnavailable
+    return kind(f"{what} ({exc.strerror or 'I/O error'})")
 
 
 class BlobMissing(StorageError):

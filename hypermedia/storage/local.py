@@ -32,6 +32,7 @@ from hypermedia.storage.base import (
     Stored,
     UnsafeKey,
     algorithm_of,
+    unavailable,
 )
 from hypermedia.storage.keys import check_key
 
@@ -79,7 +80,7 @@ class LocalBackend:
             tmp_dir.mkdir(parents=True, exist_ok=True)
             new_dirs = _make_parents(path, self.root)
         except OSError as exc:
-            raise StorageUnavailable(f"local storage is not writable ({exc.strerror})") from exc
+            raise unavailable("local storage is not writable", exc) from exc
         tmp = tmp_dir / uuid.uuid4().hex
         digest, size = cs.new(), 0
         try:
@@ -94,7 +95,7 @@ class LocalBackend:
             for d in {path.parent, *new_dirs}:
                 _fsync_dir(d)
         except OSError as exc:
-            raise StorageUnavailable(f"could not write to local storage ({exc.strerror})") from exc
+            raise unavailable("could not write to local storage", exc) from exc
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
@@ -134,7 +135,7 @@ class LocalBackend:
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
         except OSError as exc:
-            raise StorageUnavailable(f"could not write to local storage ({exc.strerror})") from exc
+            raise unavailable("could not write to local storage", exc) from exc
         return Stored(size, digest)
 
     def make_durable(self, keys: Iterable[str]) -> None:
@@ -153,7 +154,7 @@ class LocalBackend:
             for d in sorted(dirs, key=len, reverse=True):  # deepest first
                 _fsync_dir(d)
         except OSError as exc:
-            raise StorageUnavailable(f"could not sync local storage ({exc.strerror})") from exc
+            raise unavailable("could not sync local storage", exc) from exc
 
     def put_files(self, items: list[tuple[str, Path]]) -> list[Stored]:
         """Store many files, made durable together by one file-system sync.
@@ -176,7 +177,7 @@ class LocalBackend:
                 out.append(_copy_into_place(path, dst))
             _syncfs(self.root)
         except OSError as exc:
-            raise StorageUnavailable(f"could not write to local storage ({exc.strerror})") from exc
+            raise unavailable("could not write to local storage", exc) from exc
         return out
 
     def get_file(self, key: str, dst: Path, checksum: str, *, link: bool = False) -> None:

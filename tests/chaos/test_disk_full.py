@@ -8,10 +8,8 @@ exactly once, with one output whose bytes are the input's.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -20,8 +18,17 @@ from pathlib import Path
 import pytest
 
 from hypermedia.db.driver import Driver
-from tests.conftest import IN_CI
-from tests.harness import attempts, checksum_of, events, hypermedia, query, spawn, stop
+from tests.harness import (
+    attempts,
+    checksum_of,
+    events,
+    fill_disk,
+    hypermedia,
+    query,
+    small_tmpfs,
+    spawn,
+    stop,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -34,38 +41,8 @@ JOBS = 3
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 128 MiB tmpfs of its own (root only; CI runs as root)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", str(disk)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        why = f"cannot mount a tmpfs: {done.stderr.strip()}"
-        pytest.fail(f"CI=true and {why}") if IN_CI else pytest.skip(why)
-    try:
+    with small_tmpfs(tmp_path / "disk", 128) as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
-def _fill(disk: Path, leave: int) -> Path:
-    """Write a file until the disk is full, then give ``leave`` bytes back."""
-    filler = disk / "filler"
-    chunk = b"\0" * (64 << 10)
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(chunk)
-                f.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
-        size = f.tell()
-    os.truncate(filler, max(0, size - leave))
-    assert os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize < len(INPUT)
-    return filler
 
 
 def _wait(what: str, check, timeout: float, log: Path) -> None:  # type: ignore[no-untyped-def]
@@ -97,7 +74,8 @@ def test_a_full_disk_holds_jobs_back_and_loses_none(small_disk: Path, tmp_path: 
     # Room for the database's writes (its WAL grows to ~4 MiB between
     # checkpoints), not for a copy of the input.  While a copy fills the
     # rest, the worker's database writes fail too, and are retried.
-    filler = _fill(small_disk, leave=6 << 20)
+    filler = fill_disk(small_disk, leave=6 << 20)
+    assert os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize < len(INPUT)
 
     log = tmp_path / "worker.log"
     worker = spawn("worker", "--queues", "bulk", "--concurrency", "2", url=url, home=home, log=log)

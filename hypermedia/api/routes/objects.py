@@ -34,7 +34,7 @@ from hypermedia.config import Settings
 from hypermedia.db.schema_storage import OBJECT_STATES
 from hypermedia.errors import Forbidden, HypermediaError, InvalidRequest, NotFound
 from hypermedia.services import Services
-from hypermedia.storage.base import StorageUnavailable
+from hypermedia.storage.base import StorageUnavailable, unavailable
 from hypermedia.storage.ledger import Storage
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ def _temp_file(tmp_dir: Path) -> Path:
 
 def _disk_error(exc: OSError) -> StorageUnavailable:
     # A full or failing disk: say so, never the path.
-    return StorageUnavailable(f"could not receive the upload ({exc.strerror or 'I/O error'})")
+    return unavailable("could not receive the upload", exc)
 
 
 async def _receive_raw(request: Request, out: BinaryIO, upload: Upload, limit: int) -> None:

@@ -1,9 +1,11 @@
-"""The database going away under the API: a 503 the client may retry, never a
-500, and the API answers again once it is back (a real PostgreSQL database
-that refuses connections for a while)."""
+"""What passes, under the API: the database going away (a real PostgreSQL
+database that refuses connections for a while) is a 503, a full disk (a real
+small tmpfs) a 507, both with Retry-After, never a 500; and the API answers
+again once it is back."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -16,7 +18,7 @@ from hypermedia.db.migrate import upgrade
 from hypermedia.queue.engine import Engine
 from hypermedia.services import Services
 from tests.conftest import drop_database, make_database
-from tests.harness import pg_accepting
+from tests.harness import fill_disk, pg_accepting, small_tmpfs
 
 from .conftest import bearer
 
@@ -47,3 +49,26 @@ def test_requests_get_503_while_the_database_is_away(tmp_path: Path) -> None:
     finally:
         pg_accepting(name, True)
         drop_database("postgresql", url)
+
+
+def test_an_upload_to_a_full_disk_is_507_and_leaves_nothing(driver, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with small_tmpfs(tmp_path / "disk", 16) as disk:
+        home = settings.with_(home=disk, api_rate_per_second=0.0)
+        svc = Services.from_engine(Engine(driver, home))
+        _, token = svc.tokens.create("p", ["admin"])
+        with TestClient(create_app(svc), raise_server_exceptions=False) as client:
+            filler = fill_disk(disk, leave=256 << 10)
+            data = os.urandom(1 << 20)
+            r = client.post("/v1/objects", content=data, headers=bearer(token))
+            assert r.status_code == 507, r.text
+            assert r.json()["code"] == "insufficient_storage"
+            assert r.headers["Retry-After"] == "2"
+            assert str(disk) not in r.text
+            filler.unlink()
+            r = client.post("/v1/objects", content=data, headers=bearer(token))
+            assert r.status_code == 201, r.text
+            with driver.read() as tx:  # only the upload that went through is ready
+                rows = tx.objects(project_id="p", reserved=True)
+            assert [o["size"] for o in rows if o["state"] == "ready"] == [len(data)]
+            blobs = [p for p in (disk / "storage").rglob("*") if p.is_file()]
+            assert [p.stat().st_size for p in blobs] == [len(data)]  # no partial file
