@@ -4,41 +4,26 @@ Each method runs one transaction through the driver seam, guards the change
 with the transition table (``states.TRANSITIONS``), and writes a diagnostic
 event in the same transaction.  Worker-side reports (start, settle, renew) are
 fenced by (job, attempt number, worker): a superseded attempt changes nothing.
+The changes that create a job are in enqueue.py (``Enqueuing``, inherited).
 """
 
 from __future__ import annotations
 
 import json
 import random
-import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from hypermedia.config import Settings
 from hypermedia.db.driver import Driver
-from hypermedia.errors import (
-    Conflict,
-    IdempotencyConflict,
-    InvalidRequest,
-    JobError,
-    NotFound,
-    StaleTransition,
-)
-from hypermedia.pipelines import registry
+from hypermedia.errors import NotFound, StaleTransition
 from hypermedia.queue import profiles as pricing
 from hypermedia.queue import states
 from hypermedia.queue.clock import utcnow
-from hypermedia.queue.models import (
-    MAX_TIMEOUT_SECONDS,
-    AttemptResult,
-    Claimed,
-    NewJob,
-    check_idempotency_key,
-    check_params,
-    check_queue_name,
-)
+from hypermedia.queue.enqueue import Enqueuing
+from hypermedia.queue.events import event
+from hypermedia.queue.models import AttemptResult, Claimed
 from hypermedia.queue.settle import Decision, decide
 from hypermedia.redact import redact
 
@@ -50,21 +35,7 @@ _OBJECT_ONLY = ("checksum", "width", "height")
 DIAGNOSTIC_HISTORY = 50
 
 
-def event(job_id: int, now: datetime, src: str | None, dst: str | None, **kw: Any) -> Row:
-    return {
-        "job_id": job_id,
-        "kind": kw.pop("kind", "event"),
-        "from_status": src,
-        "to_status": dst,
-        "attempt_number": kw.pop("attempt_number", None),
-        "code": kw.pop("code", None),
-        "message": redact(kw.pop("message", ""), 1000),
-        "actor": kw.pop("actor", None),
-        "created_at": now,
-    }
-
-
-class Engine:
+class Engine(Enqueuing):
     def __init__(
         self,
         db: Driver,
@@ -79,204 +50,6 @@ class Engine:
         self.rng = rng or random.Random()
         # profile_id -> ("key:vN", prices): see _priced.
         self._versions: dict[int, tuple[str, pricing.Prices]] = {}
-
-    # -- enqueue ---------------------------------------------------------------
-
-    def enqueue(self, job: NewJob) -> int:
-        """Create one job; with an idempotency key, a repeat returns the first job."""
-        try:
-            with self.db.tx() as tx:
-                return self.enqueue_in(tx, [job])[0]
-        except Conflict:
-            if job.idempotency_key is None:
-                raise
-            # Fix: a concurrent enqueue with the same key committed between our
-            # lookup and our insert (the unique key refused ours).  Its job is
-            # the answer, exactly as if it had been found up front.
-            with self.db.read() as tx:
-                found = tx.job_by_idempotency_key(job.project_id, job.idempotency_key)
-                if found is None:
-                    raise
-                if not self._repeats(tx, found, job):
-                    raise IdempotencyConflict(
-                        "this Idempotency-Key was already used for a different request"
-                    ) from None
-            return int(found["job_id"])
-
-    def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
-        """Create many jobs in one transaction; ids in the order given."""
-        if not jobs:
-            return []
-        with self.db.tx() as tx:
-            return self.enqueue_in(tx, jobs)
-
-    def enqueue_in(self, tx: Any, jobs: Sequence[NewJob]) -> list[int]:
-        """``enqueue_many`` inside the caller's transaction: the jobs commit with its other writes.
-
-        A job whose idempotency key was used before answers with the first job
-        (IdempotencyConflict if that one asked for something else).  Every new
-        job is validated before anything is written.  A concurrent enqueue of
-        the same key raises Conflict: the caller's transaction must roll back.
-        """
-        profiles: dict[str, Row] = {}
-        found: dict[int, int] = {}
-        built: list[tuple[int, Row, str]] = []
-        for i, j in enumerate(jobs):
-            if j.idempotency_key is not None:
-                check_idempotency_key(j.idempotency_key)
-                prior = tx.job_by_idempotency_key(j.project_id, j.idempotency_key)
-                if prior is not None:
-                    if not self._repeats(tx, prior, j):
-                        raise IdempotencyConflict(
-                            "this Idempotency-Key was already used for a different request"
-                        )
-                    found[i] = int(prior["job_id"])
-                    continue
-            built.append((i, *self._new_row(tx, j, profiles)))
-        self._check_budgets(tx, [r for _, r, _ in built])
-        ids = tx.insert_jobs([r for _, r, _ in built])
-        tx.insert_events(
-            [
-                event(
-                    ids[r["job_uuid"]],
-                    r["created_at"],
-                    None,
-                    r["status"],
-                    message=msg,
-                    actor=r["created_by"],
-                )
-                for _, r, msg in built
-            ]
-        )
-        tx.notify({r["queue_name"] for _, r, _ in built if r["status"] == "queued"})
-        found.update({i: ids[r["job_uuid"]] for i, r, _ in built})
-        return [found[i] for i in range(len(jobs))]
-
-    @staticmethod
-    def _check_budgets(tx: Any, rows: Sequence[Row]) -> None:
-        """Refuse new jobs that would take a project past its credit budget.
-
-        The project's budget row is locked first, so concurrent enqueues of
-        one project take turns: each one counts the jobs the others committed
-        (READ COMMITTED sees them once the lock is granted; SQLite holds the
-        write lock already).  Free jobs are never refused, and lock nothing.
-        """
-        needs: dict[str, int] = {}
-        for r in rows:
-            needs[r["project_id"]] = needs.get(r["project_id"], 0) + r["estimated_credits"]
-        for project_id in sorted(p for p, n in needs.items() if n > 0):
-            budget = tx.budget(project_id, lock=True)
-            if budget is None or budget["budget_credits"] is None:
-                continue
-            limit, used = int(budget["budget_credits"]), tx.credit_use(project_id)
-            if used + needs[project_id] > limit:
-                raise InvalidRequest(
-                    f"credit budget exceeded: {used} of {limit} used, "
-                    f"this request needs {needs[project_id]}"
-                )
-
-    def _repeats(self, tx: Any, prior: Row, job: NewJob) -> bool:
-        """Whether ``job`` asks for what ``prior`` is.  Stored params are validated
-        ones (profile defaults filled in): validate the request's params against
-        the prior job's profile before comparing."""
-        if _same_request(prior, job):
-            return True
-        try:
-            profile = tx.profile_by_id(prior["profile_id"]) or {}
-            settings = dict(profile.get("settings") or {})
-            params = registry.get(job.job_type).validate(dict(job.params), settings)
-        except JobError:
-            return False
-        return _same_request(prior, replace(job, params=params))
-
-    def _new_row(
-        self, tx: Any, job: NewJob, profiles: dict[str, Row] | None = None
-    ) -> tuple[Row, str]:
-        try:
-            pipeline = registry.get(job.job_type)
-        except JobError as exc:
-            # Fix: an unknown job type is a bad request, not a pipeline failure;
-            # callers (API, CLI) map InvalidRequest to a 4xx, JobError to nothing.
-            raise InvalidRequest(exc.reason) from None
-        profile = self._profile(tx, job, {} if profiles is None else profiles)
-        if profile["job_type"] != job.job_type:
-            raise InvalidRequest(
-                f"profile {profile['profile_key']} is for {profile['job_type']}, not {job.job_type}"
-            )
-        check_params(job.params)
-        try:
-            params = pipeline.validate(dict(job.params), dict(profile["settings"] or {}))
-        except JobError as exc:
-            raise InvalidRequest(exc.reason) from None
-        if not 1 <= job.priority <= 10:
-            raise InvalidRequest("priority must be from 1 (highest) to 10 (lowest)")
-        if not 1 <= job.max_attempts <= 100:
-            raise InvalidRequest("max_attempts must be from 1 to 100")
-        if job.timeout_seconds is not None and not 1 <= job.timeout_seconds <= MAX_TIMEOUT_SECONDS:
-            raise InvalidRequest(f"timeout_seconds must be from 1 to {MAX_TIMEOUT_SECONDS}")
-        if job.queue is not None:
-            check_queue_name(job.queue)
-        pool_id, input_key, input_size = job.pool_id, job.input_key, job.input_size_bytes
-        pages = duration_ms = None
-        if job.object_id is not None:
-            obj = _input_object(tx, job.object_id, job.project_id)
-            pool_id, input_key, input_size = obj["pool_id"], obj["storage_key"], obj["size"]
-            pages, duration_ms = obj.get("pages"), obj.get("duration_ms")
-        if input_size > profile["max_input_bytes"]:
-            raise InvalidRequest("input is larger than this profile accepts")
-        now = self.clock()
-        status = "created" if job.hold else "queued"
-        row = {
-            "job_uuid": str(uuid.uuid4()),
-            "object_id": job.object_id,
-            "pool_id": pool_id,
-            "owner_id": job.owner_id,
-            "project_id": job.project_id,
-            "job_type": job.job_type,
-            "queue_name": job.queue or profile["queue_name"],
-            "priority": job.priority,
-            "status": status,
-            "profile_id": profile["profile_id"],
-            "params": params,
-            "input_key": input_key,
-            "input_size_bytes": input_size,
-            "estimated_credits": pricing.estimate(
-                pricing.Prices.of(profile), input_size, pages, duration_ms
-            ),
-            "max_attempts": job.max_attempts,
-            "attempt_count": 0,
-            "timeout_seconds": job.timeout_seconds or profile["timeout_seconds"],
-            "available_at": job.run_at or now,
-            "idempotency_key": job.idempotency_key,
-            "created_by": job.created_by,
-            "updated_by": job.created_by,
-            "created_at": now,
-            "updated_at": now,
-        }
-        return row, f"{job.job_type} {status} with profile {profile['profile_key']}:" + str(
-            profile["profile_version"]
-        )
-
-    def _profile(self, tx: Any, job: NewJob, seen: dict[str, Row]) -> Row:
-        """The job's profile; ``seen`` caches lookups within one enqueue batch."""
-        ref = job.profile or registry.get(job.job_type).profile_key
-        if ref in seen:
-            return seen[ref]
-        key, _, version = ref.partition(":")
-        profile = tx.profile(key, version or None)
-        # Fix: tx.profile returns an explicitly named version even when it was
-        # deactivated; seed 000 deactivates versions "to prevent new jobs from
-        # using them", so a pinned inactive version is refused too.
-        if profile is None or not profile["is_active"]:
-            if profile is not None:
-                raise InvalidRequest(f"profile {ref} is deactivated: new jobs cannot use it")
-            if not version and tx.profile_versions(key):
-                raise InvalidRequest(
-                    f"profile {key} has no active version: every version is deactivated"
-                )
-            raise InvalidRequest(f"no active profile {ref!r}")
-        seen[ref] = dict(profile)
-        return seen[ref]
 
     # -- worker side -----------------------------------------------------------
 
@@ -889,19 +662,6 @@ def _same_values_key(values: Row) -> Any:
     return key
 
 
-def _input_object(tx: Any, object_id: int, project_id: str) -> Row:
-    """The job's input, locked so GC cannot mark it while the job is being created.
-
-    Another project's object answers like a missing one: nothing to probe.
-    """
-    obj = tx.object(object_id, lock=True)
-    if obj is None or obj["project_id"] != project_id:
-        raise InvalidRequest(f"object {object_id} does not exist")
-    if obj["state"] != "ready":
-        raise InvalidRequest(f"object {object_id} is {obj['state']}, not ready")
-    return dict(obj)
-
-
 def _actual_credits(prices: pricing.Prices, job_input: Row | None, res: AttemptResult) -> int:
     """What a completed attempt costs: see ``profiles.actual``."""
     if prices.flat:
@@ -996,16 +756,6 @@ def _orphaned(rows: Sequence[Row], why: str) -> list[AttemptResult]:
 def _expired(row: Row, before: datetime) -> bool:
     vt = row.get("visibility_timeout")
     return vt is not None and vt < before
-
-
-def _same_request(found: Row, job: NewJob) -> bool:
-    return (
-        found["job_type"] == job.job_type
-        and (found["params"] or {}) == (job.params or {})
-        and found["priority"] == job.priority
-        and (job.queue is None or found["queue_name"] == job.queue)
-        and found["object_id"] == job.object_id
-    )
 
 
 def _snapshot(report: dict[str, Any], now: datetime) -> Row | None:
