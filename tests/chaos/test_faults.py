@@ -25,8 +25,8 @@ Knobs: ``HYPERMEDIA_CHAOS_JOBS`` (jobs in the random-kill run, default 1000),
 ``HYPERMEDIA_CHAOS_SEED`` (replay a random-kill run; the seed is in every
 failure message), ``HYPERMEDIA_CHAOS_DEBUG=1`` (print the log lines of attempts
 orphaned on live workers).  The PostgreSQL restart test is marked
-``pg_restart`` and comes last: deselect it with ``-m "not pg_restart"`` when
-others share the server.
+``db_restart``, as is the MariaDB one, and they come last: deselect them with
+``-m "not db_restart"`` when others share the servers.
 """
 
 from __future__ import annotations
@@ -665,7 +665,7 @@ def test_random_worker_kills_under_load_every_job_completes_once(
     )
 
 
-# -- 4. restart PostgreSQL mid-run (keep LAST: it disturbs the shared server) ------------
+# -- 4. restart PostgreSQL mid-run (keep LAST: it disturbs the shared server) -------------
 
 
 def _pg_cluster() -> tuple[str, str]:
@@ -709,7 +709,35 @@ def _ensure_pg_up(url: str, timeout: float = 90) -> None:
         time.sleep(0.5)
 
 
-@pytest.mark.pg_restart
+def _restart_mid_run(
+    fleet: Fleet, driver: Driver, tmp_path: Path, restart: Callable[[], None]
+) -> tuple[list[str], list[subprocess.Popen[bytes]]]:
+    """300 short jobs, two workers and a scheduler; the server restarted once 20
+    are done.  Every job ends exactly once, the workers live on, and a job
+    enqueued afterwards is picked up.  Returns the job ids and the workers."""
+    n = 300
+    ids = enqueue(driver, tmp_path, [sleep_job(20) for _ in range(n)])
+    fleet.scheduler()
+    workers = [fleet.worker(concurrency=1) for _ in range(2)]
+    wait_until(fleet, driver, lambda: counts(driver).get("completed", 0) >= 20, 30, "20 jobs done")
+    done_before = counts(driver).get("completed", 0)
+    driver.dispose()  # our own pooled connections are about to die
+    restart()
+    assert done_before < n, f"the run ended before the restart: nothing was tested\n{fleet.tails()}"
+
+    wait_until(fleet, driver, all_terminal(driver, n), 60, f"all {n} jobs terminal", 0.5)
+    assert_exactly_once(fleet, driver, ids)
+    tail = fleet.tails()
+    for w in workers:
+        assert w.poll() is None, f"{fleet.name_of(w)} died\n{tail}"
+    # And still works: a job enqueued after the restart is picked up.
+    (late,) = enqueue(driver, tmp_path, [sleep_job(0)])
+    wait_until(fleet, driver, all_terminal(driver, n + 1), 20, "a job after the restart")
+    assert_exactly_once(fleet, driver, [*ids, late])
+    return [*ids, late], workers
+
+
+@pytest.mark.db_restart
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_postgresql_restart_mid_run_workers_reconnect(
     fleet: Fleet, driver: Driver, tmp_path: Path, database_url: str
@@ -718,32 +746,71 @@ def test_postgresql_restart_mid_run_workers_reconnect(
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("CI=true and no pg_ctlcluster to restart PostgreSQL with")
         pytest.skip("no pg_ctlcluster to restart the server with")
-    n = 300
-    ids = enqueue(driver, tmp_path, [sleep_job(20) for _ in range(n)])
-    fleet.scheduler()
-    workers = [fleet.worker(concurrency=1) for _ in range(2)]
-    try:
-        wait_until(
-            fleet, driver, lambda: counts(driver).get("completed", 0) >= 20, 30, "20 jobs done"
-        )
-        done_before = counts(driver).get("completed", 0)
-        driver.dispose()  # our own pooled connections are about to die
-        restart = _pg_ctl("restart")
-        assert restart.returncode == 0, restart.stdout + restart.stderr
-    finally:
-        _ensure_pg_up(database_url)
-    assert done_before < n, f"the run ended before the restart: nothing was tested\n{fleet.tails()}"
 
-    wait_until(fleet, driver, all_terminal(driver, n), 60, f"all {n} jobs terminal", 0.5)
-    assert_exactly_once(fleet, driver, ids)
-    tail = fleet.tails()
+    def restart() -> None:
+        try:
+            done = _pg_ctl("restart")
+            assert done.returncode == 0, done.stdout + done.stderr
+        finally:
+            _ensure_pg_up(database_url)
+
+    _, workers = _restart_mid_run(fleet, driver, tmp_path, restart)
     for w in workers:
-        assert w.poll() is None, f"{fleet.name_of(w)} died\n{tail}"
         # It did see the server go away (its LISTEN connection broke) and got over it.
-        assert "job listener lost its connection" in fleet.log_of(w), tail
-    # And still works: a job enqueued after the restart is picked up.
-    (late,) = enqueue(driver, tmp_path, [sleep_job(0)])
-    wait_until(fleet, driver, all_terminal(driver, n + 1), 20, "a job after the restart")
-    assert_exactly_once(fleet, driver, [*ids, late])
+        assert "job listener lost its connection" in fleet.log_of(w), fleet.tails()
+        assert fleet.terminate(w) == 0, f"{fleet.name_of(w)} did not drain\n{fleet.tails()}"
+
+
+# -- 5. restart MariaDB mid-run (it disturbs the shared server too) -----------------------
+
+MARIADBD = "/usr/sbin/mariadbd"
+
+
+def _mariadbd_pids() -> list[int]:
+    return [p.pid for p in psutil.process_iter(["exe", "name"]) if p.info["name"] == "mariadbd"]
+
+
+def _start_mariadb() -> None:
+    os.makedirs("/run/mysqld", exist_ok=True)
+    shutil.chown("/run/mysqld", "mysql", "mysql")
+    subprocess.run(
+        ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec", MARIADBD],
+        check=True,
+        timeout=30,
+    )
+
+
+def _ensure_mariadb_up(url: str, timeout: float = 90) -> None:
+    """Wait for the server; start it (again) if a restart left it down."""
+    deadline = time.monotonic() + timeout
+    while not _pg_up(url):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"MariaDB is not back after {timeout}s")
+        if not _mariadbd_pids():
+            _start_mariadb()
+        time.sleep(0.5)
+
+
+@pytest.mark.db_restart
+@pytest.mark.parametrize("database_url", ["mariadb"], indirect=True)
+def test_mariadb_restart_mid_run_workers_reconnect(
+    fleet: Fleet, driver: Driver, tmp_path: Path, database_url: str
+) -> None:
+    pids = _mariadbd_pids()
+    if not os.path.exists(MARIADBD) or not shutil.which("start-stop-daemon") or len(pids) != 1:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true and no single local {MARIADBD} to restart ({pids})")
+        pytest.skip("no single local mariadbd to restart")
+
+    def restart() -> None:
+        try:
+            server = psutil.Process(pids[0])
+            server.terminate()  # a clean shutdown: connections dropped, data flushed
+            server.wait(60)
+            _start_mariadb()
+        finally:
+            _ensure_mariadb_up(database_url)
+
+    _, workers = _restart_mid_run(fleet, driver, tmp_path, restart)
     for w in workers:
         assert fleet.terminate(w) == 0, f"{fleet.name_of(w)} did not drain\n{fleet.tails()}"
