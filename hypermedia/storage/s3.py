@@ -35,7 +35,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import http.client
 import io
 import logging
 import os
@@ -49,8 +48,6 @@ from urllib.parse import quote, urlsplit
 
 import boto3
 import botocore.exceptions
-import urllib3.exceptions
-from boto3.exceptions import Boto3Error
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.credentials import Credentials
@@ -68,6 +65,17 @@ from hypermedia.storage.base import (
 )
 from hypermedia.storage.keys import check_key
 from hypermedia.storage.s3_lean import LeanS3
+from hypermedia.storage.s3_streams import (
+    NET_READ,
+    TRANSPORT_ERRORS,
+    Body,
+    FullReader,
+    Prefix,
+    SourceError,
+    pwrite_all,
+    stream_hashing,
+    total_size,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,12 +111,6 @@ _FILE_TRANSFER = TransferConfig(
 # ``get_file`` reads an object of at most this size in one request, a larger
 # one by ranges of PART bytes on FILE_THREADS threads.
 SMALL_GET = 4 * MiB
-# Bytes asked of the socket at a time.  Every read returns a new bytes object;
-# reading 1 MiB at a time, a 200 MB download in a VM went from 0.07 to 0.4 s of
-# system time over ten runs (most likely a fresh mmap() and page faults per
-# block, dearer as guest memory fills up); at 256 KiB, as s3transfer reads,
-# it stays flat.
-NET_READ = 256 * 1024
 # Small objects of one batch (``put_files``) in flight at once.
 BATCH_THREADS = 4
 # Recording the checksum of a blob over 5 GiB takes a multipart copy.
@@ -133,16 +135,6 @@ _DENIED = {
 _REDIRECTS = {"PermanentRedirect", "TemporaryRedirect", "AuthorizationHeaderMalformed"}
 # A store that cannot rewrite an object's metadata in place answers one of these.
 _NO_SELF_COPY = {"NotImplemented", "InvalidRequest", "501"}
-
-# Exceptions of the transport and of boto itself: anything here means "the
-# store did not do it", never a bug of the caller.
-_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
-    botocore.exceptions.BotoCoreError,
-    Boto3Error,
-    urllib3.exceptions.HTTPError,
-    http.client.HTTPException,
-    OSError,
-)
 
 
 def _client_config() -> Config:
@@ -220,15 +212,15 @@ class S3Backend:
     def put(self, key: str, src: BinaryIO) -> Stored:
         check_key(key)
         try:
-            return self._put(key, _FullReader(src))
-        except _SourceError as exc:  # the caller's stream failed, not the store
+            return self._put(key, FullReader(src))
+        except SourceError as exc:  # the caller's stream failed, not the store
             raise exc.original from None
 
     def open(self, key: str) -> BinaryIO:
         check_key(key)
         with self._errors("read from"):
             response = self._client.get_object(Bucket=self.bucket, Key=key)
-        return io.BufferedReader(_Body(response["Body"], self._where), CHUNK)
+        return io.BufferedReader(Body(response["Body"], self._where), CHUNK)
 
     def stored_checksum(self, key: str) -> str | None:
         check_key(key)
@@ -390,8 +382,8 @@ class S3Backend:
                 if _code(exc) != "InvalidRange":
                     raise
                 first = self._get(key, {})  # an empty object has no byte 0
-        body = _Body(first["Body"], self._where)
-        total = _total_size(first)
+        body = Body(first["Body"], self._where)
+        total = total_size(first)
         try:
             # As open(dst, "xb") would (the umask decides), but readable: see _get_ranges.
             fd = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
@@ -403,11 +395,11 @@ class S3Backend:
                 if total <= SMALL_GET:
                     with body:
                         data = body.read()
-                    _pwrite_all(fd, data, 0)
+                    pwrite_all(fd, data, 0)
                     actual = cs.of_bytes(data, algorithm)
                 elif not first.get("ContentRange"):  # a store that ignores Range
                     with body:
-                        actual = _stream_hashing(body, fd, algorithm)
+                        actual = stream_hashing(body, fd, algorithm)
                 else:
                     etag = str(first.get("ETag") or "")
                     actual = self._get_ranges(key, etag, body, fd, total, algorithm)
@@ -421,21 +413,21 @@ class S3Backend:
             raise
 
     def _get_ranges(
-        self, key: str, etag: str, first: _Body, fd: int, total: int, algorithm: str
+        self, key: str, etag: str, first: Body, fd: int, total: int, algorithm: str
     ) -> str:
         """Fetch [SMALL_GET, total) by ranges into ``fd`` (``first`` streams the
         start) while a thread hashes the complete prefix; return the checksum."""
-        done = _Prefix()
+        done = Prefix()
         digest = cs.new(algorithm)
 
-        def fetch(start: int, end: int, body: _Body | None) -> None:
+        def fetch(start: int, end: int, body: Body | None) -> None:
             if body is None:
                 with self._errors("read from"):
                     extra: dict[str, Any] = {"IfMatch": etag} if etag else {}
                     answer = self._client.get_object(
                         Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra
                     )
-                body = _Body(answer["Body"], self._where)
+                body = Body(answer["Body"], self._where)
             with body:
                 pos = start
                 while pos < end and not done.failed:
@@ -444,7 +436,7 @@ class S3Backend:
                         raise StorageUnavailable(
                             f"S3 storage at {self._where} sent a short answer; try again"
                         )
-                    _pwrite_all(fd, chunk, pos)
+                    pwrite_all(fd, chunk, pos)
                     done.add(pos, pos + len(chunk))
                     pos += len(chunk)
 
@@ -535,7 +527,7 @@ class S3Backend:
         with contextlib.suppress(StorageError):
             self.delete(key)
 
-    def _put(self, key: str, reader: _FullReader) -> Stored:
+    def _put(self, key: str, reader: FullReader) -> Stored:
         head = reader.read(SMALL_BODY)
         more = reader.read(1) if len(head) == SMALL_BODY else b""
         if not more:
@@ -635,7 +627,7 @@ class S3Backend:
             _raise_for_client_error(exc, action, self.bucket, self._where)
         except botocore.exceptions.NoCredentialsError as exc:
             raise StorageUnavailable(f"no S3 credentials to {action} {self._where}") from exc
-        except _TRANSPORT_ERRORS as exc:
+        except TRANSPORT_ERRORS as exc:
             raise StorageUnavailable(
                 f"could not {action} S3 storage at {self._where} ({type(exc).__name__})"
             ) from exc
@@ -669,153 +661,3 @@ def _raise_for_client_error(
             f"S3 storage at {where} failed ({code or status}); try again later"
         ) from exc
     raise StorageUnavailable(f"could not {action} S3 storage at {where} ({code})") from exc
-
-
-class _SourceError(Exception):
-    """The caller's stream failed: carried through s3transfer, re-raised as it was."""
-
-    def __init__(self, original: BaseException) -> None:
-        super().__init__(type(original).__name__)
-        self.original = original
-
-
-class _FullReader:
-    """``read(n)`` returns n bytes unless the stream ends (S3 parts must be full).
-
-    Bytes handed back with ``unread`` come first.  A source that already
-    returns full reads costs no copy.
-    """
-
-    def __init__(self, src: BinaryIO) -> None:
-        self._src = src
-        self._pending: list[bytes] = []
-
-    def unread(self, *chunks: bytes) -> None:
-        self._pending = [c for c in chunks if c] + self._pending
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, n: int | None = -1) -> bytes:
-        want = n if n is not None and n >= 0 else -1
-        first = self._next(want)
-        if (want >= 0 and len(first) >= want) or not first:
-            return first  # the common case: no copy at all
-        # Short pieces: gather them in a BytesIO, which grows in place and hands
-        # its buffer over without a copy (b"".join would hold twice the part).
-        buf = io.BytesIO()
-        got = buf.write(first)
-        del first
-        while want < 0 or got < want:
-            piece = self._next(want - got if want >= 0 else -1)
-            if not piece:
-                break
-            got += buf.write(piece)
-            del piece
-        return buf.getvalue()
-
-    def _next(self, n: int) -> bytes:
-        """The next piece, at most n bytes (any size if n < 0)."""
-        if self._pending:
-            piece = self._pending.pop(0)
-            if 0 <= n < len(piece):
-                self._pending.insert(0, piece[n:])
-                piece = piece[:n]
-            return piece
-        return self._read_src(n if n >= 0 else CHUNK)
-
-    def _read_src(self, n: int) -> bytes:
-        try:
-            return self._src.read(n)
-        except Exception as exc:
-            raise _SourceError(exc) from exc
-
-
-class _Body(io.RawIOBase):
-    """A GetObject body whose transport errors come out as StorageUnavailable."""
-
-    def __init__(self, body: Any, where: str) -> None:
-        self._body = body
-        self._where = where
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int | None = -1) -> bytes:
-        try:
-            return bytes(self._body.read(None if size is None or size < 0 else size))
-        except _TRANSPORT_ERRORS as exc:
-            raise StorageUnavailable(
-                f"lost the connection to S3 storage at {self._where} ({type(exc).__name__})"
-            ) from exc
-
-    def readinto(self, buf: Any) -> int:
-        view = memoryview(buf).cast("B")
-        data = self.read(min(len(view), NET_READ))  # a short read is fine: see NET_READ
-        view[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        if not self.closed:
-            with contextlib.suppress(Exception):  # a broken connection: nothing to close
-                self._body.close()
-        super().close()
-
-
-def _total_size(answer: Any) -> int:
-    """The object's size from a (ranged) GetObject answer."""
-    content_range = str(answer.get("ContentRange") or "")  # "bytes 0-4194303/209715200"
-    if "/" in content_range and not content_range.endswith("/*"):
-        return int(content_range.rsplit("/", 1)[1])
-    return int(answer.get("ContentLength") or 0)  # the whole object (Range ignored)
-
-
-def _stream_hashing(body: _Body, fd: int, algorithm: str) -> str:
-    """The whole body into ``fd`` from offset 0, hashed on the way."""
-    digest, offset = cs.new(algorithm), 0
-    while chunk := body.read(NET_READ):
-        _pwrite_all(fd, chunk, offset)
-        digest.update(chunk)
-        offset += len(chunk)
-    return cs.tagged(algorithm, digest.hexdigest())
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
-
-
-class _Prefix:
-    """Byte ranges written so far, and how far from 0 they are contiguous."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._prefix = 0
-        self._pending: dict[int, int] = {}  # start -> end, all past the prefix
-        self.failed = False
-
-    def add(self, start: int, end: int) -> None:
-        with self._cond:
-            if start > self._prefix:
-                self._pending[start] = max(end, self._pending.get(start, 0))
-                return
-            self._prefix = max(self._prefix, end)
-            # Ranges arrive in order within each thread: a finished piece starts
-            # exactly where an earlier one (possibly of another thread) ended.
-            while (nxt := self._pending.pop(self._prefix, None)) is not None:
-                self._prefix = max(self._prefix, nxt)
-            self._cond.notify_all()
-
-    def fail(self) -> None:
-        with self._cond:
-            self.failed = True
-            self._cond.notify_all()
-
-    def wait_past(self, position: int) -> int | None:
-        """The contiguous prefix once it is past ``position``; None after a failure."""
-        with self._cond:
-            while self._prefix <= position and not self.failed:
-                self._cond.wait()
-            return None if self.failed else self._prefix
