@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from tests.harness import (
     small_tmpfs,
     spawn,
     stop,
+    wait_for,
 )
 
 pytestmark = [
@@ -46,13 +46,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def _wait(what: str, check, timeout: float, log: Path) -> None:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():
-            return
-        time.sleep(0.2)
-    text = log.read_text()
-    pytest.fail(f"timed out waiting for {what}; worker log:\n{text[:3000]}\n…\n{text[-2000:]}")
+    try:
+        wait_for(check, timeout, 0.2, what)
+    except AssertionError as exc:
+        text = log.read_text()
+        pytest.fail(f"{exc}; worker log:\n{text[:3000]}\n…\n{text[-2000:]}")
 
 
 def test_a_full_disk_holds_jobs_back_and_loses_none(small_disk: Path, tmp_path: Path) -> None:

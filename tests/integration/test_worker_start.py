@@ -19,7 +19,7 @@ from hypermedia.db.migrate import upgrade
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 from tests.conftest import PG_ADMIN, _server_db, drop_database, make_database
-from tests.harness import pg_accepting, spawn, stop, wait_for
+from tests.harness import pg_accepting, query, spawn, stop, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -88,12 +88,10 @@ def test_commands_that_wait_outlive_a_database_outage(tmp_path: Path) -> None:
         upgrade(url)
         submit = spawn("jobs", "submit", "debug.noop", "--wait", url=url, home=home)
         procs.append(submit)
-        driver = Driver(url)
-        try:
-            wait_for(lambda: _jobs(driver) == 1, 30, what="the job to be queued")
-            job_id = _jobs(driver, newest=True)
-        finally:
-            driver.dispose()
+        queued = wait_for(
+            lambda: query(url, "SELECT job_id FROM processing_jobs"), 30, what="the job queued"
+        )
+        (job_id,) = [r[0] for r in queued]
         tail_log = tmp_path / "tail.log"
         tail = spawn("jobs", "tail", str(job_id), url=url, home=home, log=tail_log)
         procs.append(tail)
@@ -111,9 +109,3 @@ def test_commands_that_wait_outlive_a_database_outage(tmp_path: Path) -> None:
             stop(p, signal.SIGKILL)
         pg_accepting(name, True)
         drop_database("postgresql", url)
-
-
-def _jobs(driver: Driver, newest: bool = False) -> int:
-    with driver.read() as tx:
-        rows = tx.conn.execute(sa.text("SELECT job_id FROM processing_jobs")).all()
-    return max(r[0] for r in rows) if newest else len(rows)
