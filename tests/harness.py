@@ -6,9 +6,11 @@ import contextlib
 import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -135,14 +137,24 @@ def status_counts(url: str) -> dict[str, int]:
     return {r[0]: int(r[1]) for r in rows}
 
 
-def start_serve(tmp_path: Path, home: Path, **env: str):  # type: ignore[no-untyped-def]
-    """Start ``hypermedia serve`` on a free port; return (process, base URL) once ready."""
-    import socket
-    import urllib.request
-
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return int(s.getsockname()[1])
+
+
+def answers_ready(base: str) -> bool:
+    """Whether the server at ``base`` answers /readyz with 200."""
+    try:
+        with urllib.request.urlopen(f"{base}/readyz", timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def start_serve(tmp_path: Path, home: Path, **env: str):  # type: ignore[no-untyped-def]
+    """Start ``hypermedia serve`` on a free port; return (process, base URL) once ready."""
+    port = free_port()
     log = tmp_path / "serve.log"
     server = spawn("serve", "--port", str(port), url="", home=home, log=log, **env)
     base = f"http://127.0.0.1:{port}"
@@ -150,11 +162,7 @@ def start_serve(tmp_path: Path, home: Path, **env: str):  # type: ignore[no-unty
     def ready() -> bool:
         if server.poll() is not None:
             raise AssertionError((tmp_path / "serve.log").read_text()[-2000:])
-        try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=1) as r:
-                return r.status == 200
-        except OSError:
-            return False
+        return answers_ready(base)
 
     wait_for(ready, 30, what="serve answers /readyz")
     return server, base

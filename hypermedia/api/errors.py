@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hypermedia.db.dialects import is_transient
+from hypermedia.db.dialects import is_schema_missing, is_transient
 from hypermedia.errors import (
     Conflict,
     Forbidden,
@@ -157,13 +157,15 @@ def install(app: FastAPI) -> None:
 
 def _away(exc: Exception) -> tuple[int, str, str] | None:
     """A 503 or 507 for what is no fault of the request and passes: the
-    database restarting or unreachable, the disk full.  The client is told
+    database restarting, unreachable or not migrated yet, the disk full.  The client is told
     to try again; what the database said goes to the log only (it names
     hosts and databases)."""
     if isinstance(exc, OSError):
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return 507, "insufficient_storage", "the server has no room left; try again later"
         return None
+    if is_schema_missing(exc):  # deployed before its `db upgrade` ran
+        return 503, "database_not_migrated", "the service is being upgraded; try again shortly"
     if is_transient(exc):
         return 503, "database_unavailable", "the database is unavailable; try again shortly"
     return None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +20,7 @@ from rich.console import Console
 from hypermedia.config import Settings, load_settings
 from hypermedia.db.dialects import is_transient
 from hypermedia.db.driver import connect
+from hypermedia.db.ready import wait_until_ready
 from hypermedia.errors import HypermediaError, NotFound
 from hypermedia.queue.clock import clock_for
 from hypermedia.queue.engine import Engine
@@ -26,6 +29,7 @@ from hypermedia.redact import brief, redact
 console = Console()
 err_console = Console(stderr=True)
 T = TypeVar("T")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def settings() -> Settings:
@@ -65,6 +69,8 @@ def user_errors() -> Iterator[None]:
     """Turn our errors into a short red line and an exit code; never a traceback."""
     try:
         yield
+    except typer.Exit:
+        raise
     except NotFound as exc:
         err_console.print(f"[red]not found:[/] {redact(exc)}")
         raise typer.Exit(2) from None
@@ -74,6 +80,22 @@ def user_errors() -> Iterator[None]:
     except Exception as exc:  # database down, bad URL…: say what kind, not the internals
         err_console.print(f"[red]error:[/] {brief(exc)}")
         raise typer.Exit(1) from None
+
+
+def wait_for_database(url: str, seconds: float | None) -> bool:
+    """Whether the database at ``url`` answers within ``seconds`` (None: as
+    long as it takes); SIGTERM and Ctrl-C end the wait.  For commands a
+    deploy starts beside the database (``serve``, ``db upgrade --wait``)."""
+    stop = threading.Event()
+    handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
+    db = connect(url)
+    try:
+        deadline = None if seconds is None else time.monotonic() + seconds
+        return wait_until_ready(db, stop, schema=False, deadline=deadline)
+    finally:
+        db.dispose()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
 
 def through_outages(read: Callable[[], T], deadline: float | None = None) -> T:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shlex
 import threading
 
@@ -18,7 +19,16 @@ from hypermedia.cli import (
     tokens,
     workers,
 )
-from hypermedia.cli.common import console, engine, settings, setup_logging, user_errors
+from hypermedia.cli.common import (
+    console,
+    engine,
+    err_console,
+    settings,
+    setup_logging,
+    user_errors,
+    wait_for_database,
+)
+from hypermedia.db.ready import not_ready
 from hypermedia.pipelines import registry
 
 app = typer.Typer(help="hypermedia: durable media processing jobs.", no_args_is_help=True)
@@ -38,14 +48,28 @@ app.add_typer(tokens.projects_app, name="projects")
 app.command("process")(process.run)
 
 ALL_QUEUES = "images,documents,ocr,media,bulk"
+log = logging.getLogger("hypermedia")
 
 
 @db_app.command("upgrade")
-def db_upgrade(revision: str = typer.Argument("head")) -> None:
+def db_upgrade(
+    revision: str = typer.Argument("head"),
+    wait: float = typer.Option(
+        0,
+        "--wait",
+        min=0,
+        metavar="SECONDS",
+        help="wait up to SECONDS for the database to answer (a deploy starting beside it)",
+    ),
+) -> None:
     """Apply migrations up to REVISION (default: the newest)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     with user_errors():
         s = settings()
         s.home.mkdir(parents=True, exist_ok=True)
+        if wait and not wait_for_database(s.url, wait):
+            err_console.print(f"[red]error:[/] the database did not answer within {wait:g} s")
+            raise typer.Exit(1)
         from hypermedia.db import migrate  # Alembic: only for the commands that need it
 
         migrate.upgrade(s.url, revision)
@@ -153,6 +177,8 @@ def serve(
     with user_errors():
         s = settings()
         s.home.mkdir(parents=True, exist_ok=True)
+        if not wait_for_database(s.url, None):
+            return  # stopped while waiting
         from hypermedia.db import migrate
 
         migrate.upgrade(s.url)
@@ -212,6 +238,8 @@ def api(
     with user_errors():
         s = settings()
         svc = Services.from_settings(s)
+        if (reason := not_ready(svc.engine.db)) is not None:
+            log.warning("%s; /readyz answers 503 until then", reason[1])
         app_ = create_app(svc)
         base = _base_url(host, port)
         console.print(

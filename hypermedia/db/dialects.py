@@ -584,6 +584,25 @@ def is_deadlock(exc: BaseException) -> bool:
     return bool(args) and args[0] in _DEADLOCK_MYSQL
 
 
+# Undefined table or column: a schema older than the code (no `db upgrade` yet).
+_NO_SCHEMA_PG = {"42P01", "42703"}
+_NO_SCHEMA_MYSQL = {1146, 1054}
+_NO_SCHEMA_SQLITE = ("no such table", "no such column")
+
+
+def is_schema_missing(exc: BaseException) -> bool:
+    """Whether ``exc`` says a table or column the code uses is not there."""
+    orig = getattr(exc, "orig", None)
+    if orig is None:
+        return False
+    if getattr(orig, "sqlstate", None) in _NO_SCHEMA_PG:
+        return True
+    args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
+    if args and args[0] in _NO_SCHEMA_MYSQL:
+        return True
+    return bool(args) and isinstance(args[0], str) and args[0].startswith(_NO_SCHEMA_SQLITE)
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether the same statements may go through later: the database was
     away, busy or locked (or chose us as a deadlock's victim), as opposed to

@@ -194,14 +194,6 @@ class Driver:
         with self.read() as tx:
             return tx.newest_job_id()
 
-    def healthy(self) -> bool:
-        try:
-            with self.read() as tx:
-                tx.ping()
-            return True
-        except sa.exc.DBAPIError:
-            return False
-
 
 @contextmanager
 def _refusals() -> Iterator[None]:

@@ -93,6 +93,13 @@ class Tx(
     def ping(self) -> None:
         self.conn.execute(sa.text("SELECT 1"))
 
+    def schema_revision(self) -> str | None:
+        """Alembic's stamp, read without Alembic; None if never migrated."""
+        if not sa.inspect(self.conn).has_table("alembic_version"):
+            return None
+        q = sa.text("SELECT version_num FROM alembic_version")
+        return self.conn.execute(q).scalar()
+
     def server_now(self) -> datetime:
         return dialects.server_now(self.conn, self.dialect)
 

@@ -12,6 +12,7 @@ import threading
 import time
 from datetime import timedelta
 
+from hypermedia.db.ready import wait_until_ready
 from hypermedia.linux import name_native
 from hypermedia.queue.engine import Engine
 from hypermedia.redact import brief
@@ -46,6 +47,8 @@ class Leader(threading.Thread):
 
     def run(self) -> None:
         name_native()
+        if not wait_until_ready(self.engine.db, self.stop):
+            return
         renew_every = self.engine.settings.leader_lease_seconds / 3
         next_renew = 0.0
         due = {s.name: 0.0 for s in self.services}

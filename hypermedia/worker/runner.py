@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hypermedia.db.dialects import is_transient
+from hypermedia.db.ready import wait_until_ready
 from hypermedia.errors import InvalidRequest
 from hypermedia.linux import name_native
 from hypermedia.pipelines import registry
@@ -162,11 +163,13 @@ class Worker:
 
     def _register(self) -> bool:
         """Write the worker's row; False if told to stop first.  A database
-        that is away (restarting, not up yet, its disk full) is waited for,
-        as the claim loop waits for it later: a worker started beside its
-        database need not be started again."""
+        that is away (restarting, not up yet, its disk full) or not migrated
+        yet is waited for, as the claim loop waits for it later: a worker
+        started beside its database need not be started again."""
         self.settings.home.mkdir(parents=True, exist_ok=True)
-        delay = 0.5
+        if not wait_until_ready(self.engine.db, self.stop_claiming):
+            return False
+        delay = 0.5  # it may go away again before the insert
         while True:
             row = worker_row(
                 self.worker_id,

@@ -1,6 +1,6 @@
-"""A worker started before its database is there waits for it, and a SIGTERM
-meanwhile ends it cleanly; commands that wait for jobs outlive an outage
-(real processes, a real PostgreSQL)."""
+"""A worker, `serve` and `db upgrade --wait` started before their database
+is there wait for it, and a SIGTERM meanwhile ends them cleanly; commands
+that wait for jobs outlive an outage (real processes, a real PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -14,18 +14,28 @@ import pytest
 import sqlalchemy as sa
 
 from hypermedia.config import Settings
+from hypermedia.db import revisions
 from hypermedia.db.driver import Driver
 from hypermedia.db.migrate import upgrade
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 from tests.conftest import PG_ADMIN, _server_db, drop_database, make_database
-from tests.harness import pg_accepting, query, spawn, stop, wait_for
+from tests.harness import (
+    answers_ready,
+    free_port,
+    hypermedia,
+    pg_accepting,
+    query,
+    spawn,
+    stop,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _waiting(log: Path) -> bool:
-    return log.exists() and "cannot register the worker" in log.read_text()
+    return log.exists() and "the database is unavailable" in log.read_text()
 
 
 def test_a_worker_started_before_its_database_waits_then_works(tmp_path: Path) -> None:
@@ -75,6 +85,42 @@ def test_sigterm_while_waiting_for_the_database_exits_cleanly(tmp_path: Path) ->
         assert "Traceback" not in log.read_text()
     finally:
         stop(worker, signal.SIGKILL)
+
+
+def test_db_upgrade_wait_and_serve_start_before_their_database(tmp_path: Path) -> None:
+    """`db upgrade --wait` and `serve` started while the database refuses
+    connections wait for it, then migrate (serve then answers /readyz);
+    past --wait's bound, or on SIGTERM, they end without a traceback."""
+    url = make_database("postgresql", tmp_path)
+    name = sa.engine.make_url(url).database
+    assert name
+    home = tmp_path / "home"
+    port = free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        pg_accepting(name, False)
+        gave_up = hypermedia("db", "upgrade", "--wait", "1", url=url, home=home)
+        assert gave_up.returncode == 1
+        assert "did not answer within 1 s" in gave_up.stderr and "Traceback" not in gave_up.stderr
+        upgrading = spawn("db", "upgrade", "--wait", "60", url=url, home=home)
+        serve_log = tmp_path / "serve.log"
+        serving = spawn("serve", "--port", str(port), url=url, home=home, log=serve_log)
+        procs += [upgrading, serving]
+        wait_for(lambda: _waiting(serve_log), 30, what="serve to wait for its database")
+        time.sleep(1.5)
+        assert upgrading.poll() is None and serving.poll() is None, serve_log.read_text()
+        pg_accepting(name, True)
+        assert upgrading.wait(60) == 0
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: answers_ready(base), 60, what="serve to answer /readyz")
+        assert query(url, "SELECT version_num FROM alembic_version")[0][0] == revisions.head()
+        assert stop(serving) == 0
+        assert "Traceback" not in serve_log.read_text()
+    finally:
+        for p in procs:
+            stop(p, signal.SIGKILL)
+        pg_accepting(name, True)
+        drop_database("postgresql", url)
 
 
 def test_commands_that_wait_outlive_a_database_outage(tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from hypermedia.api.deps import services
+from hypermedia.db import ready
+from hypermedia.db.driver import Driver
 
 router = APIRouter(tags=["operations"])
 
@@ -16,13 +18,24 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="The database and every storage pool answer")
+@router.get(
+    "/readyz", summary="The database answers at this code's schema, and every storage pool answers"
+)
 async def readyz(request: Request) -> JSONResponse:
     svc = services(request)
-    database = await run_in_threadpool(svc.engine.db.healthy)
-    storage = database and await run_in_threadpool(svc.storage.reachable)
-    body = {
-        "database": "ok" if database else "unreachable",
-        "storage": "ok" if storage else "unreachable",
-    }
-    return JSONResponse(body, status_code=200 if database and storage else 503)
+    database = await run_in_threadpool(_database, svc.engine.db)
+    storage = database == "ok" and await run_in_threadpool(svc.storage.reachable)
+    body = {"database": database, "storage": "ok" if storage else "unreachable"}
+    return JSONResponse(body, status_code=200 if storage else 503)
+
+
+def _database(db: Driver) -> str:
+    """ "ok", "unreachable", or "not migrated" (a deploy whose `db upgrade`
+    has not run yet: not ready, though the database answers)."""
+    try:
+        reason = ready.not_ready(db)
+    except Exception:  # the database refuses us for good: still not ready
+        return "unreachable"
+    if reason is None:
+        return "ok"
+    return "unreachable" if reason[0] == "away" else "not migrated"

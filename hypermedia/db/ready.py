@@ -1,0 +1,80 @@
+"""Waiting for a database that cannot serve this process yet: away (not
+started, restarting, its disk full) or not migrated to this code's schema.
+
+Workers, the leader and ``serve`` start beside their database, in any order,
+and wait instead of dying; ``db upgrade --wait`` does the same for a deploy
+script.  What they wait for is said once a minute, not at every retry."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from hypermedia.db import revisions
+from hypermedia.db.dialects import is_transient
+from hypermedia.db.driver import Driver
+from hypermedia.redact import brief
+
+log = logging.getLogger(__name__)
+
+SAY_EVERY = 60.0  # seconds between two warnings of the same kind
+_said: dict[str, float] = {}  # kind -> when; process-wide: a worker and its leader say it once
+_said_lock = threading.Lock()
+
+
+def _say(kind: str, message: str) -> None:
+    now = time.monotonic()
+    with _said_lock:
+        if now - _said.get(kind, -SAY_EVERY) < SAY_EVERY:
+            return
+        _said[kind] = now
+    log.warning("%s", message)
+
+
+def not_ready(db: Driver, *, schema: bool = True) -> tuple[str, str] | None:
+    """(kind, why) the database cannot serve this code now, or None.  An
+    error that is not about the database being away is raised: waiting
+    would not end it."""
+    try:
+        with db.read() as tx:
+            tx.ping()
+            current = tx.schema_revision() if schema else None
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        return "away", f"the database is unavailable ({brief(exc)})"
+    if not schema:
+        return None
+    if revisions.newer(current):
+        _say(
+            "newer",
+            f"the database schema (revision {current}) is newer than this hypermedia "
+            f"(revision {revisions.head()}): upgrade hypermedia",
+        )
+    why = revisions.behind(current)
+    return None if why is None else ("schema", why)
+
+
+def wait_until_ready(
+    db: Driver,
+    stop: threading.Event,
+    *,
+    schema: bool = True,
+    deadline: float | None = None,
+) -> bool:
+    """Block until ``db`` answers (and, with ``schema``, is migrated to this
+    code's revision): True, or False once ``stop`` is set or the
+    ``deadline`` (time.monotonic()) has passed first."""
+    delay = 0.5
+    while (reason := not_ready(db, schema=schema)) is not None:
+        kind, why = reason
+        _say(kind, f"{why}; waiting for it")
+        if deadline is not None:
+            delay = min(delay, deadline - time.monotonic())
+            if delay <= 0:
+                return False
+        if stop.wait(delay):
+            return False
+        delay = min(delay * 2, 5.0)
+    return True
