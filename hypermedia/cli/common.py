@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from hypermedia.config import Settings, load_settings
-from hypermedia.db.dialects import is_transient
+from hypermedia.db.dialects import is_schema_missing, is_transient
 from hypermedia.db.driver import connect
 from hypermedia.db.ready import wait_until_ready
 from hypermedia.errors import HypermediaError, NotFound
@@ -78,7 +78,10 @@ def user_errors() -> Iterator[None]:
         err_console.print(f"[red]error:[/] {redact(exc)}")
         raise typer.Exit(1) from None
     except Exception as exc:  # database down, bad URL…: say what kind, not the internals
-        err_console.print(f"[red]error:[/] {brief(exc)}")
+        said = brief(exc)
+        if is_schema_missing(exc):
+            said = f"{said}: is the database migrated? run `hypermedia db upgrade`"
+        err_console.print(f"[red]error:[/] {said}", highlight=False)
         raise typer.Exit(1) from None
 
 

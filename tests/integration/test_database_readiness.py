@@ -102,3 +102,11 @@ def test_the_api_answers_503_and_readyz_says_not_migrated(empty_url: str, tmp_pa
             assert client.get("/v1/jobs", headers=TOKEN).status_code == 401  # unknown, now
     finally:
         driver.dispose()
+
+
+def test_a_command_on_it_says_to_migrate(empty_url: str, tmp_path: Path) -> None:
+    done = hypermedia("jobs", "ls", url=empty_url, home=tmp_path / "home")
+    assert done.returncode == 1
+    said = " ".join(done.stderr.split())  # rich wraps long lines
+    assert "is the database migrated? run `hypermedia db upgrade`" in said, said
+    assert "Traceback" not in said
