@@ -157,9 +157,9 @@ def install(app: FastAPI) -> None:
 
 def _away(exc: Exception) -> tuple[int, str, str] | None:
     """A 503 or 507 for what is no fault of the request and passes: the
-    database restarting, unreachable or not migrated yet, the disk full.  The client is told
-    to try again; what the database said goes to the log only (it names
-    hosts and databases)."""
+    database restarting, unreachable or not migrated yet, the disk full.  The
+    client is told to try again; what the database said goes to the log only
+    (it names hosts and databases)."""
     if isinstance(exc, OSError):
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return 507, "insufficient_storage", "the server has no room left; try again later"

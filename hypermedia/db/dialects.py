@@ -3,17 +3,20 @@
 * claim: how to take ready jobs without two workers taking the same one;
 * notify / listen: PostgreSQL can wake idle workers, the others are polled;
 * which errors mean "chosen as a deadlock's victim: run the transaction again",
-  and which mean "try later" rather than "never".
+  and which mean "try later" rather than "never";
+* how migrations started by several processes at once take turns.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -613,3 +616,40 @@ def is_transient(exc: BaseException) -> bool:
             exc, sa.exc.OperationalError | sa.exc.InterfaceError
         )
     return isinstance(exc, sa.exc.TimeoutError | OSError)
+
+
+# -- migrations take turns -------------------------------------------------------
+
+_MIGRATION_LOCK = "hypermedia.migrate"
+_MIGRATION_KEY = 0x686D5F6D69677261  # PostgreSQL's advisory locks take a bigint
+_MIGRATION_WAIT_S = 3600
+
+
+@contextlib.contextmanager
+def migration_lock(conn: sa.Connection, dialect: str) -> Iterator[None]:
+    """Hold the database's migration lock while migrating on ``conn``.
+
+    Replicas of ``serve`` each migrate as they start, and a deploy may run
+    ``db upgrade`` beside them: without turns two would both create a table
+    (one fails) or, on MariaDB, whose DDL is not transactional, interleave
+    half-done steps.  The second waits, then finds the work done.  A session
+    lock (PostgreSQL, MariaDB) ends with the connection, so a killed migration
+    leaves none behind; SQLite, one file on this machine, takes an flock on a
+    file beside it, which the kernel drops with the process."""
+    if dialect == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": _MIGRATION_KEY})
+        yield
+    elif dialect == "mysql":
+        q = sa.text("SELECT GET_LOCK(:name, :wait)")
+        got = conn.execute(q, {"name": _MIGRATION_LOCK, "wait": _MIGRATION_WAIT_S}).scalar()
+        if got != 1:
+            raise RuntimeError(f"another migration held the lock for {_MIGRATION_WAIT_S} s")
+        yield
+    else:
+        database = conn.engine.url.database
+        if not database or database == ":memory:":
+            yield
+            return
+        with open(f"{database}-migrate.lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield

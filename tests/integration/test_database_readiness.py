@@ -6,6 +6,8 @@ Real processes, real databases."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +24,7 @@ from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 from hypermedia.services import Services
 from tests.conftest import BACKENDS, drop_database, make_database
-from tests.harness import hypermedia, spawn, stop, wait_for
+from tests.harness import cli_env, hypermedia, query, spawn, stop, wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.parametrize("backend", BACKENDS)]
 
@@ -110,3 +112,24 @@ def test_a_command_on_it_says_to_migrate(empty_url: str, tmp_path: Path) -> None
     said = " ".join(done.stderr.split())  # rich wraps long lines
     assert "is the database migrated? run `hypermedia db upgrade`" in said, said
     assert "Traceback" not in said
+
+
+def test_migrations_started_together_take_turns(empty_url: str, tmp_path: Path) -> None:
+    """Replicas of `serve` each migrate as they start: four `db upgrade`
+    processes at once on an empty database all succeed, and it ends at head
+    with each step applied once."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "hypermedia", "db", "upgrade"],
+            env=cli_env(empty_url, tmp_path / f"home{i}"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    outputs = [p.communicate(timeout=90)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, outputs
+    assert query(empty_url, "SELECT version_num FROM alembic_version") == [(revisions.head(),)]
+    profiles = query(empty_url, "SELECT profile_key, profile_version FROM processing_profiles")
+    assert profiles and len(profiles) == len(set(profiles))

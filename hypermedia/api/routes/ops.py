@@ -30,8 +30,8 @@ async def readyz(request: Request) -> JSONResponse:
 
 
 def _database(db: Driver) -> str:
-    """ "ok", "unreachable", or "not migrated" (a deploy whose `db upgrade`
-    has not run yet: not ready, though the database answers)."""
+    """The database's readiness: ok, unreachable, or not migrated (a deploy
+    whose `db upgrade` has not run yet: not ready, though it answers)."""
     try:
         reason = ready.not_ready(db)
     except Exception:  # the database refuses us for good: still not ready

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
+from hypermedia.db import dialects
 from hypermedia.db.driver import Driver
 from hypermedia.db.schema import metadata
 
@@ -20,18 +21,21 @@ try:
             raw = connection.connection.driver_connection
             assert raw is not None
             raw.execute("PRAGMA foreign_keys=OFF")
-        context.configure(
-            connection=connection,
-            target_metadata=metadata,
-            render_as_batch=driver.name == "sqlite",
-            compare_type=True,
-        )
-        with context.begin_transaction():
-            context.run_migrations()
-            if driver.name == "sqlite":
-                broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
-                if broken:
-                    raise RuntimeError(f"a migration broke foreign keys: {broken[:5]}")
-        connection.commit()
+        # Taken before Alembic reads the database's revision, so a migration
+        # that another process ran meanwhile is seen as done.
+        with dialects.migration_lock(connection, driver.name):
+            context.configure(
+                connection=connection,
+                target_metadata=metadata,
+                render_as_batch=driver.name == "sqlite",
+                compare_type=True,
+            )
+            with context.begin_transaction():
+                context.run_migrations()
+                if driver.name == "sqlite":
+                    broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+                    if broken:
+                        raise RuntimeError(f"a migration broke foreign keys: {broken[:5]}")
+            connection.commit()
 finally:
     driver.dispose()
