@@ -15,7 +15,7 @@ exactly what SQLAlchemy would have written and read (datetimes, JSON).
 
 Only SQLite takes this path (sqlite3's qmark parameters are positional):
 PostgreSQL's hot writes are already one statement per batch
-(dialects.pg_apply), and MariaDB is not the embedded case.
+(pg_batch.apply), and MariaDB is not the embedded case.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from hypermedia.db import dialects, fast
+from hypermedia.db import dialects, fast, pg_batch
 from hypermedia.db.auth_queries import AuthQueries
 from hypermedia.db.bulk import update_many
 from hypermedia.db.credit_queries import CreditQueries
@@ -181,7 +181,7 @@ class Tx(
             return {}
         try:
             if self.dialect == "postgresql":
-                got = dialects.pg_bulk_insert(self.conn, J, rows, ("job_id", "job_uuid"))
+                got = pg_batch.bulk_insert(self.conn, J, rows, ("job_id", "job_uuid"))
                 return {r["job_uuid"]: r["job_id"] for r in got}
             res = self.conn.execute(sa.insert(J).returning(J.c.job_id, J.c.job_uuid), list(rows))
         except sa.exc.IntegrityError as exc:
@@ -356,7 +356,7 @@ class Tx(
         if claim is not None:
             assert worker_id is not None, "a claim is always some worker's"
             args = dialects.ClaimArgs(worker_id, *claim)
-        return dialects.pg_apply(self.conn, worker_id, items, args)
+        return pg_batch.apply(self.conn, worker_id, items, args)
 
     def notify(self, queues: set[str]) -> None:
         if not dialects.notify(self.conn, self.dialect, queues):
@@ -439,7 +439,7 @@ class Tx(
         if not rows:
             return
         if self.dialect == "postgresql":
-            dialects.pg_bulk_update(
+            pg_batch.bulk_update(
                 self.conn, A, ("job_id", "attempt_number"), _uniform(rows), "t.status = 'started'"
             )
             return
@@ -479,7 +479,7 @@ class Tx(
         if not rows:
             return
         if self.dialect == "postgresql" and len(rows) > 1:
-            dialects.pg_bulk_insert(self.conn, E, _uniform(rows))
+            pg_batch.bulk_insert(self.conn, E, _uniform(rows))
         elif self.dialect == "sqlite":
             fast.insert_many(self.conn, E, _uniform(rows))
         else:
