@@ -4,7 +4,9 @@ Each method runs one transaction through the driver seam, guards the change
 with the transition table (``states.TRANSITIONS``), and writes a diagnostic
 event in the same transaction.  Worker-side reports (start, settle, renew) are
 fenced by (job, attempt number, worker): a superseded attempt changes nothing.
-The changes that create a job are in enqueue.py (``Enqueuing``, inherited).
+The changes that create a job are in enqueue.py (``Enqueuing``), those a
+user asks for (release, cancel, retry) and the reads in actions.py
+(``UserActions``): both inherited.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from typing import Any
 
 from hypermedia.config import Settings
 from hypermedia.db.driver import Driver
-from hypermedia.errors import NotFound, StaleTransition
 from hypermedia.queue import profiles as pricing
 from hypermedia.queue import states
+from hypermedia.queue.actions import UserActions
 from hypermedia.queue.clock import utcnow
 from hypermedia.queue.enqueue import Enqueuing
 from hypermedia.queue.events import event
@@ -35,7 +37,7 @@ _OBJECT_ONLY = ("checksum", "width", "height")
 DIAGNOSTIC_HISTORY = 50
 
 
-class Engine(Enqueuing):
+class Engine(Enqueuing, UserActions):
     def __init__(
         self,
         db: Driver,
@@ -487,96 +489,6 @@ class Engine(Enqueuing):
             tx.notify({r["queue_name"] for r in held})
         return {r["job_id"] for r in held}
 
-    # -- user actions (seed 001 methods) ------------------------------------------
-
-    def release(self, job_id: int, actor: str | None = None) -> None:
-        """created → queued."""
-        self._move(job_id, "release", {}, actor, "released")
-
-    def cancel(self, job_id: int, actor: str | None = None) -> str:
-        """Cancel: waiting jobs at once; running ones are asked to stop. Returns the new status."""
-        now = self.clock()
-        with self.db.tx() as tx:
-            job = _locked_job(tx, job_id)
-            status = job["status"]
-            if status == "cancel_requested":
-                return status
-            if status in states.sources("cancel"):
-                values = {
-                    "outcome": "cancelled",
-                    "category": "cancellation",
-                    "retryable": True,
-                    "safe_reason": "cancelled by request",
-                    "completed_at": now,
-                }
-                self._guarded(tx, job, "cancel", values, actor, "cancelled by request")
-                return "cancelled"
-            if status in states.sources("request_cancel"):
-                self._guarded(tx, job, "request_cancel", {}, actor, "cancel requested")
-                return "cancel_requested"
-            raise StaleTransition(job_id, "cancel", status)
-
-    def retry(self, job_id: int, actor: str | None = None) -> None:
-        """failed/cancelled → queued as a new attempt; earlier attempts stay in history."""
-        now = self.clock()
-        with self.db.tx() as tx:
-            job = _locked_job(tx, job_id)
-            values = {
-                "max_attempts": max(job["max_attempts"], job["attempt_count"] + 1),
-                "outcome": None,
-                "category": None,
-                "retryable": None,
-                "error_code": None,
-                "safe_reason": None,
-                "completed_at": None,
-                "available_at": now,
-                "visibility_timeout": None,
-                "credits_folded": False,  # back among the rows credit use sums
-            }
-            # Live again, it holds its estimate: within the budget, as an enqueue.
-            if job["status"] in states.sources("retry"):
-                self._check_budgets(tx, [job])
-            self._guarded(tx, job, "retry", values, actor, "retried by request")
-            tx.notify({job["queue_name"]})
-
-    def _move(self, job_id: int, action: str, values: Row, actor: str | None, msg: str) -> None:
-        with self.db.tx() as tx:
-            job = _locked_job(tx, job_id)
-            self._guarded(tx, job, action, values, actor, msg)
-            if states.target(action) == "queued":
-                tx.notify({job["queue_name"]})
-
-    def _guarded(
-        self, tx: Any, job: Row, action: str, values: Row, actor: str | None, msg: str
-    ) -> None:
-        now = self.clock()
-        dst = states.target(action)
-        full = {"status": dst, "updated_at": now, "updated_by": actor, **values}
-        if not tx.update_job(job["job_id"], states.sources(action), full):
-            raise StaleTransition(job["job_id"], action, job["status"])
-        tx.insert_events(
-            [
-                event(
-                    job["job_id"],
-                    now,
-                    job["status"],
-                    dst,
-                    actor=actor,
-                    message=msg,
-                    attempt_number=job["attempt_count"] or None,
-                )
-            ]
-        )
-
-    def can_retry(self, job: Row) -> bool:
-        return job["status"] in states.sources("retry")
-
-    @staticmethod
-    def duration(job: Row) -> timedelta | None:
-        if job.get("started_at") and job.get("completed_at"):
-            return job["completed_at"] - job["started_at"]
-        return None
-
     # -- maintenance -------------------------------------------------------------
 
     def promote(self, limit: int = 1000) -> int:
@@ -612,44 +524,6 @@ class Engine(Enqueuing):
             )
         return {"unhealthy_workers": len(stale), "released_jobs": len(released)}
 
-    # -- reading -----------------------------------------------------------------
-
-    def get(self, job_id: int) -> Row:
-        with self.db.read() as tx:
-            job = tx.job(job_id)
-            if job is None:
-                raise NotFound(f"job {job_id} not found")
-            job["attempts"] = tx.attempts(job_id)
-            job["events"] = tx.events(job_id)
-            job["outputs"] = tx.outputs(job_id)
-        job["legacy_status"] = states.LEGACY_STATUS[job["status"]]
-        job["can_retry"] = self.can_retry(job)
-        return job
-
-    def list(self, **filters: Any) -> list[Row]:
-        with self.db.read() as tx:
-            return list(tx.jobs(**filters))
-
-    def project_of(self, job_id: int) -> str:
-        """The job's project: what an ownership check needs, in one query."""
-        with self.db.read() as tx:
-            job = tx.job(job_id)
-        if job is None:
-            raise NotFound(f"job {job_id} not found")
-        return str(job["project_id"])
-
-    def events_since(self, job_id: int, after_id: int = 0) -> tuple[str, Sequence[Row]]:
-        """The job's status, then its events after ``after_id``.
-
-        Status first: if it is terminal, the events read next include the one
-        that made it so, so a follower that sees both can stop.
-        """
-        with self.db.read() as tx:
-            job = tx.job(job_id)
-            if job is None:
-                raise NotFound(f"job {job_id} not found")
-            return job["status"], tx.events(job_id, after_id)
-
 
 def _same_values_key(values: Row) -> Any:
     """Equal for equal column values: a tuple when every value is hashable
@@ -674,13 +548,6 @@ def _actual_credits(prices: pricing.Prices, job_input: Row | None, res: AttemptR
         job_input.get("duration_ms"),
         res.result,
     )
-
-
-def _locked_job(tx: Any, job_id: int) -> Row:
-    job = tx.job(job_id, lock=True)
-    if job is None:
-        raise NotFound(f"job {job_id} not found")
-    return dict(job)
 
 
 class _DryRun(Exception):

@@ -83,7 +83,7 @@ class Enqueuing:
                     found[i] = int(prior["job_id"])
                     continue
             built.append((i, *self._new_row(tx, j, profiles)))
-        self._check_budgets(tx, [r for _, r, _ in built])
+        check_budgets(tx, [r for _, r, _ in built])
         ids = tx.insert_jobs([r for _, r, _ in built])
         tx.insert_events(
             [
@@ -101,29 +101,6 @@ class Enqueuing:
         tx.notify({r["queue_name"] for _, r, _ in built if r["status"] == "queued"})
         found.update({i: ids[r["job_uuid"]] for i, r, _ in built})
         return [found[i] for i in range(len(jobs))]
-
-    @staticmethod
-    def _check_budgets(tx: Any, rows: Sequence[Row]) -> None:
-        """Refuse new jobs that would take a project past its credit budget.
-
-        The project's budget row is locked first, so concurrent enqueues of
-        one project take turns: each one counts the jobs the others committed
-        (READ COMMITTED sees them once the lock is granted; SQLite holds the
-        write lock already).  Free jobs are never refused, and lock nothing.
-        """
-        needs: dict[str, int] = {}
-        for r in rows:
-            needs[r["project_id"]] = needs.get(r["project_id"], 0) + r["estimated_credits"]
-        for project_id in sorted(p for p, n in needs.items() if n > 0):
-            budget = tx.budget(project_id, lock=True)
-            if budget is None or budget["budget_credits"] is None:
-                continue
-            limit, used = int(budget["budget_credits"]), tx.credit_use(project_id)
-            if used + needs[project_id] > limit:
-                raise InvalidRequest(
-                    f"credit budget exceeded: {used} of {limit} used, "
-                    f"this request needs {needs[project_id]}"
-                )
 
     def _repeats(self, tx: Any, prior: Row, job: NewJob) -> bool:
         """Whether ``job`` asks for what ``prior`` is.  Stored params are validated
@@ -250,3 +227,26 @@ def _same_request(found: Row, job: NewJob) -> bool:
         and (job.queue is None or found["queue_name"] == job.queue)
         and found["object_id"] == job.object_id
     )
+
+
+def check_budgets(tx: Any, rows: Sequence[Row]) -> None:
+    """Refuse new jobs that would take a project past its credit budget.
+
+    The project's budget row is locked first, so concurrent enqueues of
+    one project take turns: each one counts the jobs the others committed
+    (READ COMMITTED sees them once the lock is granted; SQLite holds the
+    write lock already).  Free jobs are never refused, and lock nothing.
+    """
+    needs: dict[str, int] = {}
+    for r in rows:
+        needs[r["project_id"]] = needs.get(r["project_id"], 0) + r["estimated_credits"]
+    for project_id in sorted(p for p, n in needs.items() if n > 0):
+        budget = tx.budget(project_id, lock=True)
+        if budget is None or budget["budget_credits"] is None:
+            continue
+        limit, used = int(budget["budget_credits"]), tx.credit_use(project_id)
+        if used + needs[project_id] > limit:
+            raise InvalidRequest(
+                f"credit budget exceeded: {used} of {limit} used, "
+                f"this request needs {needs[project_id]}"
+            )
