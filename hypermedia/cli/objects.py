@@ -1,4 +1,4 @@
-"""hypermedia objects put|get|ls|url, hypermedia pools add|ls, hypermedia gc run-once."""
+"""hypermedia objects put|get|ls|url|verify, hypermedia pools add|ls, hypermedia gc run-once."""
 
 from __future__ import annotations
 
@@ -114,6 +114,48 @@ def ls(
         for r in rows:
             table.add_row(*(str(r[c]) for c in OBJECT_COLUMNS))
         console.print(table)
+
+
+@objects_app.command("verify")
+def verify(
+    pool: str | None = typer.Option(None, "--pool", help="only this pool's objects"),
+    after: int = typer.Option(0, "--after", min=0, help="start after this object id"),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="check at most N objects"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Read every ready object back and check its size and checksum (a scrub).
+
+    Exits 1 if any blob is missing, truncated or corrupt, and names them."""
+    from hypermedia.storage import scrub
+    from hypermedia.storage.base import StorageUnavailable
+
+    with user_errors():
+        st = storage()
+        pool_id = st.pool(pool)["pool_id"] if pool else None
+        last = after
+
+        def checked(row: dict[str, Any]) -> None:
+            nonlocal last
+            last = int(row["object_id"])
+
+        try:
+            report = scrub.scrub(st, pool_id=pool_id, after=after, limit=limit, on_checked=checked)
+        except StorageUnavailable as exc:
+            raise StorageUnavailable(
+                f"{exc}; checked up to object {last}: go on with --after {last}"
+            ) from exc
+        if as_json:
+            print_json(report.as_json())
+        else:
+            for f in report.findings:
+                console.print(f"object {f.object_id}: {f.problem}: {f.detail}", highlight=False)
+            console.print(
+                f"checked {report.checked} objects ({report.bytes:,} bytes) up to object "
+                f"{report.last_object_id}: {len(report.findings)} with a problem",
+                highlight=False,
+            )
+    if report.findings:
+        raise typer.Exit(1)
 
 
 @pools_app.command("add")

@@ -135,6 +135,16 @@ class StorageQueries:
         q = q.order_by(OB.c.object_id.desc()).limit(limit)
         return [dict(r._mapping) for r in self.conn.execute(q)]
 
+    def ready_objects_after(
+        self, after_id: int, limit: int, pool_id: int | None = None
+    ) -> list[Row]:
+        """Ready objects with ids above ``after_id``, oldest first (a scrub's page)."""
+        q = sa.select(OB).where(OB.c.state == "ready", OB.c.object_id > after_id)
+        if pool_id is not None:
+            q = q.where(OB.c.pool_id == pool_id)
+        q = q.order_by(OB.c.object_id).limit(limit)
+        return [dict(r._mapping) for r in self.conn.execute(q)]
+
     def update_object(self, object_id: int, from_states: Sequence[str], values: Row) -> bool:
         """Guarded state change; False when the object was not in one of ``from_states``."""
         if self.dialect == "sqlite":  # prepared: see db/fast.py

@@ -29,6 +29,10 @@ Fixtures
     Whatever the test did, the server is running again when the fixture ends.
     Tests using it skip when ``HYPERMEDIA_TEST_S3_ENDPOINT`` names a server that
     is not ours to stop.
+
+``s3_settings``, ``s3_storage`` (function)
+    Settings with the S3 credentials, and a ``Storage`` over the test database
+    with a pool ``s3`` on a fresh bucket (besides the local default pool).
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ import botocore.config
 import botocore.exceptions
 import pytest
 
+from hypermedia.config import Settings
+from hypermedia.db.driver import Driver
+from hypermedia.storage.ledger import Storage
 from hypermedia.storage.s3 import S3Backend
 from tests.conftest import IN_CI
 from tests.storage.seaweed import SeaweedServer, _client, find_weed
@@ -127,3 +134,28 @@ def drop_bucket(s3_endpoint: dict[str, str], bucket: str) -> None:
             client.delete_bucket(Bucket=bucket)
     finally:
         client.close()
+
+
+@pytest.fixture
+def s3_settings(settings: Settings, s3_endpoint: dict[str, str]) -> Settings:
+    return settings.with_(
+        s3_access_key_id=s3_endpoint["access_key_id"],
+        s3_secret_access_key=s3_endpoint["secret_access_key"],
+    )
+
+
+@pytest.fixture
+def s3_storage(
+    driver: Driver, s3_settings: Settings, s3_endpoint: dict[str, str]
+) -> Iterator[Storage]:
+    bucket = f"j-{os.urandom(4).hex()}"
+    S3Backend(
+        bucket,
+        endpoint=s3_endpoint["endpoint"],
+        access_key_id=s3_endpoint["access_key_id"],
+        secret_access_key=s3_endpoint["secret_access_key"],
+    ).ensure_bucket()
+    st = Storage(driver, s3_settings)
+    st.add_pool("s3", f"s3://{bucket}?endpoint={s3_endpoint['endpoint']}&region=us-east-1")
+    yield st
+    drop_bucket(s3_endpoint, bucket)

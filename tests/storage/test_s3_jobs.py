@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import os
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 
@@ -21,37 +20,11 @@ from hypermedia.queue.models import NewJob
 from hypermedia.storage.base import StorageUnavailable
 from hypermedia.storage.gc import GarbageCollector
 from hypermedia.storage.ledger import Storage
-from hypermedia.storage.s3 import S3Backend
 from tests.harness import checksum_of
 from tests.integration._procs import Procs, wait_job
-from tests.storage.conftest import SeaweedServer, drop_bucket
+from tests.storage.conftest import SeaweedServer
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture
-def s3_settings(settings: Settings, s3_endpoint: dict[str, str]) -> Settings:
-    return settings.with_(
-        s3_access_key_id=s3_endpoint["access_key_id"],
-        s3_secret_access_key=s3_endpoint["secret_access_key"],
-    )
-
-
-@pytest.fixture
-def s3_storage(
-    driver: Driver, s3_settings: Settings, s3_endpoint: dict[str, str]
-) -> Iterator[Storage]:
-    bucket = f"j-{os.urandom(4).hex()}"
-    S3Backend(
-        bucket,
-        endpoint=s3_endpoint["endpoint"],
-        access_key_id=s3_endpoint["access_key_id"],
-        secret_access_key=s3_endpoint["secret_access_key"],
-    ).ensure_bucket()
-    st = Storage(driver, s3_settings)
-    st.add_pool("s3", f"s3://{bucket}?endpoint={s3_endpoint['endpoint']}&region=us-east-1")
-    yield st
-    drop_bucket(s3_endpoint, bucket)
 
 
 def test_objects_round_trip_and_presigned_urls(s3_storage: Storage) -> None:

@@ -1,0 +1,97 @@
+"""Scrubbing: every ready object's blob read back and checked against its
+ledger row, size and checksum, as a file system scrubs its disks.
+
+Reads already verify what passes through them, but a blob nobody reads is
+never checked: bit rot, a truncated or deleted file, a bucket edited behind
+the service's back would surface only when a user's download or a job trips
+over it.  ``hypermedia objects verify`` (run it from cron) finds them first
+and says which objects to restore.  It only reads: a finding changes no row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hypermedia.storage.base import BlobMissing, ChecksumMismatch
+from hypermedia.storage.ledger import Storage
+
+Row = dict[str, Any]
+PAGE = 500  # ledger rows read per query
+CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Finding:
+    object_id: int
+    pool_id: int
+    storage_key: str
+    problem: str  # "missing", "size" or "checksum"
+    detail: str
+
+
+@dataclass
+class Report:
+    checked: int = 0
+    bytes: int = 0
+    last_object_id: int = 0  # pass as ``after`` to go on from here
+    findings: list[Finding] = field(default_factory=list)
+
+    def as_json(self) -> Row:
+        return {**asdict(self), "findings": [asdict(f) for f in self.findings]}
+
+
+def scrub(
+    storage: Storage,
+    *,
+    pool_id: int | None = None,
+    after: int = 0,
+    limit: int | None = None,
+    on_checked: Callable[[Row], None] | None = None,
+) -> Report:
+    """Check up to ``limit`` ready objects with ids above ``after``, oldest
+    first; ``on_checked(row)`` after each.  A store that is away raises
+    StorageUnavailable: the objects are not at fault."""
+    report = Report(last_object_id=after)
+    while limit is None or report.checked < limit:
+        want = PAGE if limit is None else min(PAGE, limit - report.checked)
+        with storage.db.read() as tx:
+            rows = tx.ready_objects_after(report.last_object_id, want, pool_id)
+        if not rows:
+            break
+        for row in rows:
+            finding = check(storage, row)
+            report.checked += 1
+            report.bytes += int(row["size"])
+            report.last_object_id = int(row["object_id"])
+            if finding is not None:
+                report.findings.append(finding)
+            if on_checked is not None:
+                on_checked(row)
+    return report
+
+
+def check(storage: Storage, row: Row) -> Finding | None:
+    """What is wrong with ``row``'s blob, or None.  A blob that went away
+    because its object did (GC deleted it meanwhile) is not a finding."""
+    size, problem, detail = 0, "", ""
+    try:
+        with storage.open_row(row) as src:
+            while chunk := src.read(CHUNK):
+                size += len(chunk)
+    except BlobMissing:
+        problem, detail = "missing", "no blob under its key"
+    except ChecksumMismatch:
+        problem, detail = "checksum", "the bytes do not match the ledger's checksum"
+    if problem != "missing" and size != int(row["size"]):  # truncated, or grown
+        problem, detail = "size", f"{size} bytes stored, the ledger says {row['size']}"
+    if not problem or not _still_ready(storage, row):
+        return None
+    return Finding(int(row["object_id"]), int(row["pool_id"]), row["storage_key"], problem, detail)
+
+
+def _still_ready(storage: Storage, row: Row) -> bool:
+    with storage.db.read() as tx:
+        now = tx.object(int(row["object_id"]))
+    return now is not None and now["state"] == "ready" and now["storage_key"] == row["storage_key"]

@@ -1,0 +1,117 @@
+"""`objects verify`, the scrub: every ready object read back against its
+ledger row, on a local pool (every database) and a real S3 store.  The
+blobs are damaged the ways disks and people damage them: a flipped byte, a
+truncated file, a deleted one, a key overwritten behind our back."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hypermedia.config import Settings
+from hypermedia.storage import scrub
+from hypermedia.storage.base import StorageUnavailable
+from hypermedia.storage.ledger import Storage
+from tests.harness import hypermedia
+from tests.storage.conftest import SeaweedServer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _put(storage: Storage, sizes: list[int], pool: str | None = None) -> list[dict]:  # type: ignore[type-arg]
+    return [storage.put(io.BytesIO(os.urandom(n)), pool=pool) for n in sizes]
+
+
+def _blob(storage: Storage, row: dict) -> Path:  # type: ignore[type-arg]
+    assert storage.pool()["backend_url"] == "file:"  # the default pool, under the home
+    return Path(storage.settings.home) / "storage" / row["storage_key"]
+
+
+def test_a_healthy_pool_has_no_findings(storage: Storage) -> None:
+    rows = _put(storage, [0, 1, 300_000, 2 * 1024 * 1024 + 3])
+    seen: list[int] = []
+    report = scrub.scrub(storage, on_checked=lambda r: seen.append(r["object_id"]))
+    assert (report.checked, report.findings) == (4, [])
+    assert report.bytes == sum(r["size"] for r in rows)
+    assert seen == sorted(r["object_id"] for r in rows) and report.last_object_id == seen[-1]
+
+
+def test_damaged_blobs_are_found_and_named(storage: Storage) -> None:
+    ok, flipped, truncated, deleted = _put(storage, [4096, 4096, 4096, 4096])
+    path = _blob(storage, flipped)
+    data = bytearray(path.read_bytes())
+    data[1000] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with open(_blob(storage, truncated), "r+b") as f:
+        f.truncate(100)
+    _blob(storage, deleted).unlink()
+
+    report = scrub.scrub(storage)
+    found = {f.object_id: (f.problem, f.detail) for f in report.findings}
+    assert found == {
+        flipped["object_id"]: ("checksum", "the bytes do not match the ledger's checksum"),
+        truncated["object_id"]: ("size", "100 bytes stored, the ledger says 4096"),
+        deleted["object_id"]: ("missing", "no blob under its key"),
+    }
+    assert report.checked == 4
+    # Resumable and bounded: the two after the first, then the rest.
+    part = scrub.scrub(storage, after=ok["object_id"], limit=2)
+    assert part.checked == 2 and part.last_object_id == truncated["object_id"]
+    assert {f.object_id for f in part.findings} == {flipped["object_id"], truncated["object_id"]}
+    rest = scrub.scrub(storage, after=part.last_object_id)
+    assert [f.object_id for f in rest.findings] == [deleted["object_id"]]
+
+
+def test_an_object_collected_meanwhile_is_not_a_finding(storage: Storage) -> None:
+    (row,) = _put(storage, [2048])
+    stale = dict(row)  # read as ready by the scrub, then collected by GC
+    with storage.db.tx() as tx:
+        assert tx.update_object(row["object_id"], ["ready"], {"state": "deleting"})
+    _blob(storage, row).unlink()
+    assert scrub.check(storage, stale) is None
+    with storage.db.tx() as tx:
+        tx.update_object(row["object_id"], ["deleting"], {"state": "ready"})
+    assert scrub.check(storage, stale) is not None  # still ready: a real loss
+
+
+def test_the_command_reports_and_exits_1(storage: Storage, settings: Settings) -> None:
+    good, bad = _put(storage, [1000, 1000])
+    _blob(storage, bad).unlink()
+    done = hypermedia("objects", "verify", url=settings.url, home=settings.home)
+    assert done.returncode == 1, done.stderr
+    assert f"object {bad['object_id']}: missing: no blob under its key" in done.stdout
+    assert "checked 2 objects (2,000 bytes)" in done.stdout
+    done = hypermedia(
+        "objects", "verify", "--json", "--limit", "1", url=settings.url, home=settings.home
+    )
+    assert done.returncode == 0, done.stderr  # the first one is fine
+    report = json.loads(done.stdout)
+    assert (report["checked"], report["findings"]) == (1, [])
+    assert report["last_object_id"] == good["object_id"]
+
+
+def test_an_s3_pool_edited_behind_our_back(s3_storage: Storage) -> None:
+    _put(s3_storage, [10])  # the local pool: not scrubbed with --pool s3
+    pool = s3_storage.pool("s3")
+    _, overwritten, deleted = _put(s3_storage, [5000, 5000, 6 * 1024 * 1024], pool="s3")
+    s3 = s3_storage.backend(pool["pool_id"])
+    s3.put(overwritten["storage_key"], io.BytesIO(os.urandom(5000)))  # same size, other bytes
+    s3.delete(deleted["storage_key"])
+    report = scrub.scrub(s3_storage, pool_id=pool["pool_id"])
+    assert report.checked == 3
+    assert {(f.object_id, f.problem) for f in report.findings} == {
+        (overwritten["object_id"], "checksum"),
+        (deleted["object_id"], "missing"),
+    }
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # one restart is enough
+def test_a_store_that_is_away_stops_the_scrub(s3_storage: Storage, seaweed: SeaweedServer) -> None:
+    _put(s3_storage, [100, 100], pool="s3")
+    seaweed.stop()
+    with pytest.raises(StorageUnavailable):
+        scrub.scrub(s3_storage, pool_id=s3_storage.pool("s3")["pool_id"])
