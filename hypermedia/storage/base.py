@@ -133,6 +133,17 @@ class VerifyingReader:
                 raise ChecksumMismatch("the stored bytes do not match their checksum")
         return data
 
+    def readinto(self, buf: bytearray | memoryview) -> int:
+        """``read`` into a buffer the caller reuses: no allocation per chunk."""
+        n = self.src.readinto(buf)  # type: ignore[attr-defined]
+        if n:
+            self._hash.update(memoryview(buf)[:n])
+        elif not self._checked:
+            self._checked = True
+            if self._hash.hexdigest() != self.expected:
+                raise ChecksumMismatch("the stored bytes do not match their checksum")
+        return int(n or 0)
+
     def readable(self) -> bool:
         return True
 
