@@ -48,6 +48,8 @@ def setup_logging(verbose: bool = False) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # Alembic lists its plugins as it is imported: seven lines at every start.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
 
 def _default(o: Any) -> Any:

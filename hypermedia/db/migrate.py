@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
@@ -21,11 +24,37 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+    with _steps_only():
+        command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str, revision: str) -> None:
-    command.downgrade(alembic_config(url), revision)
+    with _steps_only():
+        command.downgrade(alembic_config(url), revision)
+
+
+class _Steps(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage().startswith("Running ")
+
+
+@contextmanager
+def _steps_only() -> Iterator[None]:
+    """Alembic's log down to the steps it runs ("Running upgrade 0008 ->
+    0009, …", worth seeing: a step may take minutes): `serve` migrates at
+    every start, and its plugin and dialect lines said nothing to a user."""
+    migration, plugins = (
+        logging.getLogger("alembic.runtime.migration"),
+        logging.getLogger("alembic.runtime.plugins"),
+    )
+    steps, level = _Steps(), plugins.level
+    migration.addFilter(steps)
+    plugins.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        migration.removeFilter(steps)
+        plugins.setLevel(level)
 
 
 def current(url: str) -> str | None:

@@ -195,6 +195,7 @@ def test_serve_first_start_token_runs_jobs_and_restarts_quietly(
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     text = log.read_text()
     assert str(token_file.resolve()) in text and "0600" in text
+    assert "Running upgrade 0008 -> 0009" in text and "setup plugin" not in text
     for where in (f"{base}/v1", f"{base}/docs", f"{base}/ui", "curl "):
         assert where in text, text
 
@@ -222,6 +223,7 @@ def test_serve_first_start_token_runs_jobs_and_restarts_quietly(
     _wait_http(proc, log, f"{base}/readyz")
     text = log.read_text()
     assert not TOKEN.search(text), text
+    assert "alembic" not in text, text  # nothing to migrate, nothing said of it
     assert str(token_file.resolve()) in text
     assert token_file.read_text().strip() == token
     with httpx.Client(base_url=base, timeout=10) as http:
