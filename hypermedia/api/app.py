@@ -146,6 +146,7 @@ def create_app(svc: Services) -> FastAPI:
         svc.settings.api_rate_per_second, svc.settings.api_rate_burst
     )
     errors.install(app)
+    objects.sweep_uploads(svc.settings.home)  # of a server here killed mid-upload
 
     # Added first, so it runs inside RequestId: its 413 carries the request id.
     app.add_middleware(BodyLimit, limit=svc.settings.api_max_body_bytes)

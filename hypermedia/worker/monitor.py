@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from hypermedia import __version__
+from hypermedia import __version__, leftovers
 from hypermedia.linux import name_native
 from hypermedia.queue.engine import Engine
 from hypermedia.redact import brief
@@ -72,6 +72,7 @@ class Monitor(threading.Thread):
             (s.lease_seconds / 3, self.renew_leases),
             (s.worker_heartbeat_seconds, self.heartbeat),
             (s.worker_metrics_seconds, self.write_metrics),
+            (s.worker_metrics_seconds, self.sweep_scratch),
         ]
         self.status = "active"
 
@@ -98,6 +99,11 @@ class Monitor(threading.Thread):
                 rj.lost.set()
             elif status == "cancel_requested":
                 rj.cancel.set()
+
+    def sweep_scratch(self) -> None:
+        """Scratch folders of workers here that were killed since this one
+        started, or too young to judge when it did (leftovers.py)."""
+        leftovers.sweep_folders(self.home.resolve() / "scratch")
 
     def check_cancels(self) -> None:
         asked = self.running()

@@ -99,7 +99,7 @@ class Worker:
         if not self._register():
             self.stopped.set()
             return
-        root = scratch_root(self.settings.home, self.worker_id)
+        root, self._scratch_lock = scratch_root(self.settings.home, self.worker_id)
         cfg = SlotConfig(
             root,
             self.settings.child_memory_mb,
@@ -388,10 +388,12 @@ class Worker:
         if self.storer is not None:
             self.storer.close(now=self.stop_now.is_set())
             self.storer.storage.reservations.release()  # no output will take them now
-        # Fix: the worker's scratch root (HOME/scratch/<worker_id>) was left
-        # behind by every worker that ever ran; each start makes a new one.
-        # Every slot has closed its child by now, so nothing writes there.
+        # Each start makes a new scratch root (HOME/scratch/<worker_id>): it
+        # goes with the worker.  Every slot has closed its child by now, so
+        # nothing writes there.  (One killed on the spot leaves it to the next
+        # worker's sweep: worker/slot.py scratch_root.)
         shutil.rmtree(slots[0].cfg.scratch_root, ignore_errors=True)
+        os.close(self._scratch_lock)
         self.flusher.close(timeout=10 if not self.stop_now.is_set() else 3)
         self.stopped.set()
         monitor.join(2)

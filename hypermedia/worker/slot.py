@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hypermedia import leftovers
 from hypermedia.errors import JobError
 from hypermedia.pipelines import registry
 from hypermedia.queue.models import AttemptResult, Claimed
@@ -437,8 +438,11 @@ def _signame(sig: int | None) -> str:
         return f"signal {sig}"
 
 
-def scratch_root(home: Path, worker_id: str) -> Path:
-    root = home.resolve() / "scratch" / worker_id
-    root.mkdir(parents=True, exist_ok=True)
-    os.chmod(root, 0o700)
-    return root
+def scratch_root(home: Path, worker_id: str) -> tuple[Path, int]:
+    """This worker's scratch folder, held for its life (leftovers.py): a worker
+    killed on the spot leaves one that the next worker here removes.  Returns
+    the folder and the lock's descriptor, closed once the folder is gone."""
+    parent = home.resolve() / "scratch"
+    leftovers.sweep_folders(parent)  # of workers that died
+    root = parent / worker_id
+    return root, leftovers.hold_folder(root)

@@ -26,6 +26,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
+from hypermedia import leftovers
 from hypermedia.api.deps import Id, owned, scoped, services
 from hypermedia.api.errors import ApiError
 from hypermedia.api.paging import decode_cursor, page
@@ -124,7 +125,8 @@ async def receive_upload(
         raise ApiError(411, "a multipart upload needs a Content-Length header")
     if declared is not None and declared > limit + (FORM_OVERHEAD if multipart else 0):
         raise _too_large(limit)
-    upload = Upload(_temp_file(settings.home / "tmp"))
+    path, lock = _temp_file(settings.home / "tmp")
+    upload = Upload(path)
     try:
         try:
             with open(upload.path, "wb") as out:
@@ -140,16 +142,28 @@ async def receive_upload(
     finally:
         with contextlib.suppress(FileNotFoundError):
             upload.path.unlink()
+        os.close(lock)
 
 
-def _temp_file(tmp_dir: Path) -> Path:
+TEMP_PATTERN = "upload-*.part"
+
+
+def _temp_file(tmp_dir: Path) -> tuple[Path, int]:
+    """A new temp file, and the descriptor of its lock (leftovers.py): held until
+    the upload is done, so a server killed mid-upload leaves a file the next
+    one removes (``sweep_uploads``)."""
     try:
         tmp_dir.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix="upload-", suffix=".part", dir=tmp_dir)
         os.close(fd)
+        return Path(name), leftovers.hold(Path(name))
     except OSError as exc:
         raise _disk_error(exc) from None
-    return Path(name)
+
+
+def sweep_uploads(home: Path) -> int:
+    """Remove the temp files of uploads whose server died mid-way."""
+    return leftovers.sweep_files(home / "tmp", TEMP_PATTERN)
 
 
 def _disk_error(exc: OSError) -> StorageUnavailable:
