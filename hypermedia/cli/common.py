@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from hypermedia.config import Settings, load_settings
 from hypermedia.db.dialects import is_schema_missing, is_transient
@@ -26,8 +27,11 @@ from hypermedia.queue.clock import clock_for
 from hypermedia.queue.engine import Engine
 from hypermedia.redact import brief, redact
 
-console = Console()
-err_console = Console(stderr=True)
+# Markup off: what we print is full of other people's text (reasons, file
+# names), and redaction's own markers ("[path]", "[token]") read as tags: they
+# vanished.  Our few styled lines opt in with markup=True and escape() the rest.
+console = Console(markup=False)
+err_console = Console(stderr=True, markup=False)
 T = TypeVar("T")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -74,16 +78,16 @@ def user_errors() -> Iterator[None]:
     except typer.Exit:
         raise
     except NotFound as exc:
-        err_console.print(f"[red]not found:[/] {redact(exc)}")
+        err_console.print(f"[red]not found:[/] {escape(redact(exc))}", markup=True)
         raise typer.Exit(2) from None
     except HypermediaError as exc:
-        err_console.print(f"[red]error:[/] {redact(exc)}")
+        err_console.print(f"[red]error:[/] {escape(redact(exc))}", markup=True)
         raise typer.Exit(1) from None
     except Exception as exc:  # database down, bad URL…: say what kind, not the internals
         said = brief(exc)
         if is_schema_missing(exc):
             said = f"{said}: is the database migrated? run `hypermedia db upgrade`"
-        err_console.print(f"[red]error:[/] {said}", highlight=False)
+        err_console.print(f"[red]error:[/] {escape(said)}", markup=True, highlight=False)
         raise typer.Exit(1) from None
 
 
@@ -117,7 +121,8 @@ def through_outages(read: Callable[[], T], deadline: float | None = None) -> T:
             if not is_transient(exc) or (deadline is not None and time.monotonic() > deadline):
                 raise
             if not said:
-                err_console.print(f"[yellow]database unavailable ({brief(exc)}); waiting[/]")
+                why = escape(brief(exc))
+                err_console.print(f"[yellow]database unavailable ({why}); waiting[/]", markup=True)
                 said = True
         time.sleep(delay)
         delay = min(delay * 2, 5.0)

@@ -9,6 +9,7 @@ from functools import partial
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -146,10 +147,11 @@ def show(job_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
             print_json(job)
             return
         console.print(
-            f"[bold]job {job['job_id']}[/] {job['job_type']}  status [bold]"
-            f"{job['status']}[/] ({job['legacy_status']})  queue {job['queue_name']}"
+            f"[bold]job {job['job_id']}[/] {escape(job['job_type'])}  status [bold]"
+            f"{job['status']}[/] ({job['legacy_status']})  queue {escape(job['queue_name'])}"
             f"  priority {job['priority']}  attempts {job['attempt_count']}/"
-            f"{job['max_attempts']}"
+            f"{job['max_attempts']}",
+            markup=True,
         )
         if job["safe_reason"]:
             console.print(f"reason: {job['error_code']}: {job['safe_reason']}")
@@ -307,7 +309,7 @@ class _Follower:
                 BarColumn(),
                 TextColumn("{task.percentage:>5.1f}%"),
                 TimeElapsedColumn(),
-                TextColumn("{task.description}"),
+                TextColumn("{task.description}", markup=False),
                 console=console,
                 transient=False,
             )
@@ -365,8 +367,11 @@ def tail(
         print_json(end)
     elif job["status"] == "completed":
         result = "" if job["result"] is None else f": {json.dumps(job['result'])}"
-        console.print(f"job {job_id} [green]completed[/]{result}", highlight=False)
+        console.print(
+            f"job {job_id} [green]completed[/]{escape(result)}", markup=True, highlight=False
+        )
     else:
         reason = f": {job['error_code']}: {job['safe_reason']}" if job["error_code"] else ""
-        console.print(f"job {job_id} [red]{job['status']}[/]{reason}", highlight=False)
+        line = f"job {job_id} [red]{job['status']}[/]{escape(reason)}"
+        console.print(line, markup=True, highlight=False)
     raise typer.Exit(0 if job["status"] == "completed" else 1)

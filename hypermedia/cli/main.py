@@ -68,7 +68,8 @@ def db_upgrade(
         s = settings()
         s.home.mkdir(parents=True, exist_ok=True)
         if wait and not wait_for_database(s.url, wait):
-            err_console.print(f"[red]error:[/] the database did not answer within {wait:g} s")
+            said = f"[red]error:[/] the database did not answer within {wait:g} s"
+            err_console.print(said, markup=True)
             raise typer.Exit(1)
         from hypermedia.db import migrate  # Alembic: only for the commands that need it
 
@@ -190,6 +191,7 @@ def serve(
         console.print(
             "[bold]first start: an admin token of project 'default' was created.[/] "
             "It is shown only this once:",
+            markup=True,
             soft_wrap=True,
             highlight=False,
         )

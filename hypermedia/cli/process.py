@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from hypermedia.cli.common import (
@@ -113,7 +114,7 @@ def _wait(
     deadline = time.monotonic() + timeout
     bar = Progress(
         SpinnerColumn(),
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         TextColumn("{task.percentage:>3.0f}% {task.fields[status]}"),
         console=err_console,
@@ -216,5 +217,6 @@ def _say(r: Row) -> None:
         return
     code = f" {r['error_code']}" if r["error_code"] else ""
     reason = f": {r['safe_reason']}" if r["safe_reason"] else ""
-    line = f"{r['input']}: [bold]{r['status']}[/]{code} (job {r['job_id']}){reason}"
-    console.print(line, soft_wrap=True)
+    line = f"{escape(r['input'])}: [bold]{r['status']}[/]{code} (job {r['job_id']})"
+    line += escape(reason)
+    console.print(line, markup=True, soft_wrap=True)

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from hypermedia.cli.common import console, engine, print_json, user_errors
@@ -100,7 +101,8 @@ def show(
             print_json(p)
             return
         state = "active" if p["is_active"] else "deactivated"
-        console.print(f"[bold]{p['ref']}[/] {p['job_type']} ({state})  queue {p['queue_name']}")
+        head = f"[bold]{escape(p['ref'])}[/] {escape(p['job_type'])} ({state})"
+        console.print(f"{head}  queue {escape(p['queue_name'])}", markup=True)
         console.print(
             f"credits: {prices(p)}  timeout {p['timeout_seconds']}s  "
             f"max input {p['max_input_bytes']} bytes  created {p['created_at']}"
