@@ -246,3 +246,25 @@ def fill_disk(disk: Path, leave: int) -> Path:
         size = f.tell()
     os.truncate(filler, max(0, size - leave))
     return filler
+
+
+def a_noop_completes(url: str, *, workers: int = 1) -> None:
+    """Enqueue a debug.noop on the database at ``url``, wait until a worker
+    completes it, and check that ``workers`` workers registered (once each)."""
+    from hypermedia.config import Settings
+    from hypermedia.queue.engine import Engine
+    from hypermedia.queue.models import NewJob
+
+    driver = Driver(url)
+    try:
+        job_id = Engine(driver, Settings()).enqueue(NewJob("debug.noop"))
+
+        def completed() -> bool:
+            with driver.read() as tx:
+                return bool(tx.job(job_id)["status"] == "completed")
+
+        wait_for(completed, 60, what="the job to complete")
+        with driver.read() as tx:
+            assert len(tx.workers()) == workers
+    finally:
+        driver.dispose()

@@ -364,15 +364,18 @@ _DEADLOCK_MYSQL = {1213}
 _DEADLOCK_PG = {"40P01"}
 
 
+def _said_by_driver(exc: BaseException) -> tuple[str | None, Any]:
+    """(PostgreSQL's SQLSTATE, the first argument: MariaDB's error number or
+    SQLite's message) of the driver error SQLAlchemy wraps, or (None, None)."""
+    orig = getattr(exc, "orig", None)
+    args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
+    return getattr(orig, "sqlstate", None), args[0] if args else None
+
+
 def is_deadlock(exc: BaseException) -> bool:
     """Whether ``exc`` rolled the transaction back as a deadlock's victim."""
-    orig = getattr(exc, "orig", None)
-    if orig is None:
-        return False
-    if getattr(orig, "sqlstate", None) in _DEADLOCK_PG:
-        return True
-    args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
-    return bool(args) and args[0] in _DEADLOCK_MYSQL
+    sqlstate, first = _said_by_driver(exc)
+    return sqlstate in _DEADLOCK_PG or first in _DEADLOCK_MYSQL
 
 
 # Undefined table or column: a schema older than the code (no `db upgrade` yet).
@@ -383,15 +386,10 @@ _NO_SCHEMA_SQLITE = ("no such table", "no such column")
 
 def is_schema_missing(exc: BaseException) -> bool:
     """Whether ``exc`` says a table or column the code uses is not there."""
-    orig = getattr(exc, "orig", None)
-    if orig is None:
-        return False
-    if getattr(orig, "sqlstate", None) in _NO_SCHEMA_PG:
+    sqlstate, first = _said_by_driver(exc)
+    if sqlstate in _NO_SCHEMA_PG or first in _NO_SCHEMA_MYSQL:
         return True
-    args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
-    if args and args[0] in _NO_SCHEMA_MYSQL:
-        return True
-    return bool(args) and isinstance(args[0], str) and args[0].startswith(_NO_SCHEMA_SQLITE)
+    return isinstance(first, str) and first.startswith(_NO_SCHEMA_SQLITE)
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -54,6 +54,7 @@ def scrub(
     first; ``on_checked(row)`` after each.  A store that is away raises
     StorageUnavailable: the objects are not at fault."""
     report = Report(last_object_id=after)
+    buf = bytearray(checksum.READ_CHUNK)  # one for the run: hashed while in the CPU's cache
     while limit is None or report.checked < limit:
         want = PAGE if limit is None else min(PAGE, limit - report.checked)
         with storage.db.read() as tx:
@@ -61,7 +62,7 @@ def scrub(
         if not rows:
             break
         for row in rows:
-            finding = check(storage, row)
+            finding = check(storage, row, buf)
             report.checked += 1
             report.bytes += int(row["size"])
             report.last_object_id = int(row["object_id"])
@@ -72,11 +73,11 @@ def scrub(
     return report
 
 
-def check(storage: Storage, row: Row) -> Finding | None:
+def check(storage: Storage, row: Row, buf: bytearray | None = None) -> Finding | None:
     """What is wrong with ``row``'s blob, or None.  A blob that went away
     because its object did (GC deleted it meanwhile) is not a finding."""
     size, problem, detail = 0, "", ""
-    buf = bytearray(checksum.READ_CHUNK)  # reused: hashed while in the CPU's cache
+    buf = buf if buf is not None else bytearray(checksum.READ_CHUNK)
     try:
         with storage.open_row(row) as src:
             while n := src.readinto(buf):  # type: ignore[attr-defined]

@@ -21,10 +21,9 @@ from hypermedia.db import ready, revisions
 from hypermedia.db.driver import Driver
 from hypermedia.db.migrate import upgrade
 from hypermedia.queue.engine import Engine
-from hypermedia.queue.models import NewJob
 from hypermedia.services import Services
 from tests.conftest import BACKENDS, drop_database, make_database
-from tests.harness import cli_env, hypermedia, query, spawn, stop, wait_for
+from tests.harness import a_noop_completes, cli_env, hypermedia, query, spawn, stop, wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.parametrize("backend", BACKENDS)]
 
@@ -68,19 +67,7 @@ def test_a_worker_waits_for_the_migration_then_works(empty_url: str, tmp_path: P
         assert log.read_text().count(NOT_MIGRATED) == 1, log.read_text()
         done = hypermedia("db", "upgrade", url=empty_url, home=tmp_path / "home")
         assert done.returncode == 0, done.stderr
-        driver = Driver(empty_url)
-        try:
-            job_id = Engine(driver, Settings()).enqueue(NewJob("debug.noop"))
-
-            def completed() -> bool:
-                with driver.read() as tx:
-                    return tx.job(job_id)["status"] == "completed"
-
-            wait_for(completed, 60, what="the job to complete")
-            with driver.read() as tx:
-                assert len(tx.workers()) == 1
-        finally:
-            driver.dispose()
+        a_noop_completes(empty_url)
         assert stop(worker) == 0
         assert "Traceback" not in log.read_text()
     finally:

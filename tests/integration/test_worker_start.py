@@ -13,14 +13,12 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from hypermedia.config import Settings
 from hypermedia.db import revisions
 from hypermedia.db.driver import Driver
 from hypermedia.db.migrate import upgrade
-from hypermedia.queue.engine import Engine
-from hypermedia.queue.models import NewJob
 from tests.conftest import PG_ADMIN, _server_db, drop_database, make_database
 from tests.harness import (
+    a_noop_completes,
     answers_ready,
     free_port,
     hypermedia,
@@ -53,19 +51,7 @@ def test_a_worker_started_before_its_database_waits_then_works(tmp_path: Path) -
         assert worker.poll() is None, log.read_text()
         assert _server_db(PG_ADMIN, name, "postgresql") == url  # the database appears
         upgrade(url)
-        driver = Driver(url)
-        try:
-            job_id = Engine(driver, Settings()).enqueue(NewJob("debug.noop"))
-
-            def done() -> bool:
-                with driver.read() as tx:
-                    return tx.job(job_id)["status"] == "completed"
-
-            wait_for(done, 60, what="the job to complete")
-            with driver.read() as tx:
-                assert len(tx.workers()) == 1  # registered once
-        finally:
-            driver.dispose()
+        a_noop_completes(url)  # registered once
         assert stop(worker) == 0
         assert "Traceback" not in log.read_text()
     finally:
