@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hypermedia.errors import InvalidRequest
+from hypermedia.parse import ascii_int
 
 Row = dict[str, Any]
 
@@ -23,8 +24,9 @@ def encode_cursor(last_id: int) -> str:
 def decode_cursor(cursor: str) -> int:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        if raw.startswith("j") and raw[1:].isdigit() and len(raw) < 20:
-            return int(raw[1:])
+        last_id = ascii_int(raw[1:]) if raw.startswith("j") else None
+        if last_id is not None:
+            return last_id
     except (binascii.Error, UnicodeDecodeError, ValueError):
         pass
     raise InvalidRequest("cursor is not valid; use next_cursor from a previous page")

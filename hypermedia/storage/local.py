@@ -483,4 +483,5 @@ def verify(
 ) -> bool:
     if expires_at < (time.time() if now is None else now):
         return False
-    return hmac.compare_digest(sign(secret, object_id, expires_at), signature)
+    # As bytes: compare_digest refuses str with non-ASCII characters.
+    return hmac.compare_digest(sign(secret, object_id, expires_at).encode(), signature.encode())

@@ -24,6 +24,7 @@ from hypermedia.db.dialects import is_transient
 from hypermedia.db.ready import wait_until_ready
 from hypermedia.errors import InvalidRequest
 from hypermedia.linux import name_native
+from hypermedia.parse import ascii_int
 from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import AttemptResult, Claimed
@@ -420,9 +421,9 @@ def sandbox_settings(settings: Any) -> tuple[str, list[int] | None]:
         raise InvalidRequest("HYPERMEDIA_CHILD_SANDBOX is one of auto, required, off")
     bad = InvalidRequest("HYPERMEDIA_CHILD_CONNECT_PORTS is a comma-separated list of ports")
     raw = [p.strip() for p in settings.child_connect_ports.split(",") if p.strip()]
-    if not all(p.isdigit() and 0 < int(p) < 65536 for p in raw):
+    ports = [ascii_int(p, 5) or 0 for p in raw] or None
+    if not all(0 < p < 65536 for p in ports or ()):
         raise bad
-    ports = [int(p) for p in raw] if raw else None
     if mode == "off":
         return mode, ports
     if not seccomp.available():

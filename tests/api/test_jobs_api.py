@@ -137,6 +137,15 @@ def test_sse_streams_each_change_in_order_and_resumes(
     with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=resumed) as r:
         again = [m for m in "".join(r.iter_text()).split("\n\n") if m.startswith("id:")]
     assert [int(m.split("\n")[0][4:]) for m in again] == ids[1:]
+    # An id no database can hold, or not ASCII digits: ignored, the whole stream
+    # comes (it once cut the stream, or answered 500).
+    for odd in (b"99999999999999999999", b"\xb2", b"abc"):  # \xb2: '²' in Latin-1
+        with client.stream(
+            "GET", f"/v1/jobs/{job_id}/events", headers={**h, "Last-Event-ID": odd}
+        ) as r:
+            assert r.status_code == 200, odd
+            whole = [m for m in "".join(r.iter_text()).split("\n\n") if m.startswith("id:")]
+        assert [int(m.split("\n")[0][4:]) for m in whole] == ids, odd
 
 
 def test_errors_have_one_shape_and_a_request_id(client: TestClient, a: Project) -> None:

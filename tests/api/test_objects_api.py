@@ -207,6 +207,9 @@ def test_bad_expired_and_forged_links_get_one_403(
         "another object's": f"/v1/objects/{obj_id}/content?expires={future}&sig="
         + local.sign(secret, int(str(other)), future),
         "expiry not a number": f"/v1/objects/{obj_id}/content?expires=soon&sig=x",
+        # isdigit() is true for these, int() refuses them: once a 500 without a token.
+        "expiry in other digits": f"/v1/objects/{obj_id}/content?expires=%C2%B2&sig=x",
+        "signature not ASCII": f"/v1/objects/{obj_id}/content?expires={future}&sig=%E2%82%AC",
         "other key": f"/v1/objects/{obj_id}/content?expires={future}&sig="
         + local.sign(b"not the key", obj_id, future),
     }

@@ -15,6 +15,7 @@ from hypermedia.api.deps import Id, owned, scoped, services
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import InvalidRequest
+from hypermedia.parse import ascii_int
 from hypermedia.queue.models import NewJob
 from hypermedia.queue.states import STATUSES, TERMINAL
 from hypermedia.services import Services
@@ -170,8 +171,9 @@ def sse_response(
     svc: Services, request: Request, job_id: int, after: int, last_event_id: str | None
 ) -> StreamingResponse:
     """The job's events as a stream, resuming after ``Last-Event-ID`` if given."""
-    if last_event_id and last_event_id.isdigit():
-        after = max(after, int(last_event_id))
+    resume = ascii_int(last_event_id)  # anything else is ignored, as browsers expect
+    if resume is not None:
+        after = max(after, resume)
     return StreamingResponse(
         event_stream(svc, request, job_id, after),
         media_type="text/event-stream",

@@ -34,6 +34,7 @@ from hypermedia.auth.tokens import Principal
 from hypermedia.config import Settings
 from hypermedia.db.schema_storage import OBJECT_STATES
 from hypermedia.errors import Forbidden, HypermediaError, InvalidRequest, NotFound
+from hypermedia.parse import ascii_int
 from hypermedia.services import Services
 from hypermedia.storage.base import StorageUnavailable, unavailable
 from hypermedia.storage.ledger import Storage
@@ -98,9 +99,10 @@ def _declared_length(request: Request) -> int | None:
     raw = request.headers.get("content-length")
     if raw is None:
         return None
-    if not raw.isdigit() or len(raw) > 19:
+    size = ascii_int(raw)
+    if size is None:
         raise ApiError(400, "Content-Length is not a number")
-    return int(raw)
+    return size
 
 
 def _is_multipart(request: Request) -> bool:
@@ -359,7 +361,7 @@ def object_url(
     expires_at = svc.storage.epoch() + svc.settings.signed_url_seconds
     url = svc.storage.signed_url(object_id, str(request.base_url).rstrip("/"))
     ours = parse_qs(urlsplit(url).query).get("expires", [""])[0]
-    if url.startswith(str(request.base_url)) and ours.isdigit():
+    if url.startswith(str(request.base_url)) and ascii_int(ours) is not None:
         expires_at = int(ours)
     return {"url": url, "expires_at": datetime.fromtimestamp(expires_at, UTC)}
 
@@ -381,7 +383,7 @@ async def object_content(
     sig: str = Query(""),
 ) -> StreamingResponse:
     st = services(request).storage
-    at = int(expires) if expires.isdigit() and len(expires) <= 12 else 0
+    at = ascii_int(expires, 12) or 0
     if len(sig) > 128 or not await run_in_threadpool(st.check_signature, object_id, at, sig):
         raise Forbidden("invalid or expired link")
     stack = contextlib.ExitStack()

@@ -1,0 +1,20 @@
+"""Numbers read from text someone else wrote (headers, query strings, settings).
+
+``str.isdigit()`` is true for '²' and '٣', which ``int()`` then refuses or reads
+as a digit of another script; and an id past 2**63 overflows every database's
+BIGINT.  One check for both, so a stray byte is "not a number", never a 500.
+"""
+
+from __future__ import annotations
+
+MAX_DIGITS = 18  # below 2**63: fits a BIGINT on every backend
+
+
+def ascii_int(raw: str | bytes | None, max_digits: int = MAX_DIGITS) -> int | None:
+    """The value of ``raw`` if it is 1 to ``max_digits`` ASCII digits, else None."""
+    if raw is None or not 0 < len(raw) <= max_digits:
+        return None
+    text = raw.decode("latin-1") if isinstance(raw, bytes) else raw
+    if not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)
