@@ -92,6 +92,13 @@ def scoped(scope: str) -> Any:
     return Depends(dependency)
 
 
+def may_submit(principal: Principal, job_type: str) -> bool:
+    """``debug.*`` job types inject faults and probe the children's sandbox
+    (sockets, paths, stray processes): tools of the instance's operator, so
+    a token needs the admin scope to submit one."""
+    return principal.allows("admin") or not job_type.startswith("debug.")
+
+
 def owned(row: dict[str, object], principal: Principal, what: str, ident: object) -> None:
     """Another project's row answers exactly like a missing one."""
     if row.get("project_id") != principal.project_id:

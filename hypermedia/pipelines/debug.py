@@ -270,7 +270,7 @@ def _copy(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
 
 
 register(Pipeline("debug.noop", "bulk", _validate_noop, _noop))
-register(Pipeline("debug.copy", "bulk", _validate_copy, _copy))
+register(Pipeline("debug.copy", "bulk", _validate_copy, _copy, needs_input=True))
 register(
     Pipeline(
         "debug.sleep",

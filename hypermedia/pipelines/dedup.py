@@ -263,5 +263,6 @@ DEDUP_CHECK = register(
         doc="exact (checksum) and near (perceptual dHash) duplicates within the project",
         finish=_finish,
         default_profile="dedup-check",
+        needs_input=True,
     )
 )

@@ -203,6 +203,7 @@ def _pipeline(
             available=available,
             doc=doc,
             warm=imaging.warm,
+            needs_input=True,
         )
     )
 

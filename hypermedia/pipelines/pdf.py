@@ -374,5 +374,6 @@ PREVIEW = register(
         available=available,
         doc="Pages of a PDF rendered by pdfium to WebP, PNG or JPEG at a width or a DPI.",
         warm=lambda: (_pypdfium2(), imaging.load(), _pillow()),
+        needs_input=True,
     )
 )

@@ -120,6 +120,9 @@ class Pipeline:
     # every other attempt runs in a child that cannot open one (seccomp.py).
     # A function of the job's params where that depends on them.
     network: bool | Callable[[dict[str, Any]], bool] = False
+    # Whether a job of this type reads an input object: one without is refused
+    # when it is enqueued (a 422), not failed later by its first attempt.
+    needs_input: bool = False
 
     @property
     def profile_key(self) -> str:

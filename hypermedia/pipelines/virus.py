@@ -305,6 +305,7 @@ VIRUS_SCAN = register(
         available=available,
         default_profile="virus-scan",
         network=True,  # clamd, by Unix socket or TCP
+        needs_input=True,
         doc="ClamAV verdict through clamd: clean, infected (+ signature) or not_fully_scanned",
     )
 )

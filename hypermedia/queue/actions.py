@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from hypermedia.db.driver import Driver
-from hypermedia.errors import NotFound, StaleTransition
+from hypermedia.errors import Conflict, NotFound, StaleTransition
 from hypermedia.queue import states
 from hypermedia.queue.enqueue import check_budgets
 from hypermedia.queue.events import event
@@ -67,8 +67,10 @@ class UserActions:
                 "visibility_timeout": None,
                 "credits_folded": False,  # back among the rows credit use sums
             }
-            # Live again, it holds its estimate: within the budget, as an enqueue.
             if job["status"] in states.sources("retry"):
+                # Live again, it needs its input (GC collects the inputs of
+                # finished jobs) and holds its estimate: as an enqueue.
+                _input_still_there(tx, job)
                 check_budgets(tx, [job])
             self._guarded(tx, job, "retry", values, actor, "retried by request")
             tx.notify({job["queue_name"]})
@@ -148,6 +150,18 @@ class UserActions:
             if job is None:
                 raise NotFound(f"job {job_id} not found")
             return job["status"], tx.events(job_id, after_id)
+
+
+def _input_still_there(tx: Any, job: Row) -> None:
+    """Locked like an enqueue's input, so GC cannot mark it meanwhile (gc.py)."""
+    if job["object_id"] is None:
+        return
+    obj = tx.object(job["object_id"], lock=True)
+    if obj is None or obj["state"] != "ready":
+        raise Conflict(
+            f"job {job['job_id']}'s input object {job['object_id']} no longer exists "
+            "(collected after the job ended): upload the file again for a new job"
+        )
 
 
 def _locked_job(tx: Any, job_id: int) -> Row:

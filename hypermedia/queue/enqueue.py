@@ -145,6 +145,8 @@ class Enqueuing:
             check_queue_name(job.queue)
         pool_id, input_key, input_size = job.pool_id, job.input_key, job.input_size_bytes
         pages = duration_ms = None
+        if job.object_id is None and pipeline.needs_input:
+            raise InvalidRequest(f"{job.job_type} needs an input object (object_id)")
         if job.object_id is not None:
             obj = _input_object(tx, job.object_id, job.project_id)
             pool_id, input_key, input_size = obj["pool_id"], obj["storage_key"], obj["size"]

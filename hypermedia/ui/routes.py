@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from hypermedia.api.deps import COOKIE, Id, authenticate, services
+from hypermedia.api.deps import COOKIE, Id, authenticate, may_submit, services
 from hypermedia.api.routes.jobs import check_owner, owned_job, public_job, sse_response
 from hypermedia.api.routes.objects import receive_upload
 from hypermedia.auth.tokens import Principal
@@ -257,13 +257,16 @@ async def retry(request: Request, job_id: Id) -> Response:
 # -- upload -----------------------------------------------------------------------------
 
 
-def upload_profiles(svc: Services) -> list[Row]:
-    """Active profiles whose pipeline can run here."""
+def upload_profiles(svc: Services, principal: Principal) -> list[Row]:
+    """Active profiles whose pipeline can run here and this token may use."""
     ready = registry.availability()
     return [
         p
         for p in svc.profiles.list()
-        if p.get("is_active") and p["job_type"] in ready and ready[p["job_type"]] is None
+        if p.get("is_active")
+        and p["job_type"] in ready
+        and ready[p["job_type"]] is None
+        and may_submit(principal, p["job_type"])
     ]
 
 
@@ -272,7 +275,7 @@ async def upload_form(request: Request) -> Response:
     principal = await login_required(request)
     need(principal, "objects:write")
     need(principal, "jobs:write")
-    profiles = await run_in_threadpool(upload_profiles, services(request))
+    profiles = await run_in_threadpool(upload_profiles, services(request), principal)
     return page(request, "upload.html", title="Upload", nav="upload", profiles=profiles)
 
 
@@ -287,7 +290,7 @@ async def upload(request: Request) -> Response:
     async with receive_upload(request, svc.settings, frozenset({"profile"})) as received:
         if not received.filename:
             raise InvalidRequest("choose a file to upload")
-        profiles = await run_in_threadpool(upload_profiles, svc)
+        profiles = await run_in_threadpool(upload_profiles, svc, principal)
         ref = received.fields.get("profile", "")
         chosen = next((p for p in profiles if p["ref"] == ref), None)
         if chosen is None:

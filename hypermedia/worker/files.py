@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from hypermedia.errors import JobError
+from hypermedia.errors import JobError, NotFound
 from hypermedia.queue.models import Claimed, Output
 from hypermedia.storage.base import BlobMissing, ChecksumMismatch, StorageError
 from hypermedia.storage.ledger import Storage
@@ -37,7 +37,10 @@ def fetch_input(
     try:
         row = job.input_object  # read (ready) with the claim
         if row is None:
-            row = storage.get(job.object_id)
+            try:
+                row = storage.get(job.object_id)
+            except NotFound:  # collected since: a retry of a long-finished job
+                raise JobError("CORRUPT_INPUT", "the input object no longer exists") from None
             if row["state"] != "ready":
                 raise JobError("CORRUPT_INPUT", "the input object is no longer available")
         # With ``link``, a hard link where the pool is local: only for a

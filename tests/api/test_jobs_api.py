@@ -106,6 +106,30 @@ def test_cancel_then_retry(client: TestClient, a: Project) -> None:
     assert r.status_code == 409 and r.json()["code"] == "conflict"
 
 
+def test_debug_job_types_need_the_admin_scope(client: TestClient, a: Project) -> None:
+    """They inject faults and probe the sandbox (a tenant once port-scanned
+    the host's loopback through debug.sleep's probe)."""
+    writer = bearer(a.scoped["jobs:write"])
+    probe = {"network": True, "probe": {"connect": [5432]}}
+    bodies = ({"job_type": "debug.sleep", "params": probe}, {"profile": "debug-noop"}, NOOP)
+    for body in bodies:
+        r = client.post("/v1/jobs", json=body, headers=writer)
+        assert r.status_code == 403, body
+        assert "needs a token with the admin scope" in r.json()["message"]
+    assert client.get("/v1/jobs", headers=bearer(a.admin)).json()["items"] == []
+    assert client.post("/v1/jobs", json=NOOP, headers=bearer(a.admin)).status_code == 201
+
+
+def test_a_job_type_that_reads_an_input_is_refused_without_one(
+    client: TestClient, a: Project
+) -> None:
+    h = bearer(a.scoped["jobs:write"])
+    for body in ({"profile": "image-thumbnail"}, {"job_type": "pdf.preview"}):
+        r = client.post("/v1/jobs", json=body, headers=h)
+        assert r.status_code == 422, body
+        assert r.json()["message"].endswith("needs an input object (object_id)")
+
+
 def test_events_as_json_and_after(client: TestClient, a: Project) -> None:
     h = bearer(a.admin)
     job_id = client.post("/v1/jobs", json=NOOP, headers=h).json()["job_id"]

@@ -324,3 +324,21 @@ def test_estimated_credits(engine, driver):
         row = job_row(driver, job_id)
         assert row["estimated_credits"] == expected, (base, per_mb, size)
         assert row["actual_credits"] is None
+
+
+@pytest.mark.parametrize(
+    "job_type",
+    [
+        "image.thumbnail",
+        "image.compress",
+        "pdf.preview",
+        "storage.dedup_check",
+        "security.virus_scan",
+        "debug.copy",
+    ],
+)
+def test_a_job_type_that_reads_an_input_needs_one(engine: Engine, job_type: str) -> None:
+    before = _count_jobs(engine)
+    with pytest.raises(InvalidRequest, match="needs an input object"):
+        engine.enqueue(NewJob(job_type))
+    assert _count_jobs(engine) == before

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import uuid
+from pathlib import Path
 
+import pytest
+
+from hypermedia.errors import Conflict, JobError
 from hypermedia.queue.models import AttemptResult, NewJob, Output
 from hypermedia.storage.gc import GarbageCollector
 from hypermedia.storage.ledger import Storage
 from hypermedia.storage.reserve import RESERVE
+from hypermedia.worker.files import fetch_input
 from tests.harness import checksum_of
 
 
@@ -83,6 +89,33 @@ def test_referenced_objects_stay(storage: Storage, engine) -> None:  # type: ign
     assert _state(storage, done_input["object_id"]) is None  # its job is over
     # The other job is claimed (live): its input stays.
     assert _state(storage, live_input["object_id"]) == "ready"
+
+
+def test_a_finished_job_whose_input_was_collected_is_not_retried(
+    storage: Storage,
+    engine,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    obj = storage.put(io.BytesIO(b"input of a job that ended"))
+    job_id = engine.enqueue(NewJob("debug.copy", object_id=obj["object_id"]))
+    claimed = engine.claim("w1", ["bulk"], 1)[0]
+    engine.cancel(job_id)  # cancel_requested: the attempt still holds its input
+    engine.flush("w1", [], [AttemptResult(job_id, claimed.attempt, "cancelled")])
+    _gc(storage).run_once()  # over: its input goes
+    assert _state(storage, obj["object_id"]) is None
+    # Retried, its attempts would only fail: refused, the job left as it was.
+    with pytest.raises(Conflict, match="no longer exists"):
+        engine.retry(job_id)
+    assert engine.get(job_id)["status"] == "cancelled"
+    # And an attempt that meets a collected input (it was claimed without its
+    # row) fails for good with a reason, not as a crash of the worker.
+    gone = dataclasses.replace(claimed, input_object=None)
+    with pytest.raises(JobError) as caught:
+        fetch_input(storage, gone, tmp_path)
+    assert (caught.value.code, caught.value.reason) == (
+        "CORRUPT_INPUT",
+        "the input object no longer exists",
+    )
 
 
 def test_stale_pending_objects_are_swept(storage: Storage) -> None:

@@ -11,10 +11,10 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from hypermedia.api.deps import Id, owned, scoped, services
+from hypermedia.api.deps import Id, may_submit, owned, scoped, services
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.auth.tokens import Principal
-from hypermedia.errors import InvalidRequest
+from hypermedia.errors import Forbidden, InvalidRequest
 from hypermedia.parse import ascii_int
 from hypermedia.queue.models import NewJob
 from hypermedia.queue.states import STATUSES, TERMINAL
@@ -56,6 +56,8 @@ def _new_job(svc: Services, body: JobCreate, principal: Principal, key: str | No
         if body.profile is None:
             raise InvalidRequest("give job_type, profile, or both")
         job_type = str(svc.profiles.show(body.profile)["job_type"])
+    if not may_submit(principal, job_type):
+        raise Forbidden(f"{job_type} is an operator's tool: it needs a token with the admin scope")
     return NewJob(
         job_type=job_type,
         params=body.params,
