@@ -199,7 +199,9 @@ def check_input(vips: Any, path: str, max_pixels: int) -> Header:
 def failure(exc: Any, header: Header) -> BaseException:
     """What a libvips error while decoding or saving means for the job."""
     text = f"{getattr(exc, 'message', '')} {getattr(exc, 'detail', '')}".lower()
-    if "out of memory" in text or "memory allocation" in text:
+    # libvips says "out of memory"; its encoders' libraries (aom: "Failed to
+    # allocate context buffers") speak of allocating: a retry with more helps.
+    if "out of memory" in text or "allocat" in text:
         return MemoryError()
     if "no space left" in text:
         return JobError("STORAGE_UNAVAILABLE", SCRATCH_FULL)
@@ -224,6 +226,8 @@ def fit(vips: Any, path: str, header: Header, width: int, height: int, mode: str
     WebP, HEIF), is turned by its EXIF orientation and, when animated, read
     for its first frame only.
     """
+    if mode == "cover" and _overflow(header, width, height) > MAX_COVER_OVERFLOW:
+        return _cover_by_crop(vips, path, header, width, height)
     options: dict[str, Any] = {"height": height}
     if mode == "cover":
         options["crop"] = "centre"
@@ -253,6 +257,33 @@ def fit(vips: Any, path: str, header: Header, width: int, height: int, mode: str
     return image
 
 
+# How much wider (or taller) than the box an image may be for ``cover`` to
+# resize it whole and crop after, as libvips' thumbnail does: the resized image
+# is this many times the box.  A 1 x 10000 strip into 300 x 100 would be
+# 300 x 3,000,000 (a minute and 2.6 GB, or an OOM), so past it the centre is
+# cut from the source first.
+MAX_COVER_OVERFLOW = 16.0
+
+
+def _overflow(header: Header, width: int, height: int) -> float:
+    """How many times the box's area ``cover`` resizes the image to, before its crop."""
+    w, h = header.upright
+    return max(width / w, height / h) ** 2 * w * h / (width * height)
+
+
+def _cover_by_crop(vips: Any, path: str, header: Header, width: int, height: int) -> Any:
+    """``cover`` for a very long, thin image: the region the box shows, cut
+    from the source (upright, in sRGB, first frame), then resized to the box."""
+    w, h = header.upright
+    options = {"export_profile": "srgb"} if header.icc else {}
+    # At its own size: only loaded, turned upright and converted.
+    image = vips.Image.thumbnail(path, w, height=h, size="down", fail_on="error", **options)
+    scale = max(width / w, height / h)
+    cw, ch = min(w, max(1, round(width / scale))), min(h, max(1, round(height / scale)))
+    image = image.extract_area((w - cw) // 2, (h - ch) // 2, cw, ch)
+    return srgb(image.thumbnail_image(width, height=height, size="force"))
+
+
 def jpeg_shrink(header: Header, width: int, height: int, mode: str) -> int:
     """The largest JPEG shrink-on-load (8, 4, 2 or 1) that keeps the box covered."""
     w, h = header.upright
@@ -260,7 +291,9 @@ def jpeg_shrink(header: Header, width: int, height: int, mode: str) -> int:
     # cover and fill are limited by the axis that shrinks least; inside and
     # contain by the one that shrinks most.
     factor = min(ratios) if mode in ("cover", "fill") else max(ratios)
-    return next((s for s in (8, 4, 2) if factor >= s), 1)
+    # libjpeg refuses a scale that leaves a side under one pixel (a 3 x 20000 strip).
+    short = min(header.width, header.height)
+    return next((s for s in (8, 4, 2) if factor >= s and short >= s), 1)
 
 
 def srgb(image: Any) -> Any:

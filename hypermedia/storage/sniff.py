@@ -19,7 +19,8 @@ def media_type(head: bytes) -> str:
         return "image/gif"
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return "image/webp"
-    if head[:4] in (b"II*\x00", b"MM\x00*"):
+    # Classic TIFF (42), then BigTIFF (43, for files past 4 GB: libvips reads both).
+    if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
         return "image/tiff"
     if head.startswith(b"%PDF-"):
         return "application/pdf"

@@ -14,6 +14,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -690,6 +691,71 @@ def test_other_accepted_inputs(scratch: Path, suffix: str) -> None:
     src = write(scratch, f"input.{suffix}", photo(640, 480))
     r = run(THUMB, scratch, src, {"width": 64, "height": 64, "fit": "inside"})
     assert r.size == (64, 48)
+
+
+def test_bigtiff_is_a_tiff(scratch: Path) -> None:
+    src = write(scratch, "input.tif", photo(300, 200), bigtiff=True)
+    assert src.read_bytes()[:4] == b"II+\x00"
+    assert run(THUMB, scratch, src, {"fit": "inside"}).size == (200, 133)
+
+
+@pytest.mark.parametrize("suffix", ["jpg", "png"])
+@pytest.mark.parametrize(
+    ("source", "fit", "box", "size"),
+    [
+        ((3, 20_000), "inside", (200, 200), (1, 200)),
+        ((12_000, 5), "inside", (200, 200), (200, 1)),
+        ((12_000, 5), "contain", (200, 200), (200, 200)),
+        ((1, 10_000), "cover", (300, 100), (300, 100)),
+        ((60_000, 1), "cover", (200, 200), (200, 200)),
+        ((1, 1_000), "cover", (4000, 100), (4000, 100)),
+        ((7, 9_000), "fill", (200, 200), (200, 200)),
+    ],
+)
+def test_long_thin_images(
+    scratch: Path,
+    suffix: str,
+    source: tuple[int, int],
+    fit: str,
+    box: tuple[int, int],
+    size: tuple[int, int],
+) -> None:
+    """Strips once failed as CORRUPT_INPUT (a JPEG shrink-on-load past their
+    short side) or, with ``cover``, took a minute and gigabytes (libvips
+    resized them whole to 300 x 3,000,000 before its crop) or died OOM."""
+    w, h = source
+    strip = (pyvips.Image.xyz(w, h)[1 if h > w else 0] * (255 / max(w, h))).cast("uchar")
+    src = write(scratch, f"input.{suffix}", strip.copy(interpretation="b-w"))
+    cpu = time.process_time()
+    out = run(THUMB, scratch, src, {"fit": fit, "width": box[0], "height": box[1]})
+    assert out.size == size
+    # Milliseconds now; 20-60 s of CPU when the strip was resized whole.
+    assert time.process_time() - cpu < 5, "no huge intermediate image"
+
+
+def test_cover_by_crop_shows_the_centre(scratch: Path) -> None:
+    """Past the overflow bound ``cover`` cuts the centre from the source first:
+    the same picture as resizing whole and cropping (what the normal path does)."""
+    bands = pyvips.Image.xyz(40, 2000)[1] < 1000  # top half white, bottom black
+    col = (bands * 255).cast("uchar").copy(interpretation="b-w")
+    src = write(scratch, "input.png", col)
+    out = run(THUMB, scratch, src, {"fit": "cover", "width": 200, "height": 100, "format": "png"})
+    img = out.decoded()
+    assert (img.width, img.height) == (200, 100)
+    # The centre 20 rows of the source: the edge between white and black.
+    assert img.crop(0, 0, 200, 40).avg() > 200 and img.crop(0, 60, 200, 40).avg() < 55
+
+
+def test_an_encoder_that_cannot_allocate_is_oom() -> None:
+    """aom (AVIF) says "Failed to allocate context buffers" under the attempt's
+    address-space limit: more memory helps, so OOM (retried), not CORRUPT_INPUT."""
+
+    class Err(Exception):
+        message = "heifsave: Failed to allocate context buffers"
+        detail = ""
+
+    header = imaging.Header(10, 10, "jpegload", "image/jpeg", 1, False)
+    assert isinstance(imaging.failure(Err(), header), MemoryError)
 
 
 def test_heic_is_read_where_libvips_can(scratch: Path) -> None:
