@@ -123,6 +123,43 @@ def document(
     return w.build(catalog, version=version)
 
 
+def filled_form(*, appearance: bool = True) -> bytes:
+    """One blank Letter page whose only content is a filled text field in the
+    box (50, 600)-(300, 640): a yellow box with FILLED in it as its appearance
+    stream, or, with ``appearance=False``, no appearance and the form's
+    NeedAppearances flag (a reader draws the value itself)."""
+    w = Writer()
+    catalog, tree, page = w.reserve(), w.reserve(), w.reserve()
+    font = w.add(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+    field = b"/Type /Annot /Subtype /Widget /FT /Tx /T (name) /V (FILLED) /F 4"
+    field += b" /Rect [50 600 300 640] /DA (/Helv 20 Tf 0 g) /P %d 0 R" % page
+    form = b"/Fields [%d 0 R] /DR << /Font << /Helv %d 0 R >> >>"
+    if appearance:
+        look = w.add(
+            Writer.stream(
+                b"1 1 0 rg 0 0 250 40 re f BT 0 g /Helv 20 Tf 5 10 Td (FILLED) Tj ET",
+                b"/Type /XObject /Subtype /Form /BBox [0 0 250 40] "
+                b"/Resources << /Font << /Helv %d 0 R >> >> " % font,
+            )
+        )
+        widget = w.add(b"<< %s /AP << /N %d 0 R >> >>" % (field, look))
+    else:
+        widget = w.add(b"<< %s >>" % field)
+        form += b" /NeedAppearances true"
+    content = w.add(Writer.stream(b""))
+    w.set(
+        page,
+        b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Contents %d 0 R "
+        b"/Annots [%d 0 R] /Resources << >> >>" % (tree, content, widget),
+    )
+    w.set(tree, b"<< /Type /Pages /Kids [%d 0 R] /Count 1 >>" % page)
+    w.set(
+        catalog,
+        b"<< /Type /Catalog /Pages %d 0 R /AcroForm << %s >> >>" % (tree, form % (widget, font)),
+    )
+    return w.build(catalog)
+
+
 def many_pages(count: int, size: tuple[float, float] = LETTER) -> bytes:
     """``count`` pages sharing one content stream, MediaBox and resources (inherited)."""
     w = Writer()

@@ -179,11 +179,21 @@ def _check_magic(path: str) -> None:
 def _open(pdfium: Any, path: str) -> Any:
     raw = pdfium.raw
     try:
-        return pdfium.PdfDocument(path)
+        doc = pdfium.PdfDocument(path)
     except pdfium.PdfiumError as exc:
         code = getattr(exc, "err_code", None)
         if code is None:
             code = raw.FPDF_GetLastError()
+    else:
+        # Before anything else reads the document (pypdfium2's rule): a form
+        # environment, for _render to draw fields.  No JavaScript: pdfium here
+        # has no JS platform, and none is given.
+        try:
+            doc.init_forms()
+        except pdfium.PdfiumError:
+            doc.close()
+            raise JobError("CORRUPT_INPUT", "the PDF's form is damaged") from None
+        return doc
     if code == raw.FPDF_ERR_PASSWORD:
         raise JobError("UNSUPPORTED_FORMAT", "encrypted PDFs are not supported")
     if code == raw.FPDF_ERR_SECURITY:
@@ -229,6 +239,11 @@ def _render(pdfium: Any, doc: Any, index: int, width: int, height: int) -> Any:
     page = raw.FPDF_LoadPage(doc.raw, index)
     if not page:
         raise JobError("CORRUPT_INPUT", f"page {index + 1} is damaged or unreadable")
+    # Form fields (widgets) are drawn only through the document's form
+    # environment: without it a filled form renders with blank fields.
+    form = doc.formenv.raw if doc.formenv else None
+    if form:
+        raw.FORM_OnAfterLoadPage(page, form)
     try:
         bitmap = raw.FPDFBitmap_CreateEx(width, height, raw.FPDFBitmap_BGRx, buf, stride)
         if not bitmap:
@@ -237,9 +252,13 @@ def _render(pdfium: Any, doc: Any, index: int, width: int, height: int) -> Any:
             raw.FPDFBitmap_FillRect(bitmap, 0, 0, width, height, 0xFFFFFFFF)
             flags = raw.FPDF_ANNOT | raw.FPDF_REVERSE_BYTE_ORDER  # RGBx, not BGRx
             raw.FPDF_RenderPageBitmap(bitmap, page, 0, 0, width, height, 0, flags)
+            if form:
+                raw.FPDF_FFLDraw(form, bitmap, page, 0, 0, width, height, 0, flags)
         finally:
             raw.FPDFBitmap_Destroy(bitmap)
     finally:
+        if form:
+            raw.FORM_OnBeforeClosePage(page, form)
         raw.FPDF_ClosePage(page)
     return buf
 

@@ -285,6 +285,21 @@ def test_a_rotated_page_renders_upright(scratch: Path) -> None:
     assert (r.result["rendered"][0]["width"], r.result["rendered"][0]["height"]) == (792, 612)
 
 
+@pytest.mark.parametrize("appearance", [True, False])
+def test_filled_form_fields_are_drawn(scratch: Path, appearance: bool) -> None:
+    """A filled invoice or tax form shows its values, as in any viewer: pdfium
+    draws widgets only through a form environment (they came out blank)."""
+    src = put(scratch, pdfs.filled_form(appearance=appearance))
+    out = run(scratch, src, {"width": 612, "format": "png"}).ctx.outputs[0]
+    img = decoded(scratch, out)
+    # PDF y grows upwards: the field's box (50, 600)-(300, 640) is rows 152-192.
+    field = img.crop(50, 152, 250, 40)
+    assert field.min() < 60, "the value's text is drawn"
+    if appearance:  # the appearance stream's yellow background too
+        assert close_to(tuple(int(v) for v in field(2, 2)[:3]), (255, 255, 0))
+    assert img.crop(0, 300, 612, 400).min() > 250, "and nothing else on the page"
+
+
 def test_quality_changes_the_encoding(scratch: Path) -> None:
     src = put(scratch, pdfs.realistic(1))
     low = run(scratch, src, {"quality": 20}).result["rendered"][0]["bytes"]
