@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import signal
+import stat
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -27,11 +32,25 @@ from hypermedia.queue.clock import clock_for
 from hypermedia.queue.engine import Engine
 from hypermedia.redact import brief, redact
 
-# Markup off: what we print is full of other people's text (reasons, file
-# names), and redaction's own markers ("[path]", "[token]") read as tags: they
-# vanished.  Our few styled lines opt in with markup=True and escape() the rest.
-console = Console(markup=False)
-err_console = Console(stderr=True, markup=False)
+# Piped or redirected, a line is as long as it is: Rich's default of 80 columns
+# there cut table cells ("comple…", so `| grep completed` found nothing) and
+# split one-line errors in two.
+UNWRAPPED = 100_000
+
+
+def _console(stderr: bool = False) -> Console:
+    # Markup off: what we print is full of other people's text (reasons, file
+    # names), and redaction's own markers ("[path]", "[token]") read as tags:
+    # they vanished.  Our few styled lines opt in with markup=True and escape()
+    # the rest.
+    c = Console(stderr=stderr, markup=False)
+    if c.is_terminal or os.environ.get("COLUMNS"):
+        return c
+    return Console(stderr=stderr, markup=False, width=UNWRAPPED)
+
+
+console = _console()
+err_console = _console(stderr=True)
 T = TypeVar("T")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -68,6 +87,27 @@ def _default(o: Any) -> Any:
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, default=_default, sort_keys=True) + "\n")
+
+
+@contextmanager
+def as_regular_files(paths: list[Path]) -> Iterator[list[Path]]:
+    """``paths``, with each one that is not a regular file (``/dev/stdin``, a
+    FIFO, ``<(cmd)``) read once into a temporary file of the same name: the
+    ledger reads an input twice (its first bytes for the type, then all of
+    it), and a stream would give it nothing the second time."""
+    streams = [p for p in paths if not stat.S_ISREG(p.stat().st_mode)]
+    if not streams:
+        yield paths
+        return
+    with tempfile.TemporaryDirectory(prefix="hypermedia-stdin-") as tmp:
+        copies: dict[Path, Path] = {}
+        for i, p in enumerate(streams):
+            copy = Path(tmp) / str(i) / (p.name or "stdin")
+            copy.parent.mkdir()
+            with open(p, "rb") as src, open(copy, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            copies[p] = copy
+        yield [copies.get(p, p) for p in paths]
 
 
 @contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections import Counter
 from functools import partial
 from typing import Any
 
@@ -13,7 +14,14 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hypermedia.cli.common import console, engine, print_json, through_outages, user_errors
+from hypermedia.cli.common import (
+    console,
+    engine,
+    err_console,
+    print_json,
+    through_outages,
+    user_errors,
+)
 from hypermedia.errors import InvalidRequest
 from hypermedia.queue.models import NewJob
 from hypermedia.queue.states import TERMINAL
@@ -80,16 +88,34 @@ def submit(
             ids = []
             for start in range(0, count, 1000):
                 ids += eng.enqueue_many([job] * min(1000, count - start))
-        if wait:
-            _wait(eng, ids)
+        queued = f"job {ids[0]}" if count == 1 else f"{len(ids)} jobs: {ids[0]} … {ids[-1]}"
+        if not wait:
+            if as_json:
+                print_json({"job_ids": ids})
+            else:
+                console.print(f"{queued} queued")
+            return
+        # Said before the wait: a Ctrl-C leaves the jobs running, and their ids known.
+        err_console.print(f"{queued} queued; waiting until they end", highlight=False)
+        _wait(eng, ids)
+        jobs = [_brief(eng.get(i)) for i in ids]
         if as_json:
-            print_json(
-                {"job_ids": ids} if not wait else {"jobs": [_brief(eng.get(i)) for i in ids]}
-            )
-        elif count == 1:
-            console.print(f"job {ids[0]} {'done' if wait else 'queued'}")
+            print_json({"jobs": jobs})
         else:
-            console.print(f"{len(ids)} jobs queued: {ids[0]} … {ids[-1]}")
+            _say_ended(jobs)
+        if any(j["status"] != "completed" for j in jobs):
+            raise typer.Exit(1)  # as jobs tail and process: 0 only when every job completed
+
+
+def _say_ended(jobs: list[dict[str, Any]]) -> None:
+    """One line per job that did not complete (the first 20), then the tally."""
+    unhappy = [j for j in jobs if j["status"] != "completed"]
+    for j in unhappy[:20]:
+        code = f" {j['error_code']}" if j["error_code"] else ""
+        reason = f": {j['safe_reason']}" if j["safe_reason"] else ""
+        console.print(f"job {j['job_id']} {j['status']}{code}{reason}", highlight=False)
+    tally = Counter(j["status"] for j in jobs)
+    console.print(", ".join(f"{n} {status}" for status, n in sorted(tally.items())))
 
 
 def _wait(eng: Any, ids: list[int]) -> None:
@@ -240,6 +266,10 @@ def prune(
     with user_errors():
         eng = engine()
         days = eng.settings.job_retention_days if older_than_days is None else older_than_days
+        if days <= 0 and older_than_days is not None:
+            raise InvalidRequest(
+                "--older-than-days must be above 0 (0 would delete every ended job)"
+            )
         if days <= 0:
             raise InvalidRequest(
                 "job retention is off (HYPERMEDIA_JOB_RETENTION_DAYS=0): "

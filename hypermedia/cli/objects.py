@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,14 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from hypermedia.cli.common import console, engine, print_json, settings, user_errors
+from hypermedia.cli.common import (
+    as_regular_files,
+    console,
+    engine,
+    print_json,
+    settings,
+    user_errors,
+)
 from hypermedia.errors import InvalidRequest
 from hypermedia.storage.gc import GarbageCollector
 from hypermedia.storage.ledger import Storage
@@ -42,7 +50,7 @@ def put(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Upload FILES (streamed, checksummed); several files are registered and synced together."""
-    with user_errors():
+    with user_errors(), as_regular_files(files) as files:
         st = storage()
         if len(files) == 1:
             rows = [st.put_file(files[0], pool=pool, mime=mime, project_id=project)]
@@ -71,14 +79,43 @@ def get(
                 while chunk := src.read(1024 * 1024):
                     sys.stdout.buffer.write(chunk)
             return
-        tmp = output.with_name(f".{output.name}.part")
+        target = download_target(output)
+        if target is None:  # a pipe, a device, a symlink to one: written as it is
+            with st.open(object_id) as src, open(output, "wb") as out:
+                while chunk := src.read(1024 * 1024):
+                    out.write(chunk)
+            return
+        tmp = target.with_name(f".{target.name}.part")
         try:
             with st.open(object_id) as src, open(tmp, "wb") as out:
                 while chunk := src.read(1024 * 1024):
                     out.write(chunk)
-            tmp.replace(output)  # never leave a half or unverified file under the name
+            tmp.replace(target)  # never leave a half or unverified file under the name
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def download_target(output: Path) -> Path | None:
+    """Where ``objects get -o`` renames its checked download to: the file
+    itself, or the regular file a symlink points to (as ``cp`` writes through
+    one).  None for anything else (a FIFO, /dev/stdout, a device): the bytes
+    are written into it, since renaming over it would replace the pipe or
+    device with a plain file."""
+    if not output.name:
+        raise InvalidRequest("-o needs a file name")
+    try:
+        mode = output.stat().st_mode  # follows a symlink
+    except FileNotFoundError:
+        if output.is_symlink():
+            raise InvalidRequest("-o names a symlink to nothing") from None
+        if not output.parent.is_dir():
+            raise InvalidRequest("-o's folder does not exist") from None
+        return output
+    if stat.S_ISDIR(mode):
+        raise InvalidRequest("-o names a folder: give a file name")
+    if not stat.S_ISREG(mode):
+        return None
+    return output.resolve() if output.is_symlink() else output
 
 
 @objects_app.command("show")

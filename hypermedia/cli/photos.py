@@ -8,7 +8,14 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from hypermedia.cli.common import console, engine, print_json, settings, user_errors
+from hypermedia.cli.common import (
+    as_regular_files,
+    console,
+    engine,
+    print_json,
+    settings,
+    user_errors,
+)
 from hypermedia.photos.service import Photos
 from hypermedia.storage.ledger import Storage
 
@@ -44,7 +51,8 @@ def add(
 ) -> None:
     """Upload an image FILE as a new photo; its thumbnail and preview are made by workers."""
     with user_errors():
-        row = photos().add(file, album=album, title=title, project_id=project)
+        with as_regular_files([file]) as (path,):
+            row = photos().add(path, album=album, title=title, project_id=project)
         if as_json:
             print_json(row)
         else:

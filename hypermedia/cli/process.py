@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from hypermedia.cli.common import (
+    as_regular_files,
     console,
     engine,
     err_console,
@@ -62,10 +63,11 @@ def run(
         if not prof["is_active"]:
             raise InvalidRequest(f"profile {prof['ref']} is deactivated: new jobs cannot use it")
         store = Storage(eng.db, s, clock=eng.clock)
-        if len(files) == 1:
-            objects = [store.put_file(files[0], project_id=project)]
-        else:
-            objects = store.put_files(list(files), project_id=project)
+        with as_regular_files(list(files)) as paths:
+            if len(paths) == 1:
+                objects = [store.put_file(paths[0], project_id=project)]
+            else:
+                objects = store.put_files(paths, project_id=project)
         ids = eng.enqueue_many(
             [
                 NewJob(

@@ -13,6 +13,7 @@ import calendar
 import io
 import os
 import secrets
+import stat
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -144,6 +145,7 @@ class Storage:
         role: str = "original",
     ) -> Row:
         """Store a file as a new ``ready`` object (backends may copy it in the kernel)."""
+        _regular(path)
         pool_row = self.pool(pool)
         obj = self._pending_for_file(pool_row["pool_id"], path, role, mime, project_id)
         if filename is None:
@@ -165,6 +167,8 @@ class Storage:
     ) -> list[Row]:
         """Store many files at once: one transaction to register them, one to make
         them ready, and (on local pools) one file-system sync for all the bytes."""
+        for p in paths:
+            _regular(p)
         pool_row = self.pool(pool)
         backend = self.backend(pool_row["pool_id"])
         heads = []
@@ -472,6 +476,13 @@ def _home_secret(home: Path) -> bytes:
 
 def _stored_values(stored: Stored) -> Row:
     return {"size": stored.size, "checksum": stored.checksum}
+
+
+def _regular(path: Path) -> None:
+    """A file is read twice (its first bytes for its type, then whole): a pipe
+    or a device would give nothing the second time, and an empty object."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise InvalidRequest(f"{path.name} is not a regular file (a pipe or a device)")
 
 
 def _read_head(src: BinaryIO) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -126,22 +127,21 @@ def test_submit_wait_with_a_running_worker(driver: Driver, tmp_path: Path) -> No
         log=tmp_path / "worker.log",
     )
     try:
-        out = _json(
-            _run(
-                "jobs",
-                "submit",
-                "debug.sleep",
-                "--params",
-                '{"fail": "CORRUPT_INPUT"}',
-                "--wait",
-                "--json",
-                url=url,
-                home=tmp_path,
-            )
-        )
-        (job,) = out["jobs"]
+        failing = ("jobs", "submit", "debug.sleep", "--params", '{"fail": "CORRUPT_INPUT"}')
+        proc = _run(*failing, "--wait", "--json", url=url, home=tmp_path)
+        # A job that failed is not a success: exit 1, as jobs tail and process.
+        assert proc.returncode == 1, proc.stderr
+        (job,) = json.loads(proc.stdout)["jobs"]
         assert job["status"] == "failed" and job["error_code"] == "CORRUPT_INPUT"
         assert job["safe_reason"] and "/" not in job["safe_reason"]
+        # In words: the job's end, and (on stderr, before the wait) its id.
+        text = _run(*failing, "--count", "2", "--wait", url=url, home=tmp_path)
+        assert text.returncode == 1
+        assert re.search(r"2 jobs: \d+ … \d+ queued; waiting", text.stderr), text.stderr
+        assert text.stdout.count("failed CORRUPT_INPUT: ") == 2
+        assert text.stdout.rstrip().endswith("2 failed")
+        ok = _run("jobs", "submit", "debug.noop", "--wait", url=url, home=tmp_path)
+        assert ok.returncode == 0 and ok.stdout.strip() == "1 completed"
     finally:
         assert stop(w, signal.SIGTERM) == 0
 

@@ -5,12 +5,18 @@ a colour instead of its characters.  Real CLI processes, the embedded default.""
 
 from __future__ import annotations
 
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from hypermedia.db.driver import Driver
-from tests.harness import hypermedia
+from tests.harness import cli_env, hypermedia
 
 
 def test_a_reason_keeps_its_brackets(tmp_path: Path) -> None:
@@ -41,3 +47,75 @@ def test_an_error_line_keeps_the_redacted_path(tmp_path: Path) -> None:
     said = " ".join(done.stderr.split())
     assert said.startswith("error: ") and "[path]" in said, said
     assert str(tmp_path) not in said
+
+
+def test_piped_tables_are_not_cut_to_80_columns(tmp_path: Path) -> None:
+    """Captured (not a terminal), a table cell is whole: `jobs ls | grep completed`
+    found nothing when cells were cut to "comple…"."""
+    home = tmp_path / "home"
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    for _ in range(3):
+        assert hypermedia("jobs", "submit", "debug.sleep", url="", home=home).returncode == 0
+    listed = hypermedia("jobs", "ls", url="", home=home)
+    assert listed.returncode == 0
+    rows = [line for line in listed.stdout.splitlines() if "debug.sleep" in line]
+    assert len(rows) == 3 and all("queued" in r for r in rows), listed.stdout
+    error = hypermedia("jobs", "show", "999999", url="", home=home)
+    assert error.stderr.count("\n") == 1, error.stderr  # one line, as the docs say
+
+
+def test_a_stream_is_stored_whole(tmp_path: Path) -> None:
+    """`cat x | hypermedia objects put /dev/stdin` stored an empty object (the
+    ledger reads its input twice) and said nothing: now the bytes, all of them."""
+    home = tmp_path / "home"
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    data = bytes(range(256)) * 1000
+    env = cli_env("", home)
+    put = subprocess.run(
+        [sys.executable, "-m", "hypermedia", "objects", "put", "/dev/stdin", "--json"],
+        env=env,
+        input=data,
+        capture_output=True,
+        timeout=60,
+    )
+    assert put.returncode == 0, put.stderr
+    row = json.loads(put.stdout)
+    assert row["size"] == len(data) and row["filename"] == "stdin"
+    back = subprocess.run(
+        [sys.executable, "-m", "hypermedia", "objects", "get", str(row["object_id"])],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert back.returncode == 0 and back.stdout == data
+
+
+def test_get_writes_into_a_pipe_or_through_a_symlink(tmp_path: Path) -> None:
+    """Renaming the checked download over -o replaced a FIFO, /dev/full or a
+    symlink with a plain file."""
+    home = tmp_path / "home"
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    src = tmp_path / "in.bin"
+    src.write_bytes(b"the object's bytes")
+    put = hypermedia("objects", "put", str(src), "--json", url="", home=home)
+    oid = str(json.loads(put.stdout)["object_id"])
+    # Through a symlink: the file it points to gets the bytes, the link stays.
+    target, link = tmp_path / "target.bin", tmp_path / "link.bin"
+    target.write_bytes(b"old")
+    link.symlink_to(target)
+    assert hypermedia("objects", "get", oid, "-o", str(link), url="", home=home).returncode == 0
+    assert link.is_symlink() and target.read_bytes() == b"the object's bytes"
+    # Into a FIFO: a reader gets the bytes, and the FIFO is still one.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    done = hypermedia("objects", "get", oid, "-o", str(fifo), url="", home=home)
+    reader.join(10)
+    assert done.returncode == 0, done.stderr
+    assert got == [b"the object's bytes"] and stat.S_ISFIFO(fifo.stat().st_mode)
+    # A folder, or a folder that is not there: a clear refusal.
+    for bad, said in ((tmp_path, "names a folder"), (tmp_path / "no" / "x", "does not exist")):
+        refused = hypermedia("objects", "get", oid, "-o", str(bad), url="", home=home)
+        assert refused.returncode == 1 and said in refused.stderr, refused.stderr
