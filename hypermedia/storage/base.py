@@ -43,6 +43,10 @@ class ChecksumMismatch(StorageError):
     """The bytes read back are not the bytes written."""
 
 
+class BlobGrown(ChecksumMismatch):
+    """The blob holds more bytes than its ledger row records."""
+
+
 def algorithm_of(checksum: str) -> str:
     """The algorithm of a stored checksum.  One this version cannot compute is
     refused as a mismatch: bytes that cannot be verified are never returned."""
@@ -112,37 +116,63 @@ class HashingReader:
 
 
 class VerifyingReader:
-    """Reads a blob and raises ChecksumMismatch at its end if its checksum differs."""
+    """Reads a blob and raises ChecksumMismatch at its end if its checksum differs.
 
-    def __init__(self, src: BinaryIO, expected: str) -> None:
+    With ``size`` (the ledger's), the end is known before the stream says so:
+    the read that reaches it is checked before its bytes are returned, and a
+    blob that grew is refused before a byte past ``size`` is.  A download that
+    sends each chunk only once the next was read (the API's) then never sends
+    the last one of a damaged blob, whichever way it was damaged.
+    """
+
+    def __init__(self, src: BinaryIO, expected: str, size: int | None = None) -> None:
         self.src = src
         self.algorithm = algorithm_of(expected)
         self.expected = cs.split(expected)[1]
+        self.size = size
+        self._seen = 0
         self._hash = cs.new(self.algorithm)
         self._checked = False
 
     def read(self, n: int = -1) -> bytes:
         data = self.src.read(n)
-        if data:
-            self._hash.update(data)
+        self._took(data)
         # An empty read is the end; so is a read of "everything" (n < 0),
         # which must not hand over unverified bytes without a later read.
-        if (n is None or n < 0 or not data) and n != 0 and not self._checked:
-            self._checked = True
-            if self._hash.hexdigest() != self.expected:
-                raise ChecksumMismatch("the stored bytes do not match their checksum")
+        if (n is None or n < 0 or not data) and n != 0:
+            self._check()
         return data
 
     def readinto(self, buf: bytearray | memoryview) -> int:
         """``read`` into a buffer the caller reuses: no allocation per chunk."""
-        n = self.src.readinto(buf)  # type: ignore[attr-defined]
-        if n:
-            self._hash.update(memoryview(buf)[:n])
-        elif not self._checked:
+        n = int(self.src.readinto(buf) or 0)  # type: ignore[attr-defined]
+        self._took(memoryview(buf)[:n])
+        if not n:
+            self._check()
+        return n
+
+    @property
+    def seen(self) -> int:
+        """Bytes read so far (those of a refused read included)."""
+        return self._seen
+
+    def _took(self, data: bytes | memoryview) -> None:
+        if not data:
+            return
+        self._seen += len(data)
+        if self.size is not None and self._seen > self.size:
             self._checked = True
-            if self._hash.hexdigest() != self.expected:
-                raise ChecksumMismatch("the stored bytes do not match their checksum")
-        return int(n or 0)
+            raise BlobGrown("the stored bytes are longer than their recorded size")
+        self._hash.update(data)
+        if self._seen == self.size:
+            self._check()
+
+    def _check(self) -> None:
+        if self._checked:
+            return
+        self._checked = True
+        if self._hash.hexdigest() != self.expected:
+            raise ChecksumMismatch("the stored bytes do not match their checksum")
 
     def readable(self) -> bool:
         return True

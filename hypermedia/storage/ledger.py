@@ -395,7 +395,7 @@ class Storage:
     def open_row(self, row: Row) -> Iterator[BinaryIO]:
         algorithm_of(row["checksum"])  # refused before anything is opened
         raw = self.backend(row["pool_id"]).open(row["storage_key"])
-        reader = VerifyingReader(raw, row["checksum"])
+        reader = VerifyingReader(raw, row["checksum"], row["size"])
         try:
             yield reader  # type: ignore[misc]
         finally:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hypermedia.storage import checksum
-from hypermedia.storage.base import BlobMissing, ChecksumMismatch
+from hypermedia.storage.base import BlobGrown, BlobMissing, ChecksumMismatch
 from hypermedia.storage.ledger import Storage
 
 Row = dict[str, Any]
@@ -76,19 +76,28 @@ def scrub(
 def check(storage: Storage, row: Row, buf: bytearray | None = None) -> Finding | None:
     """What is wrong with ``row``'s blob, or None.  A blob that went away
     because its object did (GC deleted it meanwhile) is not a finding."""
-    size, problem, detail = 0, "", ""
+    problem, detail = "", ""
     buf = buf if buf is not None else bytearray(checksum.READ_CHUNK)
+    reader: Any = None
     try:
-        with storage.open_row(row) as src:
-            while n := src.readinto(buf):  # type: ignore[attr-defined]
-                size += n
+        with storage.open_row(row) as reader:
+            while reader.readinto(buf):
+                pass
     except BlobMissing:
         problem, detail = "missing", "no blob under its key"
+    except BlobGrown:  # refused before it was read to its end: no stored size to tell
+        return _still(storage, row, "size", f"more bytes stored than the ledger's {row['size']}")
     except ChecksumMismatch:
         problem, detail = "checksum", "the bytes do not match the ledger's checksum"
-    if problem != "missing" and size != int(row["size"]):  # truncated, or grown
+    size = reader.seen if reader is not None else 0
+    if problem != "missing" and size != int(row["size"]):  # truncated
         problem, detail = "size", f"{size} bytes stored, the ledger says {row['size']}"
-    if not problem or not _still_ready(storage, row):
+    return _still(storage, row, problem, detail) if problem else None
+
+
+def _still(storage: Storage, row: Row, problem: str, detail: str) -> Finding | None:
+    """The finding, unless the object went away meanwhile (GC: not a finding)."""
+    if not _still_ready(storage, row):
         return None
     return Finding(int(row["object_id"]), int(row["pool_id"]), row["storage_key"], problem, detail)
 

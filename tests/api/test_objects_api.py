@@ -231,11 +231,19 @@ def test_a_corrupted_blob_is_cut_short(client: TestClient, a: Project, svc: Serv
     obj_id = upload(client, a.admin, data)["object_id"]
     row = svc.storage.get(int(str(obj_id)))
     blob = Path(svc.storage.backend(row["pool_id"]).root) / row["storage_key"]  # type: ignore[attr-defined]
-    blob.write_bytes(b"b" + data[1:])  # same size, different bytes
-    r = client.get(f"/v1/objects/{obj_id}/url", headers=bearer(a.admin))
-    got = client.get(r.json()["url"])
-    assert got.headers["content-length"] == str(len(data))
-    assert len(got.content) < len(data)
+    url = client.get(f"/v1/objects/{obj_id}/url", headers=bearer(a.admin)).json()["url"]
+    damages = {
+        "same size, other bytes": b"b" + data[1:],
+        "truncated": data[:-1000],
+        # Its recorded size of good bytes, then what grew: was sent whole, wrong.
+        "grown": data[:-1000] + b"x" * 5000,
+        "grown, the recorded part intact": data + b"x",
+    }
+    for what, damaged in damages.items():
+        blob.write_bytes(damaged)
+        got = client.get(url)
+        assert got.headers["content-length"] == str(len(data)), what
+        assert len(got.content) < len(data), what
 
 
 def test_list_is_the_projects_own_newest_first_with_a_cursor(

@@ -41,7 +41,7 @@ def test_a_healthy_pool_has_no_findings(storage: Storage) -> None:
 
 
 def test_damaged_blobs_are_found_and_named(storage: Storage) -> None:
-    ok, flipped, truncated, deleted = _put(storage, [4096, 4096, 4096, 4096])
+    ok, flipped, truncated, deleted, grown = _put(storage, [4096] * 5)
     path = _blob(storage, flipped)
     data = bytearray(path.read_bytes())
     data[1000] ^= 0xFF
@@ -49,6 +49,8 @@ def test_damaged_blobs_are_found_and_named(storage: Storage) -> None:
     with open(_blob(storage, truncated), "r+b") as f:
         f.truncate(100)
     _blob(storage, deleted).unlink()
+    with open(_blob(storage, grown), "ab") as f:
+        f.write(b"appended behind the ledger's back")
 
     report = scrub.scrub(storage)
     found = {f.object_id: (f.problem, f.detail) for f in report.findings}
@@ -56,14 +58,15 @@ def test_damaged_blobs_are_found_and_named(storage: Storage) -> None:
         flipped["object_id"]: ("checksum", "the bytes do not match the ledger's checksum"),
         truncated["object_id"]: ("size", "100 bytes stored, the ledger says 4096"),
         deleted["object_id"]: ("missing", "no blob under its key"),
+        grown["object_id"]: ("size", "more bytes stored than the ledger's 4096"),
     }
-    assert report.checked == 4
+    assert report.checked == 5
     # Resumable and bounded: the two after the first, then the rest.
     part = scrub.scrub(storage, after=ok["object_id"], limit=2)
     assert part.checked == 2 and part.last_object_id == truncated["object_id"]
     assert {f.object_id for f in part.findings} == {flipped["object_id"], truncated["object_id"]}
     rest = scrub.scrub(storage, after=part.last_object_id)
-    assert [f.object_id for f in rest.findings] == [deleted["object_id"]]
+    assert [f.object_id for f in rest.findings] == [deleted["object_id"], grown["object_id"]]
 
 
 def test_an_object_collected_meanwhile_is_not_a_finding(storage: Storage) -> None:
