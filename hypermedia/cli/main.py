@@ -29,7 +29,9 @@ from hypermedia.cli.common import (
     wait_for_database,
 )
 from hypermedia.db.ready import not_ready
+from hypermedia.errors import InvalidRequest
 from hypermedia.pipelines import registry
+from hypermedia.queue.models import EVERY_QUEUE, check_queue_name
 
 app = typer.Typer(help="hypermedia: durable media processing jobs.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
@@ -47,7 +49,11 @@ app.add_typer(tokens.app, name="tokens")
 app.add_typer(tokens.projects_app, name="projects")
 app.command("process")(process.run)
 
-ALL_QUEUES = "images,documents,ocr,media,bulk"
+ALL_QUEUES = EVERY_QUEUE
+QUEUES_HELP = (
+    "comma-separated queue names; * (the default): every queue, the built-in ones and "
+    "any an active profile names, looked up again as profiles change"
+)
 log = logging.getLogger("hypermedia")
 
 
@@ -87,12 +93,17 @@ def db_current() -> None:
 
 
 def _queues(value: str) -> list[str]:
-    return [q.strip() for q in value.split(",") if q.strip()]
+    names = [q.strip() for q in value.split(",") if q.strip()]
+    if not names:
+        raise InvalidRequest("--queues names no queue")
+    if EVERY_QUEUE in names:
+        return [EVERY_QUEUE]
+    return [check_queue_name(q) for q in names]
 
 
 @app.command()
 def worker(
-    queues: str = typer.Option(ALL_QUEUES, "--queues", "-q", help="comma-separated queue names"),
+    queues: str = typer.Option(ALL_QUEUES, "--queues", "-q", help=QUEUES_HELP),
     concurrency: int = typer.Option(2, "--concurrency", "-c", min=1, max=127),
     batch: int | None = typer.Option(
         None, "--batch", min=1, max=1000, help="jobs claimed per round trip"
@@ -165,7 +176,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port", min=1, max=65535),
     concurrency: int = typer.Option(2, "--concurrency", "-c", min=1, max=127),
-    queues: str = typer.Option(ALL_QUEUES, "--queues", "-q"),
+    queues: str = typer.Option(ALL_QUEUES, "--queues", "-q", help=QUEUES_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """The embedded service: migrations, the API and dashboard, workers and maintenance."""

@@ -9,6 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from hypermedia.db.schema import leader_leases as L
+from hypermedia.db.schema import processing_profiles as P
 from hypermedia.db.schema import queue_states as Q
 from hypermedia.db.schema import worker_metrics as M
 from hypermedia.db.schema import worker_metrics_hourly as H
@@ -149,3 +150,9 @@ class WorkerQueries:
     def paused_queues(self) -> set[str]:
         q = sa.select(Q.c.queue_name).where(Q.c.paused.is_(True))
         return {r[0] for r in self.conn.execute(q)}
+
+    def named_queues(self) -> set[str]:
+        """Queues an active profile sends its jobs to, or an operator switched."""
+        profiles = sa.select(P.c.queue_name).where(P.c.is_active.is_(True)).distinct()
+        named = {r[0] for r in self.conn.execute(profiles)}
+        return named | {r[0] for r in self.conn.execute(sa.select(Q.c.queue_name))}

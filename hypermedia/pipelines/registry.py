@@ -171,6 +171,12 @@ def availability() -> dict[str, str | None]:
     return out
 
 
+def queues() -> set[str]:
+    """The queues the built-in pipelines use by default."""
+    _load_builtin()
+    return {p.queue for p in _REGISTRY.values()}
+
+
 def job_types_for(queues: Iterable[str]) -> list[str]:
     """The job types whose pipelines run on ``queues`` by default."""
     _load_builtin()

@@ -18,6 +18,10 @@ MAX_PARAMS_BYTES = 64 * 1024
 MAX_TIMEOUT_SECONDS = 7 * 86400
 
 
+# A worker's queue list that stands for every queue (cli ``--queues '*'``).
+EVERY_QUEUE = "*"
+
+
 def check_queue_name(name: str) -> str:
     """The one rule for queue names, wherever one is given (job, profile, pause)."""
     if not QUEUE_NAME.fullmatch(name):

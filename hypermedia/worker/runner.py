@@ -27,7 +27,7 @@ from hypermedia.linux import name_native
 from hypermedia.parse import ascii_int
 from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
-from hypermedia.queue.models import AttemptResult, Claimed
+from hypermedia.queue.models import EVERY_QUEUE, AttemptResult, Claimed
 from hypermedia.redact import brief
 from hypermedia.storage.ledger import Storage
 from hypermedia.worker import sandbox as landlock
@@ -58,7 +58,9 @@ class Worker:
     ) -> None:
         self.engine = engine
         self.settings = engine.settings
-        self.queues = list(queues)
+        # "*": every queue, looked up again as profiles come and go (_claimable).
+        self.every_queue = EVERY_QUEUE in queues
+        self.queues = sorted(registry.queues()) if self.every_queue else list(queues)
         self.concurrency = max(1, concurrency)
         self.batch = max(1, batch or self.settings.claim_batch)
         self.burst = burst
@@ -140,7 +142,7 @@ class Worker:
         log.info(
             "worker %s on queues %s, concurrency %s",
             self.worker_id,
-            ",".join(self.queues),
+            ("every queue: " if self.every_queue else "") + ",".join(self.queues),
             self.concurrency,
         )
         try:
@@ -174,7 +176,7 @@ class Worker:
         while True:
             row = worker_row(
                 self.worker_id,
-                self.queues,
+                [EVERY_QUEUE] if self.every_queue else self.queues,
                 self.concurrency,
                 self.settings.home,
                 self.engine.clock(),
@@ -240,7 +242,7 @@ class Worker:
             self.wake.clear()
 
     def _claim(self, n: int) -> int:
-        queues = [q for q in self.queues if q not in self._paused_queues()]
+        queues = self._claimable()
         if not queues:
             jobs = []
         elif self.engine.db.single_writer:
@@ -257,12 +259,15 @@ class Worker:
             self.buffer.put(rj)
         return len(jobs)
 
-    def _paused_queues(self) -> set[str]:
+    def _claimable(self) -> list[str]:
+        """Our queues but the paused ones; both read at most once per poll interval."""
         if time.monotonic() - self._paused_at > self.settings.poll_interval_seconds:
             with self.engine.db.read() as tx:
                 self._paused = tx.paused_queues()
+                if self.every_queue:
+                    self.queues = sorted(registry.queues() | tx.named_queues())
             self._paused_at = time.monotonic()
-        return self._paused
+        return [q for q in self.queues if q not in self._paused]
 
     def _drain_requested(self) -> bool:
         """Whether an operator marked our row draining (``Fleet.drain``); read at
@@ -295,7 +300,7 @@ class Worker:
         self.engine.db.listen(self._on_notify, self.stopped)
 
     def _on_notify(self, queue_name: str) -> None:
-        if queue_name == "*" or queue_name in self.queues:
+        if queue_name == "*" or self.every_queue or queue_name in self.queues:
             self.wake.set()
 
     # -- running -----------------------------------------------------------------

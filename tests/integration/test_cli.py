@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import uuid
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,38 @@ def test_serve_runs_jobs_and_answers_health(tmp_path: Path) -> None:
         assert out["jobs"][0]["status"] == "completed"
     finally:
         assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
+
+
+def test_the_default_worker_serves_a_queue_a_profile_names_later(
+    driver: Driver, tmp_path: Path
+) -> None:
+    """`hypermedia worker` is documented to serve every queue: it served five
+    fixed names, and a job on a queue a new profile names waited for ever."""
+    url = driver.url
+    name = f"later-{uuid.uuid4().hex[:8]}"
+    w = spawn("worker", "--concurrency", "1", url=url, home=tmp_path, log=tmp_path / "w.log")
+    try:
+        made = _run(
+            "profiles", "create", name, "--type", "debug.sleep", "--queue", name,
+            url=url, home=tmp_path,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        done = _run(
+            "jobs", "submit", "debug.sleep", "--profile", name, "--wait", "--json",
+            url=url, home=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (job,) = json.loads(done.stdout)["jobs"]
+        assert job["status"] == "completed"
+        assert (
+            _json(_run("jobs", "show", str(job["job_id"]), "--json", url=url, home=tmp_path))[
+                "queue_name"
+            ]
+            == name
+        )
+    finally:
+        assert stop(w, signal.SIGTERM) == 0
+    # A list that names no queue, or a bad name, is refused before anything starts.
+    for bad in ("", " , ", "Bad Q"):
+        refused = _run("worker", "--burst", "--queues", bad, url=url, home=tmp_path)
+        assert refused.returncode == 1 and "queue" in refused.stderr, refused.stderr
