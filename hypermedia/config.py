@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from hypermedia.errors import InvalidRequest
+
 # The project of everything made without naming one (CLI, embedded default).
 DEFAULT_PROJECT = "default"
 
@@ -141,7 +143,11 @@ def load_settings() -> Settings:
         elif isinstance(current, bool):
             values[f.name] = raw.lower() in {"1", "true", "yes"}
         else:
-            values[f.name] = type(current)(raw)
+            try:
+                values[f.name] = type(current)(raw)
+            except ValueError:
+                kind = "an integer" if isinstance(current, int) else "a number"
+                raise InvalidRequest(f"HYPERMEDIA_{env_name} must be {kind}") from None
     return replace(defaults, **values)
 
 

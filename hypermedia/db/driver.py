@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 
 from hypermedia.db import dialects, wakeups
 from hypermedia.db.queries import Tx
-from hypermedia.errors import ValueRefused
+from hypermedia.errors import InvalidRequest, ValueRefused
 
 T = TypeVar("T")
 
@@ -34,12 +34,20 @@ DEFAULT_POOL = {"pool_size": 10, "max_overflow": 20, "pool_pre_ping": False}
 
 def normalise_url(url: str) -> str:
     """Pick the drivers we ship: psycopg 3 for PostgreSQL, PyMySQL for MariaDB/MySQL."""
-    u = make_url(url)
+    try:
+        u = make_url(url)
+    except sa.exc.ArgumentError:  # its message quotes the URL, password and all
+        raise InvalidRequest(f"the database URL is not a URL: {BACKENDS}") from None
+    if u.get_backend_name() not in ("sqlite", "postgresql", "postgres", "mysql", "mariadb"):
+        raise InvalidRequest(f"the database URL names no database hypermedia runs on: {BACKENDS}")
     if u.drivername in {"postgresql", "postgres"}:
         u = u.set(drivername="postgresql+psycopg")
     elif u.drivername in {"mysql", "mariadb"}:
         u = u.set(drivername="mysql+pymysql")
     return u.render_as_string(hide_password=False)
+
+
+BACKENDS = "sqlite:///PATH, postgresql://USER@HOST/DB or mariadb://USER@HOST/DB"
 
 
 class Driver:

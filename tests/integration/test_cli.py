@@ -240,3 +240,20 @@ def test_the_default_worker_serves_a_queue_a_profile_names_later(
     for bad in ("", " , ", "Bad Q"):
         refused = _run("worker", "--burst", "--queues", bad, url=url, home=tmp_path)
         assert refused.returncode == 1 and "queue" in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "env", "said"),
+    [
+        ("garbage", {}, "the database URL is not a URL: sqlite:///PATH"),
+        ("foo://bar", {}, "names no database hypermedia runs on"),
+        ("", {"HYPERMEDIA_JOB_RETENTION_DAYS": "abc"}, "HYPERMEDIA_JOB_RETENTION_DAYS must be a"),
+        ("", {"HYPERMEDIA_CLAIM_BATCH": "1.5"}, "HYPERMEDIA_CLAIM_BATCH must be an integer"),
+    ],
+)
+def test_bad_settings_are_named(tmp_path: Path, url: str, env: dict[str, str], said: str) -> None:
+    """They said `ValueError: could not convert string to float: 'abc'`, or
+    SQLAlchemy's words with the URL quoted in them."""
+    proc = hypermedia("jobs", "ls", url=url, home=tmp_path, **env)
+    assert proc.returncode == 1 and said in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1
