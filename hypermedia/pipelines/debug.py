@@ -53,6 +53,7 @@ def _noop(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
 
 
 def _validate_noop(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    _no_settings(settings, "debug.noop")
     if params:
         raise JobError("INVALID_PARAMS", "debug.noop takes no parameters")
     return {}
@@ -61,14 +62,34 @@ def _validate_noop(params: dict[str, Any], settings: dict[str, Any]) -> dict[str
 _PROBES = ("read", "write", "connect", "unix", "signal")
 
 
+# A profile's cap on debug.sleep's ms: the longest attempt timeout (7 days).
+MAX_SLEEP_MS = 7 * 86_400_000
+
+
+def _settings_max_ms(settings: dict[str, Any]) -> int:
+    """debug.sleep's one setting, checked (a profile is validated through here)."""
+    unknown = set(settings) - {"max_ms"}
+    if unknown:
+        raise JobError("INVALID_PARAMS", f"unknown settings: {', '.join(sorted(unknown))}")
+    max_ms = settings.get("max_ms", 3_600_000)
+    if not isinstance(max_ms, int) or isinstance(max_ms, bool) or not 0 <= max_ms <= MAX_SLEEP_MS:
+        raise JobError("INVALID_PARAMS", f"max_ms must be an integer from 0 to {MAX_SLEEP_MS}")
+    return max_ms
+
+
+def _no_settings(settings: dict[str, Any], job_type: str) -> None:
+    if settings:
+        raise JobError("INVALID_PARAMS", f"{job_type} takes no settings")
+
+
 def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     allowed = {"ms", "fail", "crash", "alloc_mb", "steps", "output", "nan", "forge", "marker"}
     allowed |= {"write_mb", "leak_mb", "probe", "network", "stray"}
     unknown = set(params) - allowed
     if unknown:
         raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
+    max_ms = _settings_max_ms(settings)
     ms = params.get("ms", 0)
-    max_ms = int(settings.get("max_ms", 3_600_000))
     if not isinstance(ms, int) or isinstance(ms, bool) or not 0 <= ms <= max_ms:
         raise JobError("INVALID_PARAMS", f"ms must be an integer from 0 to {max_ms}")
     fail = params.get("fail")
@@ -246,12 +267,16 @@ def _probe(probe: dict[str, list[Any]], input_path: str | None) -> dict[str, dic
 
 
 def _validate_copy(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    _no_settings(settings, "debug.copy")
     unknown = set(params) - {"name", "symlink"}
     if unknown:
         raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
     for key in ("name", "symlink"):
         if key in params and (not isinstance(params[key], str) or not params[key]):
             raise JobError("INVALID_PARAMS", f"{key} must be a non-empty string")
+        # A file name the child can create (the worker checks where it points).
+        if key in params and ("\x00" in params[key] or len(params[key].encode()) > 255):
+            raise JobError("INVALID_PARAMS", f"{key} must be at most 255 bytes, without NUL")
     return dict(params)
 
 

@@ -240,6 +240,13 @@ def test_concurrent_creates_of_one_key_get_distinct_versions(engine, database_ur
 def test_a_pipeline_without_schema_checks_settings_with_its_validator(engine: Engine):
     with pytest.raises(InvalidRequest, match=r"debug\.sleep"):
         Profiles(engine).create(_key(), "debug.sleep", {"max_ms": "soon"})
+    # Past any timeout (it overflowed the child's clock), unknown keys, NUL:
+    # refused, as a schema would (they were stored).
+    for bad in ({"max_ms": 10**20}, {"max_ms": -5}, {"x": "\u0000"}):
+        with pytest.raises(InvalidRequest, match=r"max_ms must be|unknown settings: x"):
+            Profiles(engine).create(_key(), "debug.sleep", bad)
+    with pytest.raises(InvalidRequest, match="takes no settings"):
+        Profiles(engine).create(_key(), "debug.noop", {"max_ms": 5})
     assert Profiles(engine).create(_key(), "debug.sleep", {"max_ms": 5})["settings"] == {
         "max_ms": 5
     }
