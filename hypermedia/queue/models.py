@@ -42,8 +42,9 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_idempotency_key(key: str) -> str:
-    if not 1 <= len(key) <= 255 or not key.isprintable():
-        raise InvalidRequest("an Idempotency-Key has 1 to 255 printable characters")
+    # ASCII: an HTTP header carries bytes, which arrive as Latin-1 ('é' as 'Ã©').
+    if not 1 <= len(key) <= 255 or not (key.isascii() and key.isprintable()):
+        raise InvalidRequest("an Idempotency-Key has 1 to 255 printable ASCII characters")
     return key
 
 

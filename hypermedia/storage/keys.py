@@ -70,4 +70,13 @@ def display_name(name: str | None) -> str:
     name = unicodedata.normalize("NFC", name.replace("\\", "/").rsplit("/", 1)[-1])
     name = "".join(ch for ch in name if unicodedata.category(ch)[0] != "C")
     name = name.strip().strip(".")
-    return name[:255]
+    if len(name) <= MAX_NAME:
+        return name
+    # Cut from the stem: the extension is what tells a type at a glance.
+    stem, dot, ext = name.rpartition(".")
+    if dot and 0 < len(ext) <= 16:
+        return stem[: MAX_NAME - len(ext) - 1] + "." + ext
+    return name[:MAX_NAME]
+
+
+MAX_NAME = 255

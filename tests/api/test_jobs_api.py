@@ -60,6 +60,7 @@ def test_unknown_fields_and_bad_values_are_422(client: TestClient, a: Project) -
         ({**NOOP, "queue": "Bulk"}, None, "queue name"),
         (NOOP, "key\x00", "Idempotency-Key"),
         (NOOP, "key\x1b[2J", "Idempotency-Key"),
+        (NOOP, "caf\u00e9".encode().decode("latin-1"), "Idempotency-Key"),  # stored garbled
         ({"profile": "debug-noop\x00"}, None, "profile reference"),
     ],
 )
@@ -67,7 +68,9 @@ def test_nul_and_control_characters_are_422_not_500(
     client: TestClient, a: Project, body: dict, key: str | None, said: str
 ) -> None:
     """PostgreSQL stores no NUL in text: checked before it is asked to."""
-    h = bearer(a.admin) | ({"Idempotency-Key": key} if key else {})
+    h: dict[str, str | bytes] = {**bearer(a.admin)}
+    if key:
+        h["Idempotency-Key"] = key.encode("latin-1")  # the bytes a client sends
     r = client.post("/v1/jobs", json=body, headers=h)
     assert r.status_code == 422, r.text
     assert said in r.json()["message"]

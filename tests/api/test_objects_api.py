@@ -118,6 +118,10 @@ def test_multipart_upload_round_trips(client: TestClient, a: Project, svc: Servi
     assert obj["checksum"] == checksum_of(data)
     assert download(client, a.admin, obj["object_id"]) == data
     assert leftovers(svc) == []
+    # A name past 255 characters is cut from its stem: the extension stays.
+    long = "y" * 1000 + ".png"
+    r = client.post("/v1/objects", files={"file": (long, data)}, headers=bearer(a.admin))
+    assert r.status_code == 201 and r.json()["filename"] == "y" * 251 + ".png"
 
 
 def test_malformed_forms_are_422(client: TestClient, a: Project, svc: Services) -> None:
