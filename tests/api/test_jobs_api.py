@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -158,6 +160,10 @@ def test_sse_streams_each_change_in_order_and_resumes(
     ids = [int(m.split("\n")[0][4:]) for m in messages]
     assert ids == sorted(ids) and len(ids) == 2
     assert '"to_status": "cancelled"' in messages[-1]
+    # Times as in the JSON answers: ISO 8601 with a "T".
+    sent = json.loads(messages[-1].split("data: ", 1)[1])
+    listed = client.get(f"/v1/jobs/{job_id}/events", headers=bearer(a.admin)).json()["items"]
+    assert sent["created_at"] == listed[-1]["created_at"] and "T" in sent["created_at"]
     assert body.rstrip().endswith('data: {"status": "cancelled"}')
     # Resume after the first event: only the second comes again.
     resumed = {**h, "Last-Event-ID": str(ids[0])}

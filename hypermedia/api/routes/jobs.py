@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Header, Query, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -184,7 +185,8 @@ def sse_response(
 
 
 def sse_message(row: Row) -> str:
-    data = json.dumps(row, default=str, sort_keys=True)
+    # Encoded as the JSON answers are (ISO 8601 times with a "T").
+    data = json.dumps(jsonable_encoder(row), sort_keys=True)
     return f"id: {row['event_id']}\nevent: {row['kind']}\ndata: {data}\n\n"
 
 
