@@ -52,6 +52,10 @@ def test_unknown_fields_and_bad_values_are_422(client: TestClient, a: Project) -
     assert r.status_code == 422 and r.json()["code"] == "invalid_request"
     r = client.post("/v1/jobs", json={"params": {}}, headers=h)
     assert r.status_code == 422
+    # JSON types as written: true is not priority 1, "5" is not 5.
+    for odd in ({"priority": True}, {"priority": "5"}, {"max_attempts": 2.0}):
+        r = client.post("/v1/jobs", json={**NOOP, **odd}, headers=h)
+        assert r.status_code == 422, odd
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ Row = dict[str, Any]
 
 
 class Budget(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     budget_credits: int | None = Field(
         ..., ge=0, le=MAX_BUDGET, description="null: no limit", examples=[10_000]

@@ -33,7 +33,7 @@ SSE_KEEPALIVE_SECONDS = 15.0
 
 
 class JobCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     job_type: str | None = Field(None, min_length=1, max_length=50, examples=["image.thumbnail"])
     profile: str | None = Field(

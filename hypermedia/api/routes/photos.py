@@ -33,19 +33,19 @@ NO_CONTROLS = r"^[^\x00-\x1f\x7f]*$"
 
 
 class PhotoCopy(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     album: str | None = Field(None, max_length=200, description="default: the source's album")
 
 
 class PhotoMove(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     album: str = Field(..., max_length=200)
 
 
 class PhotoUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     title: str | None = Field(None, max_length=500)
     album: str | None = Field(None, max_length=200)

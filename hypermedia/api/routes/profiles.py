@@ -26,7 +26,7 @@ Ref = PathParam(min_length=1, max_length=120, description="`key` (newest active)
 class CreditPrices(BaseModel):
     """Credit prices; what is left out carries over from the key's newest version."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     base: int | None = Field(None, ge=0, le=1_000_000)
     per_mb: int | None = Field(None, ge=0, le=1_000_000)
@@ -35,7 +35,7 @@ class CreditPrices(BaseModel):
 
 
 class ProfileCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     key: str = Field(..., min_length=1, max_length=100, examples=["image-thumbnail"])
     job_type: str = Field(..., min_length=1, max_length=50, examples=["image.thumbnail"])
