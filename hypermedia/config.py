@@ -74,6 +74,9 @@ class Settings:
     api_rate_burst: int = 200
     max_upload_bytes: int = 2 * 1024**3
     api_max_body_bytes: int = 1024 * 1024
+    # An upload's body that sends nothing for this long is dropped (408): a
+    # client gone quiet held its connection and temp file for ever.
+    upload_idle_seconds: float = 60.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -122,6 +125,7 @@ _ENV_NAMES = {
     "api_rate_per_second": "API_RATE_PER_SECOND",
     "api_rate_burst": "API_RATE_BURST",
     "max_upload_bytes": "MAX_UPLOAD_BYTES",
+    "upload_idle_seconds": "UPLOAD_IDLE_SECONDS",
     "api_max_body_bytes": "API_MAX_BODY_BYTES",
 }
 

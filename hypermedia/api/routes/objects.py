@@ -8,6 +8,7 @@ signature is the capability, and a bad, expired or forged one gets one answer.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -132,10 +133,11 @@ async def receive_upload(
     try:
         try:
             with open(upload.path, "wb") as out:
+                chunks = _chunks(request, settings.upload_idle_seconds)
                 if multipart:
-                    await _receive_form(request, out, upload, limit, text_fields)
+                    await _receive_form(request, chunks, out, upload, limit, text_fields)
                 else:
-                    await _receive_raw(request, out, upload, limit)
+                    await _receive_raw(chunks, out, upload, limit)
         except ClientDisconnect:
             raise ApiError(400, "the upload was interrupted") from None
         except OSError as exc:
@@ -173,8 +175,24 @@ def _disk_error(exc: OSError) -> StorageUnavailable:
     return unavailable("could not receive the upload", exc)
 
 
-async def _receive_raw(request: Request, out: BinaryIO, upload: Upload, limit: int) -> None:
-    async for chunk in request.stream():
+async def _chunks(request: Request, idle: float) -> AsyncIterator[bytes]:
+    """The body's chunks; a 408 once none has come for ``idle`` seconds (the
+    temp file goes with the request, and uvicorn closes the connection)."""
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), idle)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise ApiError(408, f"the upload stalled: nothing came for {idle:g} s") from None
+        yield chunk
+
+
+async def _receive_raw(
+    chunks: AsyncIterator[bytes], out: BinaryIO, upload: Upload, limit: int
+) -> None:
+    async for chunk in chunks:
         upload.size += len(chunk)
         if upload.size > limit:
             raise _too_large(limit)
@@ -183,7 +201,12 @@ async def _receive_raw(request: Request, out: BinaryIO, upload: Upload, limit: i
 
 
 async def _receive_form(
-    request: Request, out: BinaryIO, upload: Upload, limit: int, text_fields: frozenset[str]
+    request: Request,
+    chunks: AsyncIterator[bytes],
+    out: BinaryIO,
+    upload: Upload,
+    limit: int,
+    text_fields: frozenset[str],
 ) -> None:
     # python-multipart's streaming parser rather than ``request.form()``: the
     # file part goes straight to our temp file, counted as it arrives, so the
@@ -196,7 +219,7 @@ async def _receive_form(
     parser = MultipartParser(boundary, form.callbacks())
     received = 0
     try:
-        async for chunk in request.stream():
+        async for chunk in chunks:
             received += len(chunk)
             if received > limit + FORM_OVERHEAD:
                 raise _too_large(limit)

@@ -1,0 +1,38 @@
+"""An upload whose client goes quiet is dropped: a real ``serve``, a raw socket."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+from pathlib import Path
+
+from tests.harness import hypermedia, start_serve, stop
+
+
+def test_a_stalled_upload_is_dropped_and_leaves_nothing(tmp_path: Path) -> None:
+    """It held its connection and temp file for ever (a slow-loris client)."""
+    home = tmp_path / "home"
+    server, base = start_serve(tmp_path, home, HYPERMEDIA_UPLOAD_IDLE_SECONDS="1")
+    try:
+        token = (home / "admin-token").read_text().strip()
+        port = int(base.rsplit(":", 1)[1])
+        head = (
+            "POST /v1/objects HTTP/1.1\r\nHost: test\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Length: 1000\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+            s.sendall(head.encode() + b"x" * 10)  # then nothing
+            started = time.monotonic()
+            answer = s.recv(65536)
+            waited = time.monotonic() - started
+            while b'"request_timeout"' not in answer and (more := s.recv(65536)):
+                answer += more  # the body may come in a segment of its own
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+        assert b'"request_timeout"' in answer and 0.5 < waited < 10
+        assert list((home / "tmp").glob("upload-*.part")) == []
+        listed = hypermedia("objects", "ls", "--json", url="", home=home)
+        assert listed.returncode == 0 and json.loads(listed.stdout) == []
+    finally:
+        assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
