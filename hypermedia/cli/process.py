@@ -12,6 +12,7 @@ queued and run when a worker comes.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -62,6 +63,7 @@ def run(
         prof = Profiles(eng).show(profile)
         if not prof["is_active"]:
             raise InvalidRequest(f"profile {prof['ref']} is deactivated: new jobs cannot use it")
+        _writable(out)  # before anything is uploaded or run
         store = Storage(eng.db, s, clock=eng.clock)
         with as_regular_files(list(files)) as paths:
             if len(paths) == 1:
@@ -200,6 +202,16 @@ def _record(
             continue
         record["outputs"].append(str(dst))
     return record
+
+
+def _writable(out: Path) -> None:
+    """--out made if need be and written to once, or refused in its own words
+    (a failure there read as "could not read local storage", after the jobs ran)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as exc:
+        raise InvalidRequest(f"--out cannot be written to: {exc.strerror}") from None
 
 
 def _download(store: Storage, object_id: int, dst: Path) -> None:

@@ -200,6 +200,12 @@ def test_process_refusals_exit_nonzero_with_a_clear_message(procs: Procs, tmp_pa
     assert "credit budget exceeded: 0 of 4 used, this request needs 5" in broke.stderr
     assert _jobs(procs) == 0
     assert "Traceback" not in missing.stderr + wrong.stderr + broke.stderr
+    # An --out that cannot be written: said so, before anything is uploaded.
+    objects = procs.cli("objects", "ls", "--json")
+    unwritable = process("--profile", "debug-copy", "--out", str(src / "sub"))
+    assert unwritable.returncode == 1, unwritable.stderr
+    assert "--out cannot be written to: Not a directory" in unwritable.stderr
+    assert procs.cli("objects", "ls", "--json") == objects and _jobs(procs) == 0
 
 
 @sqlite_only
