@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from hypermedia.db.driver import Driver
-from hypermedia.errors import Conflict, NotFound, StaleTransition
+from hypermedia.errors import Conflict, InvalidRequest, NotFound, StaleTransition
 from hypermedia.queue import states
 from hypermedia.queue.enqueue import check_budgets
 from hypermedia.queue.events import event
@@ -128,6 +128,9 @@ class UserActions:
         return job
 
     def list(self, **filters: Any) -> list[Row]:
+        status = filters.get("status")
+        if status is not None and status not in states.STATUSES:
+            raise InvalidRequest(f"status must be one of {', '.join(states.STATUSES)}")
         with self.db.read() as tx:
             return list(tx.jobs(**filters))
 

@@ -25,6 +25,7 @@ from urllib.parse import quote
 
 from hypermedia.config import DEFAULT_PROJECT, Settings
 from hypermedia.db.driver import Driver
+from hypermedia.db.schema_storage import OBJECT_STATES
 from hypermedia.errors import HypermediaError, InvalidRequest, NotFound
 from hypermedia.queue.clock import utcnow
 from hypermedia.storage import local, sniff
@@ -379,6 +380,9 @@ class Storage:
         return row
 
     def list(self, **filters: Any) -> list[Row]:
+        state = filters.get("state")
+        if state is not None and state not in OBJECT_STATES:
+            raise InvalidRequest(f"state must be one of {', '.join(OBJECT_STATES)}")
         with self.db.read() as tx:
             return tx.objects(**filters)
 

@@ -163,6 +163,9 @@ def embedded_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["jobs", "submit", "debug.sleep", "--params", '{"ms": -1}'], "ms must be"),
         (["jobs", "submit", "debug.noop", "--profile", "missing-profile"], "no active profile"),
         (["jobs", "show", "999999"], "not found"),
+        # Filters that match nothing by their spelling: said, not an empty table.
+        (["jobs", "ls", "--status", "bogus"], "status must be one of created, queued"),
+        (["objects", "ls", "--state", "bogus"], "state must be one of pending, ready"),
     ],
 )
 def test_bad_requests_exit_nonzero_with_a_clear_message(

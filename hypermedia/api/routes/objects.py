@@ -352,8 +352,6 @@ def list_objects(
     cursor: str | None = Query(None, max_length=40),
     principal: Principal = scoped("objects:read"),
 ) -> Row:
-    if state is not None and state not in OBJECT_STATES:
-        raise InvalidRequest(f"state must be one of {', '.join(OBJECT_STATES)}")
     rows = services(request).storage.list(
         project_id=principal.project_id,
         state=state,
