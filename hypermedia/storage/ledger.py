@@ -96,6 +96,14 @@ class Storage:
                 raise
             return row
 
+    def pool_for(self, name: str | None, project_id: str) -> Row:
+        """The named (or default) pool, if ``project_id`` may store in it: a
+        pool with an owner project holds that project's objects only."""
+        row = self.pool(name)
+        if row["project_id"] is not None and row["project_id"] != project_id:
+            raise InvalidRequest(f"pool {row['name']!r} belongs to another project")
+        return row
+
     def pools(self) -> list[Row]:
         with self.db.read() as tx:
             return tx.pools()
@@ -125,7 +133,7 @@ class Storage:
         head = _read_head(src)
         mime = mime or sniff.media_type(head)
         width, height = sniff.dimensions(head, mime)
-        pool_row = self.pool(pool)
+        pool_row = self.pool_for(pool, project_id)
         obj = self._pending(pool_row["pool_id"], role, mime, project_id, filename, width, height)
         stored = self._upload(obj, cast(BinaryIO, _Chain(head, src)))
         now = self.clock()
@@ -147,7 +155,7 @@ class Storage:
     ) -> Row:
         """Store a file as a new ``ready`` object (backends may copy it in the kernel)."""
         _regular(path)
-        pool_row = self.pool(pool)
+        pool_row = self.pool_for(pool, project_id)
         obj = self._pending_for_file(pool_row["pool_id"], path, role, mime, project_id)
         if filename is None:
             filename = path.name
@@ -170,7 +178,7 @@ class Storage:
         them ready, and (on local pools) one file-system sync for all the bytes."""
         for p in paths:
             _regular(p)
-        pool_row = self.pool(pool)
+        pool_row = self.pool_for(pool, project_id)
         backend = self.backend(pool_row["pool_id"])
         heads = []
         for p in paths:

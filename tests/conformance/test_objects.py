@@ -92,6 +92,20 @@ def test_pools(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-d
         storage.add_pool("archive", "file:")
     with pytest.raises(NotFound):
         storage.put(io.BytesIO(b"abc"), pool="nope")
+    # A pool with an owner project holds that project's objects only.
+    storage.add_pool("p1-only", f"file://{tmp_path / 'p1'}", project_id="p1")
+    assert storage.put(io.BytesIO(b"p1's"), pool="p1-only", project_id="p1")["state"] == "ready"
+    before = len(storage.list())
+    src = tmp_path / "theirs.bin"
+    src.write_bytes(b"not p1's")
+    for put in (
+        lambda: storage.put(io.BytesIO(b"x"), pool="p1-only", project_id="p2"),
+        lambda: storage.put_file(src, pool="p1-only"),
+        lambda: storage.put_files([src, src], pool="p1-only", project_id="p2"),
+    ):
+        with pytest.raises(InvalidRequest, match="belongs to another project"):
+            put()
+    assert len(storage.list()) == before
     for bad in (
         "http://example.com/x",
         "file://host/x",
