@@ -21,6 +21,7 @@ from typing import Any
 from hypermedia.config import DEFAULT_PROJECT
 from hypermedia.db.driver import Driver
 from hypermedia.errors import InvalidRequest, NotFound, Unauthorized
+from hypermedia.queue.models import check_project_id
 
 Row = dict[str, Any]
 
@@ -76,8 +77,7 @@ class Tokens:
         self.clock = clock
 
     def ensure_project(self, project_id: str, owner_id: str = "admin", name: str = "") -> Row:
-        if not project_id or len(project_id) > 64 or not project_id.isprintable():
-            raise InvalidRequest("a project id is 1 to 64 printable characters")
+        check_project_id(project_id)
         with self.db.tx() as tx:
             row = tx.project(project_id)
             if row is None:

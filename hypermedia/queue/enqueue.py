@@ -22,6 +22,7 @@ from hypermedia.queue.models import (
     NewJob,
     check_idempotency_key,
     check_params,
+    check_project_id,
     check_queue_name,
 )
 
@@ -143,6 +144,7 @@ class Enqueuing:
             raise InvalidRequest(f"timeout_seconds must be from 1 to {MAX_TIMEOUT_SECONDS}")
         if job.queue is not None:
             check_queue_name(job.queue)
+        check_project_id(job.project_id)
         pool_id, input_key, input_size = job.pool_id, job.input_key, job.input_size_bytes
         pages = duration_ms = None
         if job.object_id is None and pipeline.needs_input:

@@ -31,6 +31,13 @@ def check_queue_name(name: str) -> str:
     return name
 
 
+def check_project_id(project_id: str) -> str:
+    """The one rule for project ids, wherever one is given (job, token, budget)."""
+    if not project_id or len(project_id) > 64 or not project_id.isprintable():
+        raise InvalidRequest("a project id is 1 to 64 printable characters")
+    return project_id
+
+
 def check_params(params: dict[str, Any]) -> dict[str, Any]:
     try:
         size = len(json.dumps(params, separators=(",", ":"), allow_nan=False).encode())

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from hypermedia.errors import Conflict, InvalidRequest, JobError, NotFound
 from hypermedia.pipelines import registry
-from hypermedia.queue.models import check_queue_name
+from hypermedia.queue.models import check_project_id, check_queue_name
 
 if TYPE_CHECKING:
     from hypermedia.queue.engine import Engine
@@ -301,8 +301,7 @@ class Credits:
     def set_budget(self, project_id: str, credits: int | None) -> Row:
         """Set a project's budget; None: no limit.  A budget below what is
         already used is allowed: it refuses new work, it cancels nothing."""
-        if not project_id or len(project_id) > 64:
-            raise InvalidRequest("a project id has 1 to 64 characters")
+        check_project_id(project_id)
         if credits is not None:
             _bounded("budget", credits, 0, MAX_BUDGET)
         # Concurrent first budgets of a project race on one new row.

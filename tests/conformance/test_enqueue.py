@@ -342,3 +342,12 @@ def test_a_job_type_that_reads_an_input_needs_one(engine: Engine, job_type: str)
     with pytest.raises(InvalidRequest, match="needs an input object"):
         engine.enqueue(NewJob(job_type))
     assert _count_jobs(engine) == before
+
+
+@pytest.mark.parametrize("project", ["", "x" * 65, "tab\there"])
+def test_a_job_needs_a_project_id_like_a_token_or_a_budget(engine: Engine, project: str) -> None:
+    """The CLI's --project '' made a job of no project (tokens and budgets refused it)."""
+    before = _count_jobs(engine)
+    with pytest.raises(InvalidRequest, match="a project id is 1 to 64 printable characters"):
+        engine.enqueue(NewJob("debug.noop", project_id=project))
+    assert _count_jobs(engine) == before
