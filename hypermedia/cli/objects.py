@@ -14,6 +14,7 @@ from hypermedia.cli.common import (
     as_regular_files,
     console,
     engine,
+    err_console,
     print_json,
     settings,
     user_errors,
@@ -133,7 +134,10 @@ def show(object_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
 def url(object_id: int, base_url: str = typer.Option("", "--base-url")) -> None:
     """A signed download URL that expires (HYPERMEDIA_SIGNED_URL_SECONDS)."""
     with user_errors():
-        console.print(storage().signed_url(object_id, base_url), soft_wrap=True)
+        link = storage().signed_url(object_id, base_url)
+        console.print(link, soft_wrap=True)
+        if link.startswith("/"):  # a local pool's link, served by serve/api
+            err_console.print("relative to the server that serves it: give --base-url URL")
 
 
 @objects_app.command("ls")

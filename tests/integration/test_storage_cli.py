@@ -123,6 +123,9 @@ def test_signed_download_urls_served_by_serve(tmp_path: Path) -> None:
         src.write_bytes(data)
         row = json.loads(_ok("objects", "put", str(src), "--json", url="", home=home))
         link = _ok("objects", "url", str(row["object_id"]), "--base-url", base, url="", home=home)
+        bare = hypermedia("objects", "url", str(row["object_id"]), url="", home=home)
+        assert bare.stdout.startswith(f"/v1/objects/{row['object_id']}/content?")
+        assert "give --base-url" in bare.stderr  # a relative link says so
         with urllib.request.urlopen(link.strip(), timeout=10) as r:
             assert r.read() == data
             assert r.headers["Content-Type"] == "application/pdf"
