@@ -56,6 +56,9 @@ def submit(
     object_id: int | None = typer.Option(None, "--object", help="input object id"),
     idempotency_key: str | None = typer.Option(None, "--idempotency-key"),
     wait: bool = typer.Option(False, "--wait", help="wait until every job is terminal"),
+    wait_timeout: float | None = typer.Option(
+        None, "--wait-timeout", min=0, help="with --wait: give up after S seconds (exit 1)"
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Enqueue COUNT jobs of JOB_TYPE."""
@@ -97,7 +100,8 @@ def submit(
             return
         # Said before the wait: a Ctrl-C leaves the jobs running, and their ids known.
         err_console.print(f"{queued} queued; waiting until they end", highlight=False)
-        _wait(eng, ids)
+        if not _wait(eng, ids, wait_timeout):
+            err_console.print(f"not ended within {wait_timeout:g} s; the jobs go on")
         jobs = [_brief(eng.get(i)) for i in ids]
         if as_json:
             print_json({"jobs": jobs})
@@ -118,14 +122,19 @@ def _say_ended(jobs: list[dict[str, Any]]) -> None:
     console.print(", ".join(f"{n} {status}" for status, n in sorted(tally.items())))
 
 
-def _wait(eng: Any, ids: list[int]) -> None:
+def _wait(eng: Any, ids: list[int], timeout: float | None = None) -> bool:
+    """Whether every job ended (within ``timeout`` seconds, if given)."""
     pending = set(ids)
+    deadline = None if timeout is None else time.monotonic() + timeout
     while pending:
         for job_id in list(pending):
             if through_outages(partial(eng.get, job_id))["status"] in TERMINAL:
                 pending.discard(job_id)
         if pending:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
             time.sleep(0.2)
+    return True
 
 
 def _brief(job: dict[str, Any]) -> dict[str, Any]:

@@ -260,3 +260,15 @@ def test_bad_settings_are_named(tmp_path: Path, url: str, env: dict[str, str], s
     proc = hypermedia("jobs", "ls", url=url, home=tmp_path, **env)
     assert proc.returncode == 1 and said in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1
+
+
+def test_submit_wait_gives_up_after_its_timeout(embedded_home: Path) -> None:
+    """No worker serves this queue: --wait alone would wait for ever."""
+    proc = _run(
+        "jobs", "submit", "debug.noop", "--queue", "nobody-serves", "--wait",
+        "--wait-timeout", "0.5", url="", home=embedded_home,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "not ended within 0.5 s; the jobs go on" in proc.stderr
+    job_id = proc.stderr.split()[1]  # "job N queued; waiting until they end"
+    assert proc.stdout.splitlines() == [f"job {job_id} queued", "1 queued"]
