@@ -140,6 +140,18 @@ class Tokens:
             tx.revoke_token(token_id, self.clock())
             return _public(dict(tx.token(token_id) or {}))
 
+    def still_valid(self, token_id: int) -> bool:
+        """Whether a token that authenticated earlier still would: what a
+        long answer (an event stream) checks now and then."""
+        with self.db.read() as tx:
+            row = tx.token(token_id)
+        now = self.clock()
+        return (
+            row is not None
+            and row["revoked_at"] is None
+            and (row["expires_at"] is None or row["expires_at"] > now)
+        )
+
     def authenticate(self, token: str) -> Principal:
         """The principal behind ``token``; Unauthorized for anything else."""
         parts = token.split("_", 2)

@@ -226,6 +226,17 @@ class Tx(
             q = q.where(J.c.job_id < before_id)
         return _rows(self.conn.execute(q.order_by(J.c.job_id.desc()).limit(limit)))
 
+    def recent_failures(self, project_id: str, limit: int) -> list[Row]:
+        """The project's failed jobs, the latest to fail first (a retried old
+        job that failed again is recent; its id is not)."""
+        q = (
+            sa.select(*JOB_VIEW)
+            .where(J.c.status == "failed", J.c.project_id == project_id, J.c.deleted_at.is_(None))
+            .order_by(J.c.completed_at.desc(), J.c.job_id.desc())
+            .limit(limit)
+        )
+        return _rows(self.conn.execute(q))
+
     def jobs_where(self, job_ids: Iterable[int], *, lock: bool = False) -> list[Row]:
         ids = list(job_ids)
         if not ids:

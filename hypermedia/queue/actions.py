@@ -127,6 +127,10 @@ class UserActions:
         job["can_retry"] = self.can_retry(job)
         return job
 
+    def recent_failures(self, project_id: str, limit: int = 10) -> list[Row]:
+        with self.db.read() as tx:
+            return tx.recent_failures(project_id, limit)
+
     def list(self, **filters: Any) -> list[Row]:
         status = filters.get("status")
         if status is not None and status not in states.STATUSES:

@@ -103,9 +103,7 @@ async def overview(request: Request) -> Response:
     need(principal, "jobs:read")
     svc = services(request)
     queues = await run_in_threadpool(_queue_summary, svc, principal.project_id)
-    failures = await run_in_threadpool(
-        lambda: svc.engine.list(project_id=principal.project_id, status="failed", limit=10)
-    )
+    failures = await run_in_threadpool(svc.engine.recent_failures, principal.project_id)
     totals = {
         k: sum(int(q.get(k) or 0) for q in queues)
         for k in ("queued", "running", "retry_wait", "completed_1h", "failed_1h")
@@ -231,7 +229,7 @@ async def job_stream(
     need(principal, "jobs:read")
     svc = services(request)
     await run_in_threadpool(check_owner, svc, job_id, principal)
-    return sse_response(svc, request, job_id, after, last_event_id)
+    return sse_response(svc, request, principal, job_id, after, last_event_id)
 
 
 @router.post("/jobs/{job_id}/cancel")

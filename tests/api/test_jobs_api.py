@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -183,6 +184,28 @@ def test_sse_streams_each_change_in_order_and_resumes(
             assert r.status_code == 200, odd
             whole = [m for m in "".join(r.iter_text()).split("\n\n") if m.startswith("id:")]
         assert [int(m.split("\n")[0][4:]) for m in whole] == ids, odd
+
+
+@pytest.mark.timeout(60)
+def test_an_open_stream_ends_when_its_token_is_revoked(
+    client: TestClient, a: Project, svc: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It streamed on until its job ended (up to the 7-day timeout): a
+    revoked token must stop authenticating at once, streams included."""
+    from hypermedia.api.routes import jobs as routes
+    from hypermedia.queue.models import NewJob
+
+    monkeypatch.setattr(routes, "SSE_RECHECK_SECONDS", 0.2)
+    row, token = svc.tokens.create(a.id, ["jobs:read"])
+    job_id = svc.engine.enqueue(NewJob("debug.noop", project_id=a.id, queue="nobody-serves"))
+    h = {**bearer(token), "Accept": "text/event-stream"}
+    with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=h) as r:
+        lines = r.iter_lines()
+        assert any(line.startswith("id:") for line in itertools.islice(lines, 4))
+        svc.tokens.revoke(row["token_id"])
+        rest = "\n".join(lines)  # ends: it would hang while the job is queued
+    assert 'event: end\ndata: {"status": "unauthorized"}' in rest
+    assert svc.engine.get(job_id)["status"] == "queued"
 
 
 def test_errors_have_one_shape_and_a_request_id(client: TestClient, a: Project) -> None:

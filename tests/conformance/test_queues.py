@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -13,7 +14,7 @@ from hypermedia.errors import Conflict, InvalidRequest, NotFound
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.queues import Queues
 from hypermedia.worker.fleet import Fleet
-from tests.conformance._helpers import drive_to, new_job, race
+from tests.conformance._helpers import drive_to, new_job, race, set_columns
 from tests.conftest import FakeClock
 
 
@@ -216,3 +217,18 @@ def test_drain_is_guarded_and_survives_the_heartbeat(
         tx.update_worker("w-a", {"status": "terminated"})
     assert fleet.get("w-a")["status"] == "terminated"
     assert fleet.counts() == {"draining": 1, "terminated": 2, "unhealthy": 1}
+
+
+def test_recent_failures_are_the_latest_to_fail_not_the_newest_ids(
+    engine: Engine, driver: Driver
+) -> None:
+    """The dashboard's "recent failures": an old job retried that failed again
+    is recent (it was missing: the list went by id)."""
+    project = f"recent-{uuid.uuid4().hex[:8]}"
+    old, mid, new = (drive_to(engine, driver, "failed", project_id=project) for _ in range(3))
+    now = datetime(2026, 12, 3, 12, 0, 0)
+    for job_id, ago in ((old, 0), (mid, 20), (new, 10)):
+        set_columns(driver, job_id, {"completed_at": now - timedelta(minutes=ago)})
+    drive_to(engine, driver, "failed", project_id="someone-else")
+    got = [j["job_id"] for j in engine.recent_failures(project, limit=2)]
+    assert got == [old, new]

@@ -159,12 +159,34 @@ def test_login_upload_watch_and_cancel(chromium: Any, stack: Stack) -> None:
         page.set_input_files(
             "#file", files=[{"name": "red.png", "mimeType": "image/png", "buffer": png(64, 48)}]
         )
-        page.select_option("#profile", "image-thumbnail:v1")
+        # The profile the README's quick start names comes selected.
+        expect(page.locator("#profile")).to_have_value("image-thumbnail:v1")
+        # A form is sent once (a second click made a second upload and job):
+        # two submits in a row, the second is stopped and the button disabled.
+        sent = page.evaluate(
+            """() => new Promise((done) => {
+                 let sent = 0;
+                 document.addEventListener("submit", (e) => {  // after once.js's
+                   if (!e.defaultPrevented) sent++;
+                   e.preventDefault();
+                 });
+                 const form = document.getElementById("submit").form;
+                 for (let i = 0; i < 2; i++)
+                   form.dispatchEvent(new Event("submit", {bubbles: true, cancelable: true}));
+                 setTimeout(() => done([sent, document.getElementById("submit").disabled]), 50);
+               })"""
+        )
+        assert sent == [1, True], sent
+        page.reload()  # a fresh form (as after Back), then the real upload
+        page.set_input_files(
+            "#file", files=[{"name": "red.png", "mimeType": "image/png", "buffer": png(64, 48)}]
+        )
         page.click("#submit")
         page.wait_for_url(re.compile(r"/ui/jobs/\d+$"))
         job_id = int(page.url.rsplit("/", 1)[1])
         expect(page.locator("#status")).to_have_text("queued")
         assert svc.engine.get(job_id)["job_type"] == "image.thumbnail"
+        assert [j["job_id"] for j in svc.engine.list(project_id="default")] == [job_id]
 
         # A worker starts; the open page follows the job by itself to the end.
         loads: list[str] = []
@@ -203,6 +225,32 @@ def test_login_upload_watch_and_cancel(chromium: Any, stack: Stack) -> None:
         job = svc.engine.get(sleep_id)
         assert job["status"] == "cancelled", job["status"]
         expect(page.locator("#retry")).to_be_visible()
+        assert not errors, errors
+    finally:
+        context.close()
+
+
+def test_a_refused_stream_says_live_updates_stopped(chromium: Any, stack: Stack) -> None:
+    """The browser's own "error" event (no data) once threw in job.js, and a
+    stream the server refused (a revoked token: 401) left a stale page silently."""
+    from playwright.sync_api import expect
+
+    base, svc = stack.base, stack.svc
+    job_id = svc.engine.enqueue(
+        NewJob("debug.noop", project_id="default", owner_id="e2e", queue="nobody-serves")
+    )
+    context = chromium.new_context()
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        page.route("**/stream*", lambda route: route.fulfill(status=401, body="no"))
+        page.goto(f"{base}/ui/jobs/{job_id}")  # the login form, then back here
+        page.fill("#token", stack.token)
+        page.click("#login")
+        page.wait_for_url(f"{base}/ui/jobs/{job_id}")
+        expect(page.locator("#live-stopped")).to_have_text("Live updates stopped: reload the page.")
+        expect(page.locator("#status")).to_have_text("queued")
         assert not errors, errors
     finally:
         context.close()

@@ -30,6 +30,9 @@ _HIDDEN = {"input_key", "deleted_at", "deleted_by"}
 NAME = r"^[a-z0-9_.-]+$"
 SSE_POLL_SECONDS = 0.25
 SSE_KEEPALIVE_SECONDS = 15.0
+# How often an open stream checks its token again: a revoked or expired one
+# ends it (it streamed on until its job ended, up to the 7-day timeout).
+SSE_RECHECK_SECONDS = 5.0
 
 
 class JobCreate(BaseModel):
@@ -165,18 +168,23 @@ async def job_events(
     if "text/event-stream" not in request.headers.get("accept", ""):
         _, events = await run_in_threadpool(svc.engine.events_since, job_id, after)
         return {"items": events}
-    return sse_response(svc, request, job_id, after, last_event_id)
+    return sse_response(svc, request, principal, job_id, after, last_event_id)
 
 
 def sse_response(
-    svc: Services, request: Request, job_id: int, after: int, last_event_id: str | None
+    svc: Services,
+    request: Request,
+    principal: Principal,
+    job_id: int,
+    after: int,
+    last_event_id: str | None,
 ) -> StreamingResponse:
     """The job's events as a stream, resuming after ``Last-Event-ID`` if given."""
     resume = ascii_int(last_event_id)  # anything else is ignored, as browsers expect
     if resume is not None:
         after = max(after, resume)
     return StreamingResponse(
-        event_stream(svc, request, job_id, after),
+        event_stream(svc, request, principal.token_id, job_id, after),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -188,11 +196,18 @@ def sse_message(row: Row) -> str:
     return f"id: {row['event_id']}\nevent: {row['kind']}\ndata: {data}\n\n"
 
 
-async def event_stream(svc: Services, request: Request, job_id: int, after: int) -> Any:
+async def event_stream(
+    svc: Services, request: Request, token_id: int, job_id: int, after: int
+) -> Any:
     loop = asyncio.get_running_loop()
-    quiet_since = loop.time()
+    quiet_since = checked_at = loop.time()
     yield "retry: 1000\n\n"
     while not await request.is_disconnected():
+        if loop.time() - checked_at > SSE_RECHECK_SECONDS:
+            if not await run_in_threadpool(svc.tokens.still_valid, token_id):
+                yield f"event: end\ndata: {json.dumps({'status': 'unauthorized'})}\n\n"
+                return
+            checked_at = loop.time()
         status, rows = await run_in_threadpool(svc.engine.events_since, job_id, after)
         for row in rows:
             yield sse_message(row)

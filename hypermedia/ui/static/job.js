@@ -22,7 +22,20 @@
     root.dataset.status = status;
   }
 
+  // The browser fires a plain "error" (no data) when the connection drops;
+  // it reconnects by itself unless the server refused (401, 404): then say so.
+  function dropped() {
+    if (source.readyState !== EventSource.CLOSED || root.dataset.ended === "1") return;
+    if (document.getElementById("live-stopped")) return;
+    var note = document.createElement("p");
+    note.id = "live-stopped";
+    note.className = "muted";
+    note.textContent = "Live updates stopped: reload the page.";
+    root.insertBefore(note, root.firstChild);
+  }
+
   function onEvent(e) {
+    if (!e.data) return dropped();
     var row = JSON.parse(e.data);
     var tr = document.createElement("tr");
     tr.className = "live";
