@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -31,12 +32,31 @@ def parse_pool_url(url: str) -> tuple[str, dict[str, str]]:
             raise InvalidRequest("s3 pool URLs look like s3://bucket?endpoint=…&region=…")
         if parts.username or parts.password:
             raise InvalidRequest("put S3 credentials in the settings, not in the pool URL")
+        if not BUCKET_NAME.fullmatch(parts.netloc):
+            raise InvalidRequest("an S3 bucket name has 3 to 63 characters: a-z, 0-9, '.' and '-'")
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         unknown = set(query) - {"endpoint", "region"}
         if unknown:
             raise InvalidRequest(f"unknown s3 pool option(s): {', '.join(sorted(unknown))}")
+        if "endpoint" in query:
+            _check_endpoint(query["endpoint"])
         return "s3", {"bucket": parts.netloc, **query}
     raise InvalidRequest("pool URLs start with file: or s3://")
+
+
+BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def _check_endpoint(endpoint: str) -> None:
+    """http(s)://host[:port], nothing else: credentials in it would be stored
+    with the pool and printed in every presigned link."""
+    e = urlsplit(endpoint)
+    if e.scheme not in ("http", "https") or not e.hostname:
+        raise InvalidRequest("an S3 endpoint looks like http://host:port or https://host")
+    if e.username or e.password:
+        raise InvalidRequest("put S3 credentials in the settings, not in the pool URL")
+    if e.path not in ("", "/") or e.query or e.fragment:
+        raise InvalidRequest("an S3 endpoint is a scheme, a host and a port only")
 
 
 def open_backend(url: str, settings: Settings) -> Backend:

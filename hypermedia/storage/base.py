@@ -84,7 +84,9 @@ class Backend(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
-    def presign(self, key: str, expires_seconds: int, filename: str = "") -> str | None:
+    def presign(
+        self, key: str, expires_seconds: int, filename: str = "", mime: str = ""
+    ) -> str | None:
         """A URL anyone can GET until it expires, or None if the service must sign."""
 
 

@@ -431,7 +431,9 @@ class Storage:
         if row["state"] != "ready":
             raise InvalidRequest(f"object {object_id} is {row['state']}, not ready")
         ttl = self.settings.signed_url_seconds
-        url = self.backend(row["pool_id"]).presign(row["storage_key"], ttl, row["filename"])
+        url = self.backend(row["pool_id"]).presign(
+            row["storage_key"], ttl, row["filename"], row["mime_type"] or ""
+        )
         if url:
             return url
         expires = self.epoch() + ttl

@@ -253,7 +253,9 @@ class LocalBackend:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
-    def presign(self, key: str, expires_seconds: int, filename: str = "") -> str | None:
+    def presign(
+        self, key: str, expires_seconds: int, filename: str = "", mime: str = ""
+    ) -> str | None:
         check_key(key)
         return None  # the service signs local downloads (see ledger.signed_url)
 

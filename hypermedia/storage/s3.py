@@ -258,13 +258,17 @@ class S3Backend:
             return False
         return True
 
-    def presign(self, key: str, expires_seconds: int, filename: str = "") -> str | None:
+    def presign(
+        self, key: str, expires_seconds: int, filename: str = "", mime: str = ""
+    ) -> str | None:
         check_key(key)
         params: dict[str, str] = {"Bucket": self.bucket, "Key": key}
         if filename:
             params["ResponseContentDisposition"] = (
                 f"attachment; filename*=UTF-8''{quote(filename, safe='')}"
             )
+        if mime:  # the ledger's: a multipart upload stored binary/octet-stream
+            params["ResponseContentType"] = mime
         # SigV4 presigned URLs cannot live longer than 7 days.
         ttl = max(1, min(int(expires_seconds), 7 * 24 * 3600))
         with self._errors("sign a URL for"):
@@ -627,6 +631,15 @@ class S3Backend:
             _raise_for_client_error(exc, action, self.bucket, self._where)
         except botocore.exceptions.NoCredentialsError as exc:
             raise StorageUnavailable(f"no S3 credentials to {action} {self._where}") from exc
+        except boto3.exceptions.S3UploadFailedError as exc:
+            # s3transfer wraps the ClientError of a multipart upload (a bad
+            # secret, a missing bucket): say what S3 said, as for a small one.
+            cause = exc.__context__
+            if isinstance(cause, botocore.exceptions.ClientError):
+                _raise_for_client_error(cause, action, self.bucket, self._where)
+            raise StorageUnavailable(
+                f"could not {action} S3 storage at {self._where} ({type(exc).__name__})"
+            ) from exc
         except TRANSPORT_ERRORS as exc:
             raise StorageUnavailable(
                 f"could not {action} S3 storage at {self._where} ({type(exc).__name__})"

@@ -113,9 +113,18 @@ def test_pools(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-d
         "s3://key:secret@bucket",
         "s3://bucket/prefix",
         "s3://bucket?endpoint=http://x&color=blue",
+        # Credentials inside the endpoint were stored and shown in every
+        # presigned link; bucket names S3 refuses were accepted.
+        "s3://media?endpoint=http://AKIA:secret@127.0.0.1:8333&region=us-east-1",
+        "s3://media?endpoint=ftp://127.0.0.1:8333",
+        "s3://media?endpoint=http://127.0.0.1:8333/path",
+        "s3://media?endpoint=127.0.0.1:8333",
+        "s3://Bad_Bucket!?endpoint=http://127.0.0.1:8333",
+        "s3://media:99?endpoint=http://127.0.0.1:8333",
     ):
         with pytest.raises(InvalidRequest):
             storage.add_pool("bad", bad)
+    assert "bad" not in {p["name"] for p in storage.pools()}
 
 
 def test_signed_urls_for_local_objects(storage: Storage) -> None:

@@ -554,6 +554,9 @@ def test_presign(backend: Backend) -> None:
     assert headers["Content-Disposition"] == (
         f"attachment; filename*=UTF-8''{quote(name, safe='')}"
     )
+    # The ledger's type, whatever the store kept (a multipart upload: none).
+    status, _, headers = _get(backend.presign(KEY, 300, mime="image/jpeg") or "")
+    assert (status, headers["Content-Type"]) == (200, "image/jpeg")
 
     short = backend.presign(KEY, 1) or ""
     time.sleep(2)
@@ -851,13 +854,16 @@ def test_s3_get_file_from_a_store_that_ignores_ranges(
 
 
 def test_s3_wrong_secret_is_access_denied(
-    s3_backend: S3Backend, s3_endpoint: dict[str, str]
+    s3_backend: S3Backend, s3_endpoint: dict[str, str], tmp_path: Path
 ) -> None:
     wrong = "wrong-" + os.urandom(8).hex()
     intruder = _backend_at(s3_endpoint, s3_backend.bucket, wrong)
+    big = tmp_path / "big.bin"  # a multipart upload: s3transfer wraps S3's answer
+    big.write_bytes(_bytes(SMALL_BODY + 1, seed=3))
     try:
         for call in (
             lambda: intruder.put(KEY, io.BytesIO(b"x")),
+            lambda: intruder.put_file(KEY, big),
             lambda: intruder.open(KEY),
         ):
             with pytest.raises(StorageUnavailable, match="access denied") as info:
