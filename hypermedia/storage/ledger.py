@@ -10,6 +10,7 @@ us; a mismatch is an error, never silent data.
 from __future__ import annotations
 
 import calendar
+import contextlib
 import io
 import os
 import secrets
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, NoReturn, cast
 from urllib.parse import quote
 
 from hypermedia.config import DEFAULT_PROJECT, Settings
@@ -139,9 +140,11 @@ class Storage:
         now = self.clock()
         values = {**_stored_values(stored), "state": "ready", "updated_at": now}
         with self.db.tx() as tx:
-            if not tx.update_object(obj["object_id"], ["pending"], values):
-                raise StorageUnavailable("the upload took too long and was swept; try again")
-            return dict(tx.object(obj["object_id"]) or {})
+            promoted = tx.update_object(obj["object_id"], ["pending"], values)
+            row = tx.object(obj["object_id"]) if promoted else None
+        if row is None:
+            self._swept([(obj["pool_id"], obj["storage_key"])])
+        return dict(row)
 
     def put_file(
         self,
@@ -167,9 +170,11 @@ class Storage:
             "updated_at": self.clock(),
         }
         with self.db.tx() as tx:
-            if not tx.update_object(obj["object_id"], ["pending"], values):
-                raise StorageUnavailable("the upload took too long and was swept; try again")
-            return dict(tx.object(obj["object_id"]) or {})
+            promoted = tx.update_object(obj["object_id"], ["pending"], values)
+            row = tx.object(obj["object_id"]) if promoted else None
+        if row is None:
+            self._swept([(obj["pool_id"], obj["storage_key"])])
+        return dict(row)
 
     def put_files(
         self, paths: list[Path], *, pool: str | None = None, project_id: str = DEFAULT_PROJECT
@@ -238,6 +243,10 @@ class Storage:
                 ],
             )
             rows = {r["object_id"]: r for r in tx.objects_where(object_ids)}
+        gone = [i for i in object_ids if rows.get(i, {}).get("state") != "ready"]
+        if gone:  # the ready ones are unreferenced: GC takes them in its time
+            by_id = dict(zip(object_ids, keys, strict=True))
+            self._swept([(pool_row["pool_id"], by_id[i]) for i in gone])
         return [rows[i] for i in object_ids]
 
     @staticmethod
@@ -370,6 +379,15 @@ class Storage:
             # Hand the row to GC at once rather than after the pending timeout.
             self._abandon(obj["object_id"])
             raise
+
+    def _swept(self, blobs: list[tuple[int, str]]) -> NoReturn:
+        """GC swept these uploads' rows as stale pending while their bytes were
+        still on their way: the blobs, written since, belong to no row, and
+        GC (which works from rows) would never find them."""
+        for pool_id, key in blobs:
+            with contextlib.suppress(Exception):
+                self.backend(pool_id).delete(key)
+        raise StorageUnavailable("the upload took too long and was swept; try again")
 
     def _abandon(self, object_id: int) -> None:
         try:
