@@ -39,6 +39,7 @@ import io
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -517,6 +518,27 @@ class S3Backend:
                     self._client.head_bucket(Bucket=self.bucket)
                 elif code != "BucketAlreadyOwnedByYou":
                     raise
+
+    def sweep_incomplete(self, older_than_seconds: float) -> int:
+        """Abort multipart uploads under ``objects/`` begun longer ago than
+        this (a killed process or a store that went away mid-upload leaves
+        them): their parts are stored, billed and listed by no one else."""
+        cutoff = time.time() - older_than_seconds
+        aborted = 0
+        with self._errors("list the unfinished uploads of"):
+            pages = self._client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix="objects/"
+            )
+            for page in pages:
+                for up in page.get("Uploads", []):
+                    if up["Initiated"].timestamp() >= cutoff:
+                        continue
+                    with contextlib.suppress(botocore.exceptions.ClientError):
+                        self._client.abort_multipart_upload(
+                            Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
+                        )
+                        aborted += 1
+        return aborted
 
     def close(self) -> None:
         """Close the connection pool (a dropped backend would leave sockets open)."""

@@ -891,3 +891,25 @@ def test_s3_ensure_bucket_is_idempotent(s3_backend: S3Backend) -> None:
     s3_backend.ensure_bucket()
     s3_backend.put(KEY, io.BytesIO(b"x"))
     assert s3_backend.exists(KEY)
+
+
+def test_s3_unfinished_multipart_uploads_are_aborted(s3_backend: S3Backend) -> None:
+    """A killed upload left its parts in the bucket for ever: GC's
+    sweep_incomplete now aborts those older than the pending age."""
+    client = s3_backend._client
+    key = "objects/999999/original.bin"
+    up = client.create_multipart_upload(Bucket=s3_backend.bucket, Key=key)
+    client.upload_part(
+        Bucket=s3_backend.bucket, Key=key, UploadId=up["UploadId"], PartNumber=1, Body=b"x" * 1024
+    )
+
+    def unfinished() -> list[str]:
+        listed = client.list_multipart_uploads(Bucket=s3_backend.bucket, Prefix="objects/")
+        return [u["UploadId"] for u in listed.get("Uploads", [])]
+
+    assert up["UploadId"] in unfinished()
+    assert s3_backend.sweep_incomplete(3600) == 0  # young: may still be going on
+    assert up["UploadId"] in unfinished()
+    time.sleep(1.1)
+    assert s3_backend.sweep_incomplete(1) >= 1
+    assert up["UploadId"] not in unfinished()
