@@ -36,9 +36,11 @@ def test_a_killed_workers_scratch_is_removed_by_the_next(tmp_path: Path) -> None
     scratch = home / "scratch"
     first = spawn("worker", "--queues", "bulk", url=url, home=home)
     try:
-        (dead,) = wait_for(lambda: list(scratch.glob(f"*/{OWNER}")), 30, what="a scratch folder")
-        dead = dead.parent
-        (dead / "slot-0-in" / "input.bin").write_bytes(os.urandom(1 << 20))
+        # The slot's inbox, made when its child starts (after the owner file).
+        (inbox,) = wait_for(lambda: list(scratch.glob("*/slot-0-in")), 30, what="a slot's inbox")
+        dead = inbox.parent
+        assert (dead / OWNER).exists()
+        (inbox / "input.bin").write_bytes(os.urandom(1 << 20))
         _kill(first)
         assert dead.exists()  # nobody else could remove it
         _age(dead / OWNER)  # past the few seconds a new folder is left alone
