@@ -226,7 +226,7 @@ def fit(vips: Any, path: str, header: Header, width: int, height: int, mode: str
     WebP, HEIF), is turned by its EXIF orientation and, when animated, read
     for its first frame only.
     """
-    if mode == "cover" and _overflow(header, width, height) > MAX_COVER_OVERFLOW:
+    if mode == "cover" and _enlarged_overflow(header, width, height) > MAX_COVER_OVERFLOW:
         return _cover_by_crop(vips, path, header, width, height)
     options: dict[str, Any] = {"height": height}
     if mode == "cover":
@@ -257,18 +257,21 @@ def fit(vips: Any, path: str, header: Header, width: int, height: int, mode: str
     return image
 
 
-# How much wider (or taller) than the box an image may be for ``cover`` to
-# resize it whole and crop after, as libvips' thumbnail does: the resized image
-# is this many times the box.  A 1 x 10000 strip into 300 x 100 would be
-# 300 x 3,000,000 (a minute and 2.6 GB, or an OOM), so past it the centre is
-# cut from the source first.
+# How much larger than the box ``cover`` may enlarge an image before its crop,
+# as libvips' thumbnail does: a 1 x 10000 strip into 300 x 100 became
+# 300 x 3,000,000 (a minute and 2.6 GB, or an OOM).  Past it the centre is cut
+# from the source first.  An image that only shrinks (a 20000 x 1200 panorama)
+# keeps libvips' path and its shrink-on-load: what it resizes to is no larger
+# than itself.
 MAX_COVER_OVERFLOW = 16.0
 
 
-def _overflow(header: Header, width: int, height: int) -> float:
-    """How many times the box's area ``cover`` resizes the image to, before its crop."""
+def _enlarged_overflow(header: Header, width: int, height: int) -> float:
+    """How many times the box's area ``cover`` enlarges the image to before its
+    crop (0 when it does not enlarge it)."""
     w, h = header.upright
-    return max(width / w, height / h) ** 2 * w * h / (width * height)
+    scale = max(width / w, height / h)
+    return 0.0 if scale <= 1 else scale**2 * w * h / (width * height)
 
 
 def _cover_by_crop(vips: Any, path: str, header: Header, width: int, height: int) -> Any:

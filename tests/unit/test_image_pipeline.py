@@ -746,6 +746,22 @@ def test_cover_by_crop_shows_the_centre(scratch: Path) -> None:
     assert img.crop(0, 0, 200, 40).avg() > 200 and img.crop(0, 60, 200, 40).avg() < 55
 
 
+def test_a_panorama_cover_keeps_shrink_on_load(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only an image that ``cover`` enlarges is cut first: a wide panorama
+    shrinks, and its full-size decode would cost what shrink-on-load saves."""
+    cut: list[str] = []
+    real = imaging._cover_by_crop
+    monkeypatch.setattr(imaging, "_cover_by_crop", lambda *a: (cut.append(str(a[1])), real(*a))[1])
+    src = write(scratch, "input.jpg", photo(6000, 300))  # 20:1, shrinks to 4000 x 200
+    assert run(THUMB, scratch, src, {"fit": "cover"}).size == (200, 200)
+    assert cut == []
+    strip = write(scratch, "strip.jpg", photo(3000, 20))  # enlarged 10x: cut first
+    assert run(THUMB, scratch, strip, {"fit": "cover"}).size == (200, 200)
+    assert cut == [str(strip)]
+
+
 def test_an_encoder_that_cannot_allocate_is_oom() -> None:
     """aom (AVIF) says "Failed to allocate context buffers" under the attempt's
     address-space limit: more memory helps, so OOM (retried), not CORRUPT_INPUT."""
