@@ -139,12 +139,7 @@ class Storage:
         stored = self._upload(obj, cast(BinaryIO, _Chain(head, src)))
         now = self.clock()
         values = {**_stored_values(stored), "state": "ready", "updated_at": now}
-        with self.db.tx() as tx:
-            promoted = tx.update_object(obj["object_id"], ["pending"], values)
-            row = tx.object(obj["object_id"]) if promoted else None
-        if row is None:
-            self._swept([(obj["pool_id"], obj["storage_key"])])
-        return dict(row)
+        return self._promote(obj, values)
 
     def put_file(
         self,
@@ -169,12 +164,7 @@ class Storage:
             "state": "ready",
             "updated_at": self.clock(),
         }
-        with self.db.tx() as tx:
-            promoted = tx.update_object(obj["object_id"], ["pending"], values)
-            row = tx.object(obj["object_id"]) if promoted else None
-        if row is None:
-            self._swept([(obj["pool_id"], obj["storage_key"])])
-        return dict(row)
+        return self._promote(obj, values)
 
     def put_files(
         self, paths: list[Path], *, pool: str | None = None, project_id: str = DEFAULT_PROJECT
@@ -379,6 +369,16 @@ class Storage:
             # Hand the row to GC at once rather than after the pending timeout.
             self._abandon(obj["object_id"])
             raise
+
+    def _promote(self, obj: Row, values: Row) -> Row:
+        """The pending row made ready with ``values``, or the upload refused
+        as swept (its row gone meanwhile)."""
+        with self.db.tx() as tx:
+            promoted = tx.update_object(obj["object_id"], ["pending"], values)
+            row = tx.object(obj["object_id"]) if promoted else None
+        if row is None:
+            self._swept([(obj["pool_id"], obj["storage_key"])])
+        return dict(row)
 
     def _swept(self, blobs: list[tuple[int, str]]) -> NoReturn:
         """GC swept these uploads' rows as stale pending while their bytes were
