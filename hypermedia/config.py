@@ -77,6 +77,8 @@ class Settings:
     # An upload's body that sends nothing for this long is dropped (408): a
     # client gone quiet held its connection and temp file for ever.
     upload_idle_seconds: float = 60.0
+    # A dashboard login (session cookie) ends this long after it began.
+    session_hours: float = 12.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -126,6 +128,7 @@ _ENV_NAMES = {
     "api_rate_burst": "API_RATE_BURST",
     "max_upload_bytes": "MAX_UPLOAD_BYTES",
     "upload_idle_seconds": "UPLOAD_IDLE_SECONDS",
+    "session_hours": "SESSION_HOURS",
     "api_max_body_bytes": "API_MAX_BODY_BYTES",
 }
 
@@ -152,7 +155,24 @@ def load_settings() -> Settings:
             except ValueError:
                 kind = "an integer" if isinstance(current, int) else "a number"
                 raise InvalidRequest(f"HYPERMEDIA_{env_name} must be {kind}") from None
-    return replace(defaults, **values)
+    settings = replace(defaults, **values)
+    _check_signed_url_seconds(settings.signed_url_seconds)
+    if not settings.session_hours > 0:  # a login would end as it began
+        raise InvalidRequest("HYPERMEDIA_SESSION_HOURS must be more than 0")
+    return settings
+
+
+# SigV4 presigned URLs live at most 7 days.  A longer TTL was silently cut
+# to that on S3 pools (and not on local ones): refused when read instead.
+MAX_SIGNED_URL_SECONDS = 7 * 24 * 3600
+
+
+def _check_signed_url_seconds(seconds: int) -> None:
+    if not 1 <= seconds <= MAX_SIGNED_URL_SECONDS:
+        raise InvalidRequest(
+            f"HYPERMEDIA_SIGNED_URL_SECONDS must be 1 to {MAX_SIGNED_URL_SECONDS} "
+            f"(7 days, the longest an S3 presigned URL lives); it is {seconds}"
+        )
 
 
 ENV_DOC = {f"HYPERMEDIA_{v}": k for k, v in _ENV_NAMES.items()}

@@ -28,6 +28,7 @@ from hypermedia.api.routes import (
 )
 from hypermedia.services import Services
 from hypermedia.ui import routes as ui
+from hypermedia.ui.web import dashboard_error
 
 DESCRIPTION = """\
 Durable media processing jobs over a storage ledger.
@@ -146,6 +147,7 @@ def create_app(svc: Services) -> FastAPI:
         svc.settings.api_rate_per_second, svc.settings.api_rate_burst
     )
     errors.install(app)
+    app.state.error_page = dashboard_error  # errors under /ui are its HTML page
     objects.sweep_uploads(svc.settings.home)  # of a server here killed mid-upload
 
     # Added first, so it runs inside RequestId: its 413 carries the request id.
@@ -154,4 +156,5 @@ def create_app(svc: Services) -> FastAPI:
     routers = (ops, jobs, objects, photos, profiles, credits, queues, workers, metrics, v0, ui)
     for module in routers:
         app.include_router(module.router)
+    app.include_router(ui.root)  # /favicon.ico
     return app

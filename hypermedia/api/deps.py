@@ -1,8 +1,9 @@
 """What endpoints depend on: the services, the caller's principal, its scopes.
 
-``scoped("jobs:read")`` authenticates the bearer token (or the dashboard's
-cookie), applies the per-token rate limit, and checks the scope; endpoints
-then filter every query by ``principal.project_id``.
+``scoped("jobs:read")`` authenticates the bearer token, applies the per-token
+rate limit, and checks the scope; endpoints then filter every query by
+``principal.project_id``.  The dashboard's pages take its session cookie
+instead (``authenticate(request, cookie=True)``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from hypermedia.auth.tokens import Principal
 from hypermedia.errors import Forbidden, NotFound, Unauthorized
 from hypermedia.services import Services
 
-COOKIE = "hm_token"
+# The dashboard's cookie: a session secret (Tokens.start_session), never a token.
+COOKIE = "hm_session"
+# Where older versions kept the token itself: cleared wherever it is seen.
+LEGACY_COOKIE = "hm_token"
 # A database id in a path: bounded, so a huge number is a 422, not a driver overflow.
 Id = Annotated[int, Path(ge=1, le=2**62)]
 
@@ -65,11 +69,16 @@ async def authenticate(request: Request, *, cookie: bool = False) -> Principal:
     cached = getattr(request.state, "principal", None)
     if cached is not None:
         return cached
-    token = _bearer(request) or (request.cookies.get(COOKIE) if cookie else None)
-    if not token:
-        raise Unauthorized("a bearer token is required")
     svc = services(request)
-    principal = await run_in_threadpool(svc.tokens.authenticate, token)
+    token = _bearer(request)
+    secret = request.cookies.get(COOKIE) if cookie else None
+    if token:  # an API token; a session secret is refused here
+        principal = await run_in_threadpool(svc.tokens.authenticate, token)
+    elif secret:  # only the dashboard's routes ask for the cookie
+        principal = await run_in_threadpool(svc.tokens.authenticate_session, secret)
+    else:
+        raise Unauthorized("a bearer token is required")
+    # A session shares its token's bucket: logging in again gives no fresh one.
     wait = request.app.state.rate_limiter.take(principal.token_id)
     if wait:
         raise ApiError(

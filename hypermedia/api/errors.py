@@ -11,11 +11,12 @@ from __future__ import annotations
 import errno
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hypermedia.db.dialects import is_schema_missing, is_transient
@@ -83,6 +84,13 @@ def request_id(request: Request) -> str:
     return str(rid)
 
 
+# ``app.state.error_page(request, status, message)``: a page instead of the
+# JSON body, or None.  The dashboard installs one (ui/web.py) so that what
+# fails before its routes run (a 413 of the body limit, a 405) under /ui is
+# still its HTML page.
+PageHook = Callable[[Request, int, str], Response | None]
+
+
 def error_response(
     request: Request,
     status: int,
@@ -91,7 +99,7 @@ def error_response(
     *,
     headers: dict[str, str] | None = None,
     details: list[dict[str, Any]] | None = None,
-) -> JSONResponse:
+) -> Response:
     body: dict[str, Any] = {
         "code": code,
         "message": redact(message, 500),
@@ -100,6 +108,12 @@ def error_response(
     if details:
         body["details"] = details
     headers = {**(headers or {}), "X-Request-ID": body["request_id"]}
+    app = request.scope.get("app")
+    hook: PageHook | None = getattr(getattr(app, "state", None), "error_page", None)
+    page = hook(request, status, message) if hook is not None else None
+    if page is not None:
+        page.headers.update(headers)
+        return page
     if status == 401:
         headers.setdefault("WWW-Authenticate", "Bearer")
     return JSONResponse(body, status_code=status, headers=headers)
@@ -115,19 +129,19 @@ def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         details = _validation_details(exc)
         return error_response(
             request, 422, "invalid_request", "the request is not valid", details=details
         )
 
     @app.exception_handler(ApiError)
-    async def _api(request: Request, exc: ApiError) -> JSONResponse:
+    async def _api(request: Request, exc: ApiError) -> Response:
         code = _HTTP_CODES.get(exc.status, "error")
         return error_response(request, exc.status, code, str(exc), headers=exc.headers)
 
     @app.exception_handler(HypermediaError)
-    async def _ours(request: Request, exc: HypermediaError) -> JSONResponse:
+    async def _ours(request: Request, exc: HypermediaError) -> Response:
         for kind, status, code in STATUS_OF:
             if isinstance(exc, kind):
                 again = {"Retry-After": RETRY_AFTER} if status in (503, 507) else None
@@ -135,7 +149,7 @@ def install(app: FastAPI) -> None:
         raise AssertionError("HypermediaError is in STATUS_OF")  # pragma: no cover
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         code = _HTTP_CODES.get(exc.status_code, "error")
         message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
         if exc.status_code == 404:
@@ -144,7 +158,7 @@ def install(app: FastAPI) -> None:
         return error_response(request, exc.status_code, code, message, headers=headers)
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> Response:
         away = _away(exc)
         if away is not None:
             log.warning("request %s: %s", request_id(request), brief(exc))

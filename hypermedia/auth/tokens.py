@@ -4,6 +4,13 @@ A token reads ``hm_<10 public chars>_<32 secret chars>``.  The public part is
 stored as ``prefix`` (how a token is found, listed and recognised in a leak
 scanner); the database keeps only the SHA-256 of the whole token, compared in
 constant time.
+
+A dashboard login starts a **session** (``start_session``): a random secret
+``hms_<43 chars>`` of its own, stored as a SHA-256 with its token's id and an
+expiry.  The cookie holds that secret, never the token.  A session borrows its
+token's project and scopes at every request, so revoking or expiring the
+token ends it; logging out revokes the session alone.  ``authenticate`` (the
+bearer path) never reads sessions: a session secret is no API token.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ SCOPES = ("objects:read", "objects:write", "jobs:read", "jobs:write", "admin")
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
 # last_used_at is written at most this often per token: not one write per request.
 _TOUCH_EVERY = timedelta(seconds=60)
+SESSION_PREFIX = "hms_"
 
 
 def utcnow() -> datetime:
@@ -42,6 +50,8 @@ class Principal:
     token_id: int
     project_id: str
     scopes: frozenset[str]
+    # Set when the caller is a dashboard session of token ``token_id``.
+    session_id: int | None = None
 
     def allows(self, scope: str) -> bool:
         return "admin" in self.scopes or scope in self.scopes
@@ -140,17 +150,16 @@ class Tokens:
             tx.revoke_token(token_id, self.clock())
             return _public(dict(tx.token(token_id) or {}))
 
-    def still_valid(self, token_id: int) -> bool:
-        """Whether a token that authenticated earlier still would: what a
-        long answer (an event stream) checks now and then."""
-        with self.db.read() as tx:
-            row = tx.token(token_id)
+    def still_valid(self, principal: Principal) -> bool:
+        """Whether a principal that authenticated earlier still would (its
+        token, and its session if it is one): what a long answer (an event
+        stream) checks now and then."""
         now = self.clock()
-        return (
-            row is not None
-            and row["revoked_at"] is None
-            and (row["expires_at"] is None or row["expires_at"] > now)
-        )
+        with self.db.read() as tx:
+            if principal.session_id is not None:
+                return _session_live(tx.session(principal.session_id), now)
+            row = tx.token(principal.token_id)
+        return row is not None and _live(row["revoked_at"], row["expires_at"], now)
 
     def authenticate(self, token: str) -> Principal:
         """The principal behind ``token``; Unauthorized for anything else."""
@@ -163,14 +172,60 @@ class Tokens:
         if (
             row is None
             or not hmac.compare_digest(row["token_hash"], _digest(token))
-            or row["revoked_at"] is not None
-            or (row["expires_at"] is not None and row["expires_at"] <= now)
+            or not _live(row["revoked_at"], row["expires_at"], now)
         ):
             raise Unauthorized("invalid or expired token")
         if row["last_used_at"] is None or now - row["last_used_at"] > _TOUCH_EVERY:
             with self.db.tx() as tx:
                 tx.touch_token(row["token_id"], now)
         return Principal(row["token_id"], row["project_id"], frozenset(row["scopes"]))
+
+    # -- dashboard sessions ---------------------------------------------------------
+
+    def start_session(self, token: str, hours: float) -> str:
+        """A new dashboard session of ``token`` (checked as ``authenticate``
+        does), valid ``hours`` at most; returns its secret, shown once."""
+        principal = self.authenticate(token)
+        secret = SESSION_PREFIX + secrets.token_urlsafe(32)
+        now = self.clock()
+        with self.db.tx() as tx:
+            tx.delete_expired_sessions(now)  # the table's only upkeep: a cheap delete
+            tx.insert_session(
+                {
+                    "token_id": principal.token_id,
+                    "secret_hash": _digest(secret),
+                    "created_at": now,
+                    "expires_at": now + timedelta(hours=hours),
+                }
+            )
+        return secret
+
+    def authenticate_session(self, secret: str) -> Principal:
+        """The principal behind a session secret (the dashboard's cookie):
+        its token's project and scopes; Unauthorized for anything else."""
+        if not secret.startswith(SESSION_PREFIX) or len(secret) > 100:
+            raise Unauthorized("invalid or expired session")
+        digest = _digest(secret)
+        with self.db.read() as tx:
+            row = tx.session_by_hash(digest)
+        if (
+            row is None
+            or not hmac.compare_digest(row["secret_hash"], digest)
+            or not _session_live(row, self.clock())
+        ):
+            raise Unauthorized("invalid or expired session")
+        return Principal(
+            row["token_id"],
+            row["project_id"],
+            frozenset(row["scopes"]),
+            session_id=row["session_id"],
+        )
+
+    def end_session(self, secret: str) -> None:
+        """Log out: the session's secret stops working at once, everywhere."""
+        if secret.startswith(SESSION_PREFIX) and len(secret) <= 100:
+            with self.db.tx() as tx:
+                tx.revoke_session(_digest(secret), self.clock())
 
     def first_admin(self, home: Path) -> str | None:
         """On a database without tokens: make an admin token of the default
@@ -185,3 +240,16 @@ class Tokens:
             f.write(token + "\n")
         os.chmod(path, 0o600)  # an older file may have had wider permissions
         return token
+
+
+def _live(revoked_at: datetime | None, expires_at: datetime | None, now: datetime) -> bool:
+    return revoked_at is None and (expires_at is None or expires_at > now)
+
+
+def _session_live(row: Row | None, now: datetime) -> bool:
+    """A session holds while neither it nor its token is revoked or expired."""
+    return (
+        row is not None
+        and _live(row["revoked_at"], row["expires_at"], now)
+        and _live(row["token_revoked_at"], row["token_expires_at"], now)
+    )

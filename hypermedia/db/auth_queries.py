@@ -1,4 +1,4 @@
-"""Queries over projects and API tokens (mixed into ``Tx``)."""
+"""Queries over projects, API tokens and dashboard sessions (mixed into ``Tx``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,20 @@ from typing import Any
 import sqlalchemy as sa
 
 from hypermedia.db.schema_auth import api_tokens as T
+from hypermedia.db.schema_auth import dashboard_sessions as DS
 from hypermedia.db.schema_auth import projects as PR
 
 Row = dict[str, Any]
+
+# A session with what it borrows from its token: project, scopes and whether
+# the token itself still holds (revoked, expired).
+_SESSION = sa.select(
+    DS,
+    T.c.project_id,
+    T.c.scopes,
+    T.c.revoked_at.label("token_revoked_at"),
+    T.c.expires_at.label("token_expires_at"),
+).join(T, T.c.token_id == DS.c.token_id)
 
 
 class AuthQueries:
@@ -54,3 +65,23 @@ class AuthQueries:
 
     def touch_token(self, token_id: int, now: datetime) -> None:
         self.conn.execute(T.update().where(T.c.token_id == token_id).values(last_used_at=now))
+
+    def insert_session(self, values: Row) -> int:
+        key = self.conn.execute(DS.insert().values(**values)).inserted_primary_key
+        assert key is not None
+        return int(key[0])
+
+    def session_by_hash(self, secret_hash: str) -> Row | None:
+        row = self.conn.execute(_SESSION.where(DS.c.secret_hash == secret_hash)).first()
+        return dict(row._mapping) if row else None
+
+    def session(self, session_id: int) -> Row | None:
+        row = self.conn.execute(_SESSION.where(DS.c.session_id == session_id)).first()
+        return dict(row._mapping) if row else None
+
+    def revoke_session(self, secret_hash: str, now: datetime) -> bool:
+        q = DS.update().where(DS.c.secret_hash == secret_hash, DS.c.revoked_at.is_(None))
+        return self.conn.execute(q.values(revoked_at=now)).rowcount == 1
+
+    def delete_expired_sessions(self, now: datetime) -> int:
+        return int(self.conn.execute(DS.delete().where(DS.c.expires_at <= now)).rowcount)

@@ -23,6 +23,7 @@ from hypermedia.ui.web import (
     STATIC,
     Row,
     UiRoute,
+    clear_legacy_cookie,
     error_page,
     login_required,
     need,
@@ -31,7 +32,12 @@ from hypermedia.ui.web import (
 )
 
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=UiRoute)
+# Outside /ui: what browsers ask of any site (the favicon).
+root = APIRouter(include_in_schema=False, route_class=UiRoute)
 PAGE_SIZE = 50
+# Profile settings that name the server's own machinery (the clamd socket):
+# shown on the profiles and job pages to admin tokens only.
+SERVER_SETTINGS = frozenset({"clamd"})
 
 
 # -- static files, login, logout ------------------------------------------------------
@@ -50,6 +56,13 @@ async def static(name: str) -> Response:
     )
 
 
+@root.get("/favicon.ico")
+@router.get("/favicon.ico")
+async def favicon() -> Response:
+    """No icon (the pages name an empty one): a 204 rather than a JSON 404."""
+    return Response(status_code=204, headers={"Cache-Control": "public, max-age=86400"})
+
+
 @router.get("/login")
 async def login_form(request: Request, next: str = Query("/ui", max_length=500)) -> Response:
     return page(request, "login.html", title="Log in", next=safe_next(next), error=None)
@@ -64,7 +77,10 @@ async def login(request: Request) -> Response:
     try:
         if not token or len(token) > 200:
             raise Unauthorized("no token")
-        await run_in_threadpool(svc.tokens.authenticate, token)
+        # A session of its own: the cookie never holds the token.
+        secret = await run_in_threadpool(
+            svc.tokens.start_session, token, svc.settings.session_hours
+        )
     except Unauthorized:
         return page(
             request,
@@ -74,22 +90,30 @@ async def login(request: Request) -> Response:
             next=target,
             error="That token is not valid: unknown, expired or revoked.",
         )
+    previous = request.cookies.get(COOKIE)
+    if previous:  # logging in again ends the session this browser had
+        await run_in_threadpool(svc.tokens.end_session, previous)
     response = RedirectResponse(target, status_code=303)
     response.set_cookie(
         COOKIE,
-        token,
+        secret,
         path="/",
         httponly=True,
         samesite="strict",
         secure=request.url.scheme == "https",
     )
+    clear_legacy_cookie(request, response)
     return response
 
 
 @router.post("/logout")
-async def logout() -> Response:
+async def logout(request: Request) -> Response:
+    secret = request.cookies.get(COOKIE)
+    if secret:  # revoked on the server: a copy of the cookie stops working too
+        await run_in_threadpool(services(request).tokens.end_session, secret)
     response = RedirectResponse("/ui/login", status_code=303)
     response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    clear_legacy_cookie(request, response)
     return response
 
 
@@ -202,6 +226,8 @@ async def job_page(request: Request, job_id: Id) -> Response:
     base_url = str(request.base_url).rstrip("/")
     view = await run_in_threadpool(_job_view, svc, job_id, principal, base_url)
     job = view["job"]
+    if not principal.allows("admin"):  # a virus scan's params name the clamd socket
+        job["params"] = _public_settings(job.get("params"))
     last_event = max((int(e["event_id"]) for e in job["events"]), default=0)
     writable = principal.allows("jobs:write")
     status = job["status"]
@@ -326,13 +352,24 @@ async def workers_page(request: Request) -> Response:
 
 @router.get("/profiles")
 async def profiles_page(request: Request) -> Response:
-    await login_required(request)
+    principal = await login_required(request)
     svc = services(request)
     rows = await run_in_threadpool(lambda: svc.profiles.list(include_inactive=True))
     ready = registry.availability()
+    if not principal.allows("admin"):
+        # Where clamd listens, and why a tool is missing here, are the
+        # operator's business: other tokens see only whether a profile runs.
+        rows = [{**p, "settings": _public_settings(p.get("settings"))} for p in rows]
+        ready = {
+            t: None if why is None else "not available on this server" for t, why in ready.items()
+        }
     return page(
         request, "profiles.html", title="Profiles", nav="profiles", profiles=rows, ready=ready
     )
+
+
+def _public_settings(settings: Row | None) -> Row:
+    return {k: v for k, v in (settings or {}).items() if k not in SERVER_SETTINGS}
 
 
 # Anything else under /ui: a page, not the API's JSON 404.

@@ -1,7 +1,8 @@
 """The dashboard's plumbing: templates, formatting, error pages, the login check.
 
-Pages authenticate with the ``hm_token`` cookie set by the login form
-(HttpOnly, SameSite=Strict); a missing or invalid cookie redirects to the
+Pages authenticate with the ``hm_session`` cookie set by the login form
+(HttpOnly, SameSite=Strict): a session secret of its own, never the token
+(``Tokens.start_session``).  A missing or invalid cookie redirects to the
 login page.  Every POST is refused when its ``Origin`` header names another
 host.  Every error renders a small page (never a traceback).
 """
@@ -22,7 +23,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hypermedia.api.deps import COOKIE, authenticate
+from hypermedia.api.deps import COOKIE, LEGACY_COOKIE, authenticate
 from hypermedia.api.errors import STATUS_OF, ApiError, request_id
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import Forbidden, HypermediaError, Unauthorized
@@ -91,15 +92,39 @@ STATIC = {
 }
 
 
+# The navigation: (key, label, href, scopes the page needs).  A link shows
+# only when the principal holds every scope its page needs (routes.py).
+NAV = (
+    ("overview", "Overview", "/ui", ("jobs:read",)),
+    ("jobs", "Jobs", "/ui/jobs", ("jobs:read",)),
+    ("upload", "Upload", "/ui/upload", ("objects:write", "jobs:write")),
+    ("workers", "Workers", "/ui/workers", ("admin",)),
+    ("profiles", "Profiles", "/ui/profiles", ()),
+)
+
+
+def nav_links(principal: Principal | None) -> list[tuple[str, str, str]]:
+    if principal is None:
+        return []
+    return [
+        (key, label, href)
+        for key, label, href, scopes in NAV
+        if all(principal.allows(s) for s in scopes)
+    ]
+
+
 def page(request: Request, template: str, code: int = 200, **context: Any) -> HTMLResponse:
     principal = getattr(request.state, "principal", None)
-    html = env.get_template(template).render(principal=principal, **context)
+    html = env.get_template(template).render(
+        principal=principal, nav_links=nav_links(principal), **context
+    )
     return HTMLResponse(html, status_code=code, headers=PAGE_HEADERS)
 
 
 def error_page(request: Request, status: int, message: str) -> HTMLResponse:
     titles = {
         400: "Bad request",
+        401: "Not logged in",
         403: "Not allowed",
         404: "Not found",
         405: "Method not allowed",
@@ -107,6 +132,7 @@ def error_page(request: Request, status: int, message: str) -> HTMLResponse:
         413: "Too large",
         422: "Not valid",
         429: "Too many requests",
+        500: "Server error",
         503: "Unavailable",
     }
     return page(
@@ -118,6 +144,23 @@ def error_page(request: Request, status: int, message: str) -> HTMLResponse:
         message=redact(message, 500),
         request_id=request_id(request),
     )
+
+
+def is_dashboard(request: Request) -> bool:
+    path = request.url.path
+    return path == "/ui" or path.startswith("/ui/")
+
+
+def dashboard_error(request: Request, status: int, message: str) -> Response | None:
+    """``app.state.error_page`` (api/errors.py): what fails before a page's
+    route runs (a 413 of the body limit, a 405, a HEAD refused) under /ui is
+    the error page too, unless the client asked for JSON or an event stream."""
+    if not is_dashboard(request):
+        return None
+    accept = request.headers.get("accept", "")
+    if "application/json" in accept or "text/event-stream" in accept:
+        return None
+    return error_page(request, status, message)
 
 
 # -- login required, errors as pages, the Origin check ------------------------------
@@ -143,13 +186,20 @@ def same_origin(request: Request) -> bool:
 
 def _login_redirect(request: Request) -> Response:
     target = "/ui/login"
-    if request.method == "GET":
+    if request.method in ("GET", "HEAD"):
         here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         target += "?next=" + quote(here, safe="")
     response = RedirectResponse(target, status_code=303)
     if COOKIE in request.cookies:
         response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    clear_legacy_cookie(request, response)
     return response
+
+
+def clear_legacy_cookie(request: Request, response: Response) -> None:
+    """Older versions kept the token itself in ``hm_token``: drop it."""
+    if LEGACY_COOKIE in request.cookies:
+        response.delete_cookie(LEGACY_COOKIE, path="/", httponly=True, samesite="strict")
 
 
 def _status_of(exc: HypermediaError) -> int:
@@ -160,11 +210,32 @@ def _status_of(exc: HypermediaError) -> int:
 
 
 class UiRoute(APIRoute):
-    """A route whose failures answer with a small HTML page (or a redirect to login)."""
+    """A route whose failures answer with a small HTML page (or a redirect to
+    login).  A GET route answers HEAD too: the GET's status and headers, no body
+    (an event stream is not started)."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        if self.methods and "GET" in self.methods:
+            self.methods.add("HEAD")
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
+        handler = self._run_handler(super().get_route_handler())
 
+        async def run(request: Request) -> Response:
+            response = await handler(request)
+            if request.method != "HEAD":
+                return response
+            head = Response(status_code=response.status_code)
+            head.raw_headers = list(response.raw_headers)
+            return head
+
+        return run
+
+    @staticmethod
+    def _run_handler(
+        handler: Callable[[Request], Coroutine[Any, Any, Response]],
+    ) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         async def run(request: Request) -> Response:
             if request.method == "POST" and not same_origin(request):
                 return error_page(request, 403, "this form was sent from another site")

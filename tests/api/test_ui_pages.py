@@ -4,6 +4,7 @@ project scoping, escaping, cancel/retry forms and the Origin check."""
 from __future__ import annotations
 
 import html
+import re
 
 from fastapi.testclient import TestClient
 
@@ -21,7 +22,8 @@ def login(client: TestClient, token: str, next: str = "/ui") -> None:
     client.cookies.clear()
     r = client.post("/ui/login", data={"token": token, "next": next}, follow_redirects=False)
     assert r.status_code == 303, r.text
-    assert client.cookies.get(COOKIE) == token
+    cookie = client.cookies.get(COOKIE)
+    assert cookie and cookie.startswith("hms_") and cookie != token  # a session, not the token
 
 
 def sleep_job(svc: Services, project: str, ms: int = 60_000) -> int:
@@ -268,3 +270,125 @@ def test_an_upload_over_the_limit_is_refused_and_leaves_nothing(svc: Services, a
     assert svc.storage.list(project_id=a.id) == []
     tmp = svc.settings.home / "tmp"
     assert not tmp.exists() or list(tmp.iterdir()) == []
+
+
+HTML = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
+
+
+def test_errors_before_a_route_runs_are_pages_under_ui(client: TestClient, a: Project) -> None:
+    """A body over the limit (413), a wrong method (405): the dashboard's page
+    for a browser under /ui, the API's JSON elsewhere or when JSON is asked for."""
+    login(client, a.admin)
+    big = b"x" * (1024 * 1024 + 1)
+    for path in ("/ui/login", "/ui/jobs/1/cancel", "/ui/logout"):
+        r = client.post(path, content=big, headers=HTML)
+        assert r.status_code == 413, path
+        assert r.headers["content-type"].startswith("text/html")
+        assert "Too large" in r.text and "1048576-byte limit" in r.text
+        assert r.headers["x-request-id"] in r.text
+    assert client.get("/ui").status_code == 200  # still logged in: logout never ran
+    r = client.post("/v1/jobs", content=big, headers={**bearer(a.admin), **HTML})
+    assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+    for method, path in (("PUT", "/ui/jobs"), ("DELETE", "/ui"), ("PATCH", "/ui/login")):
+        r = client.request(method, path, headers=HTML)
+        assert r.status_code == 405, (method, path)
+        assert r.headers["content-type"].startswith("text/html")
+        assert "Method not allowed" in r.text and "GET" in r.headers["allow"]
+        assert 'id="project">proj-a<' not in r.text  # no principal: a bare page
+    r = client.put("/ui/jobs", headers={"Accept": "application/json"})
+    assert r.status_code == 405 and r.json()["code"] == "method_not_allowed"
+    r = client.put("/v1/jobs", headers={**bearer(a.admin), **HTML})
+    assert r.status_code == 405 and r.json()["code"] == "method_not_allowed"
+
+
+def test_head_answers_like_get_without_a_body(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    r = client.head("/ui/login")
+    get = client.get("/ui/login")
+    assert r.status_code == 200 and r.content == b""
+    assert r.headers["content-type"].startswith("text/html")
+    assert r.headers["content-length"] == get.headers["content-length"]
+    assert r.headers["x-frame-options"] == "DENY"
+    r = client.head("/ui/jobs", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/ui/login?next=")
+    job_id = sleep_job(svc, a.id)
+    login(client, a.admin)
+    assert client.head("/ui").status_code == 200
+    assert client.head(f"/ui/jobs/{job_id}").status_code == 200
+    r = client.head("/ui/static/style.css")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/css")
+    assert client.head("/ui/no/such/page").status_code == 404
+    # The stream of a running job answers its headers at once: nothing is streamed.
+    r = client.head(f"/ui/jobs/{job_id}/stream")
+    assert r.status_code == 200 and r.content == b""
+    assert r.headers["content-type"].startswith("text/event-stream")
+
+
+def test_favicon_is_no_json_404(client: TestClient, a: Project) -> None:
+    for path in ("/favicon.ico", "/ui/favicon.ico"):
+        r = client.get(path, headers=HTML)
+        assert r.status_code == 204 and r.content == b"", path
+        assert client.head(path).status_code == 204
+    login(client, a.admin)
+    assert '<link rel="icon" href="data:,">' in client.get("/ui").text  # none is asked for
+
+
+def _nav(text: str) -> set[str]:
+    nav = text.split("<nav>", 1)[1].split("</nav>", 1)[0]
+    return set(re.findall(r'href="([^"]+)"', nav))
+
+
+def test_the_nav_shows_only_pages_the_scopes_open(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    _, uploader = svc.tokens.create(a.id, ["objects:write", "jobs:write"])
+    _, reader_writer = svc.tokens.create(a.id, ["jobs:read", "objects:write", "jobs:write"])
+    everything = {"/ui", "/ui/jobs", "/ui/upload", "/ui/workers", "/ui/profiles"}
+    cases = [
+        (a.admin, "/ui", everything),
+        (a.scoped["jobs:read"], "/ui", {"/ui", "/ui/jobs", "/ui/profiles"}),
+        (a.scoped["objects:write"], "/ui/profiles", {"/ui/profiles"}),
+        (uploader, "/ui/upload", {"/ui/upload", "/ui/profiles"}),
+        (reader_writer, "/ui", everything - {"/ui/workers"}),
+    ]
+    for token, where, links in cases:
+        login(client, token)
+        r = client.get(where)
+        assert r.status_code == 200, (where, r.text)
+        assert _nav(r.text) == links, (where, links)
+        for href in links:  # every link shown opens
+            assert client.get(href).status_code == 200, href
+        for href in everything - links:  # and every one hidden would have refused
+            assert client.get(href).status_code == 403, href
+    # A refused page shows the nav of what the token can open.
+    login(client, a.scoped["objects:write"])
+    r = client.get("/ui/workers")
+    assert r.status_code == 403 and _nav(r.text) == {"/ui/profiles"}
+
+
+def test_the_clamd_socket_is_shown_to_admins_only(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    """The profiles page and a virus scan's job page (its params carry the
+    profile's settings) name the server's clamd socket to admin tokens only."""
+    source = svc.settings.home / "a.txt"
+    source.write_bytes(b"hello")
+    obj = svc.storage.put_file(source, filename="a.txt", project_id=a.id)
+    job_id = svc.engine.enqueue(
+        NewJob(
+            "security.virus_scan",
+            profile="virus-scan",
+            object_id=int(obj["object_id"]),
+            project_id=a.id,
+        )
+    )
+    login(client, a.scoped["jobs:read"])
+    for path in ("/ui/profiles", f"/ui/jobs/{job_id}"):
+        page = client.get(path).text
+        assert "max_bytes" in page, path
+        assert "clamd" not in page and "/run/clamav" not in page, path
+    assert "virus-scan:v1" in client.get("/ui/profiles").text
+    login(client, a.admin)
+    for path in ("/ui/profiles", f"/ui/jobs/{job_id}"):
+        assert "unix:///run/clamav/clamd.ctl" in client.get(path).text, path

@@ -18,6 +18,9 @@ import shutil
 import socket
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,8 +153,9 @@ def test_login_upload_watch_and_cancel(chromium: Any, stack: Stack) -> None:
         page.click("#login")
         page.wait_for_url(f"{base}/ui/jobs")
         expect(page.locator("#project")).to_have_text("default")
-        cookie = next(c for c in context.cookies() if c["name"] == "hm_token")
+        cookie = next(c for c in context.cookies() if c["name"] == "hm_session")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert cookie["value"].startswith("hms_") and cookie["value"] != stack.token
         assert page.evaluate("document.cookie") == ""  # out of scripts' reach
 
         # Upload with no worker running yet: the job page shows it waiting.
@@ -254,3 +258,65 @@ def test_a_refused_stream_says_live_updates_stopped(chromium: Any, stack: Stack)
         assert not errors, errors
     finally:
         context.close()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _http(
+    base: str,
+    method: str,
+    path: str,
+    *,
+    cookie: str = "",
+    data: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], bytes, list[str]]:
+    """One request over real HTTP (no redirects followed, no proxy): status,
+    headers, body and the cookies set."""
+    request = urllib.request.Request(base + path, data=data, method=method)
+    request.add_header("Accept", "text/html")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
+    if cookie:
+        request.add_header("Cookie", cookie)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect)
+    try:
+        with opener.open(request, timeout=10) as r:
+            return r.status, dict(r.headers), r.read(), r.headers.get_all("Set-Cookie") or []
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read(), e.headers.get_all("Set-Cookie") or []
+
+
+def test_sessions_and_error_pages_over_real_http(stack: Stack) -> None:
+    """Through uvicorn: the cookie is a session, logout kills a copy of it, a
+    session secret is no bearer token; HEAD and a 405 under /ui are pages (a
+    413 is refused unread, with a reset mid-upload: tests/api covers it)."""
+    base = stack.base
+    form = urllib.parse.urlencode({"token": stack.token, "next": "/ui/jobs"}).encode()
+    status, headers, _, cookies = _http(base, "POST", "/ui/login", data=form)
+    assert (status, headers["location"]) == (303, "/ui/jobs")
+    [set_cookie] = cookies
+    assert stack.token not in set_cookie
+    secret = set_cookie.split(";", 1)[0].split("=", 1)[1]
+    assert secret.startswith("hms_")
+    cookie = f"hm_session={secret}"
+    assert _http(base, "GET", "/ui/jobs", cookie=cookie)[0] == 200
+    # A session secret is refused as a bearer token.
+    bearer = {"Authorization": f"Bearer {secret}"}
+    assert _http(base, "GET", "/v1/jobs", headers=bearer)[0] == 401
+    # HEAD: the GET's headers, no body.
+    status, headers, body, _ = _http(base, "HEAD", "/ui/jobs", cookie=cookie)
+    assert status == 200 and body == b"" and int(headers["content-length"]) > 0
+    # A 405 under /ui is the dashboard's page.
+    status, headers, body, _ = _http(base, "PUT", "/ui/jobs", cookie=cookie, data=b"")
+    assert status == 405 and headers["content-type"].startswith("text/html")
+    assert b"Method not allowed" in body
+    assert _http(base, "GET", "/favicon.ico")[0] == 204
+    # Logout revokes the session on the server: the copied cookie is dead.
+    status, headers, _, _ = _http(base, "POST", "/ui/logout", cookie=cookie, data=b"")
+    assert (status, headers["location"]) == (303, "/ui/login")
+    status, headers, _, _ = _http(base, "GET", "/ui/jobs", cookie=cookie)
+    assert status == 303 and headers["location"].startswith("/ui/login")

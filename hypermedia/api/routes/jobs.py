@@ -184,7 +184,7 @@ def sse_response(
     if resume is not None:
         after = max(after, resume)
     return StreamingResponse(
-        event_stream(svc, request, principal.token_id, job_id, after),
+        event_stream(svc, request, principal, job_id, after),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -197,14 +197,14 @@ def sse_message(row: Row) -> str:
 
 
 async def event_stream(
-    svc: Services, request: Request, token_id: int, job_id: int, after: int
+    svc: Services, request: Request, principal: Principal, job_id: int, after: int
 ) -> Any:
     loop = asyncio.get_running_loop()
     quiet_since = checked_at = loop.time()
     yield "retry: 1000\n\n"
     while not await request.is_disconnected():
         if loop.time() - checked_at > SSE_RECHECK_SECONDS:
-            if not await run_in_threadpool(svc.tokens.still_valid, token_id):
+            if not await run_in_threadpool(svc.tokens.still_valid, principal):
                 yield f"event: end\ndata: {json.dumps({'status': 'unauthorized'})}\n\n"
                 return
             checked_at = loop.time()
