@@ -30,6 +30,15 @@ def _rows(result: sa.CursorResult[Any]) -> list[Row]:
     return [dict(r._mapping) for r in result]
 
 
+def _padded(text: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """SQLite: a timestamp's text with six fractional digits ('… 18:06:11' →
+    '… 18:06:11.000000', '… 18:06:11.5' → '… 18:06:11.500000')."""
+    return sa.case(
+        (sa.func.length(text) == 19, text + ".000000"),
+        else_=sa.func.substr(text + "000000", 1, 26),
+    )
+
+
 class PhotoQueries:
     conn: sa.Connection
     dialect: str
@@ -58,23 +67,44 @@ class PhotoQueries:
 
     def photos(
         self,
-        project_id: str,
+        project_ids: Sequence[str],
         *,
         album: str | None = None,
         before: tuple[datetime, str] | None = None,
         limit: int = 50,
     ) -> list[Row]:
-        """Newest first; ``before`` is the (created_at, photo_id) of the last row seen."""
-        q = sa.select(PH).where(PH.c.project_id == project_id)
+        """Newest first; ``before`` is the (created_at, photo_id) of the last row seen.
+
+        ``project_ids``: the project's own id and, for the default project, ``""``
+        (the rows legacy producers write carry no project)."""
+        q = sa.select(PH).where(PH.c.project_id.in_(list(project_ids)))
         if album is not None:
             q = q.where(PH.c.album == album)
+        created = self._created_at()
         if before is not None:
             at, pid = before
+            at_value: Any = at
+            if self.dialect == "sqlite":  # as SQLAlchemy stores it: six digits always
+                at_value = at.replace(tzinfo=None).isoformat(" ", "microseconds")
             q = q.where(
-                sa.or_(PH.c.created_at < at, sa.and_(PH.c.created_at == at, PH.c.photo_id < pid))
+                sa.or_(created < at_value, sa.and_(created == at_value, PH.c.photo_id < pid))
             )
-        q = q.order_by(PH.c.created_at.desc(), PH.c.photo_id.desc()).limit(limit)
+        q = q.order_by(created.desc(), PH.c.photo_id.desc()).limit(limit)
         return _rows(self.conn.execute(q))
+
+    def _created_at(self) -> sa.ColumnElement[Any]:
+        """``photos.created_at`` as pages order and compare it.
+
+        SQLite keeps timestamps as text: ours always have six fractional digits,
+        but a legacy producer's row takes the column's default,
+        ``CURRENT_TIMESTAMP``, which has none ('2026-12-03 18:06:11').  Compared
+        as text that row sorts before '2026-12-03 18:06:11.000000', so a page
+        ending on it would start the next page with it again, forever.  Both
+        sides are padded to six digits first.
+        """
+        if self.dialect == "sqlite":
+            return _padded(sa.type_coerce(PH.c.created_at, sa.String))
+        return PH.c.created_at
 
     def update_photo(self, photo_id: str, values: Row) -> bool:
         q = sa.update(PH).where(PH.c.photo_id == photo_id).values(values)

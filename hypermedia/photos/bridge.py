@@ -11,12 +11,14 @@ Then it binds finished variants to their photos.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from hypermedia.errors import HypermediaError
 from hypermedia.photos.service import Photos, backoff, variants_known
 from hypermedia.redact import redact
+from hypermedia.scheduler.budget import BUDGET_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +31,13 @@ class PhotoBridge:
     name: str = "photo-bridge"
     period: float = 10.0
     batch: int = 100  # rows adopted per run at most
+    # Seconds a run may spend binding variants: the leader runs its services
+    # one after another in the thread that renews its lease (scheduler/budget.py),
+    # and every row still waiting for its variants is looked at on each run.
+    # What is left is taken up by the next run, where this one stopped.
+    budget_seconds: float | None = BUDGET_SECONDS
     _quiet: bool = field(default=False, repr=False)
+    _resume_after: str = field(default="", repr=False)
 
     def run_once(self) -> dict[str, int]:
         counts = {"adopted": 0, "refused": 0}
@@ -40,7 +48,10 @@ class PhotoBridge:
             # Expected while the image pipelines are not installed: rows wait.
             log.debug("photo-bridge: image variant job types unknown; rows left waiting")
             self._quiet = True
-        counts.update(self.photos.attach_variants())
+        deadline = None if self.budget_seconds is None else time.monotonic() + self.budget_seconds
+        attached, resume = self.photos.attach_variants_from(self._resume_after, deadline)
+        self._resume_after = resume or ""
+        counts.update(attached)
         return counts
 
     def _adopt_all(self, counts: dict[str, int]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -189,11 +190,13 @@ class Photos:
     def _variant_status(self, tx: Any, photo: Row, bindings: list[Row]) -> Row:
         bound = {b["role"] for b in bindings}
         pending = tx.variant_job(photo["photo_id"])
-        # A copy made before its source's variants were ready has no row of
-        # its own: the variants come from the source's jobs.
-        owner = photo["photo_id"] if pending is not None else None
+        # Its own jobs (still named once their variants are bound, until job
+        # retention deletes them) -- but a copy made before its source's
+        # variants were ready has no row of its own: the variants come from
+        # the source's jobs.
+        owner = photo["photo_id"]
         original = next((b["object_id"] for b in bindings if b["role"] == "original"), None)
-        if owner is None and original is not None and not {"thumb", "preview"} <= bound:
+        if pending is None and original is not None and not {"thumb", "preview"} <= bound:
             for other in tx.photos_bound_to(original, "original"):
                 row = tx.variant_job(other) if other != photo["photo_id"] else None
                 if row is not None:
@@ -201,15 +204,13 @@ class Photos:
                     break
         out: Row = {}
         for role in VARIANTS:
-            job = (
-                tx.job_by_idempotency_key(project_of(photo), variant_key(owner, role))
-                if owner is not None
-                else None
-            )
+            job = tx.job_by_idempotency_key(project_of(photo), variant_key(owner, role))
             if role in bound:
                 status = "completed"
             elif job is not None:
                 status = _VARIANT_STATUS.get(job["status"], "queued")
+                if status == "completed":  # made, not bound yet: no URL to give
+                    status = "processing"
             elif pending is not None:
                 status = "queued"  # durable in variant_jobs, not yet in the engine
             else:
@@ -217,6 +218,10 @@ class Photos:
             entry: Row = {"status": status, "job_id": job["job_id"] if job else None}
             if status == "failed":
                 entry["error"] = (job or {}).get("safe_reason") or (pending or {}).get("last_error")
+            elif status == "queued" and job is None and pending and pending["last_error"]:
+                # The engine refused its jobs so far (a credit budget, no original):
+                # say why it waits; the bridge tries again later.
+                entry["error"] = pending["last_error"]
             out[role] = entry
         return out
 
@@ -237,7 +242,9 @@ class Photos:
             raise InvalidRequest("limit must be from 1 to 1000")
         before = _parse_cursor(cursor) if cursor else None
         with self.db.read() as tx:
-            rows = tx.photos(project_id, album=album, before=before, limit=limit)
+            # Rows of legacy producers carry no project: they are the default one's.
+            projects = [project_id, ""] if project_id == DEFAULT_PROJECT else [project_id]
+            rows = tx.photos(projects, album=album, before=before, limit=limit)
             bindings = tx.bindings_of([r["photo_id"] for r in rows])
         by_photo: dict[str, list[Row]] = {}
         for b in bindings:
@@ -351,17 +358,29 @@ class Photos:
 
     def attach_variants(self) -> dict[str, int]:
         """Bind the outputs of finished variant jobs to their photos (used by the bridge)."""
+        return self.attach_variants_from("")[0]
+
+    def attach_variants_from(
+        self, after: str, deadline: float | None = None
+    ) -> tuple[dict[str, int], str | None]:
+        """``attach_variants`` for the rows after photo id ``after``, stopping once
+        ``time.monotonic()`` passes ``deadline``: the counts and the photo id to go
+        on after next time (None: every row was seen)."""
         counts = {"attached": 0, "variants_done": 0, "variants_failed": 0}
-        after = ""
+        seen = 0
         while True:
             with self.db.read() as tx:
                 rows = tx.adopted_variant_jobs(after, BATCH)
             for row in rows:
+                # One row at least, so that every run gets on.
+                if seen and deadline is not None and time.monotonic() >= deadline:
+                    return counts, after
+                seen += 1
                 for k, v in self._attach(row["photo_id"]).items():
                     counts[k] += v
+                after = row["photo_id"]
             if len(rows) < BATCH:
-                return counts
-            after = rows[-1]["photo_id"]
+                return counts, None
 
     def _attach(self, photo_id: str) -> dict[str, int]:
         counts = {"attached": 0, "variants_done": 0, "variants_failed": 0}
@@ -506,7 +525,7 @@ def _render(photo: Row, bindings: Sequence[Row]) -> Row:
         "id": photo["photo_id"],
         "album": photo["album"],
         "title": photo["title"],
-        "project_id": photo["project_id"],
+        "project_id": project_of(photo),
         "owner_id": photo["owner_id"],
         "created_at": photo["created_at"],
         "updated_at": photo["updated_at"],

@@ -3,12 +3,16 @@ project scoping and scopes."""
 
 from __future__ import annotations
 
+import io
+import uuid
 from typing import Any
 
 from fastapi.testclient import TestClient
 
+from hypermedia.db.schema_storage import photos as photo_rows
+from hypermedia.photos import PhotoBridge
 from hypermedia.services import Services
-from tests.api.conftest import Project, bearer
+from tests.api.conftest import Project, _project, bearer
 from tests.harness import checksum_of
 from tests.media import png
 
@@ -165,3 +169,40 @@ def test_hostile_ids_and_filters_are_422_not_500(client: TestClient, a: Project)
     assert (
         client.get("/v1/photos/00000000-0000-0000-0000-000000000000", headers=h).status_code == 404
     )
+
+
+def test_variants_waiting_on_a_credit_budget_say_why(
+    client: TestClient, a: Project, svc: Services
+) -> None:
+    """Over its project's budget a photo is kept, its variant jobs are not made
+    yet: the photo says why they wait instead of a bare "queued" forever."""
+    r = client.put("/v1/credits/budget", json={"budget_credits": 0}, headers=bearer(a.admin))
+    assert r.status_code == 200, r.text
+    photo = add(client, a.admin, album="tight")
+    assert {v["status"] for v in photo["variants"].values()} == {"queued"}
+    PhotoBridge(svc.photos).run_once()  # refused again: recorded on the row
+    shown = client.get(f"/v1/photos/{photo['id']}", headers=bearer(a.admin)).json()
+    for variant in shown["variants"].values():
+        assert variant["status"] == "queued" and variant["job_id"] is None
+        assert "credit budget" in variant["error"]
+
+
+def test_a_legacy_photo_without_a_project_is_the_default_projects(
+    client: TestClient, a: Project, svc: Services
+) -> None:
+    """Shown to the default project's tokens, so listed to them as well (and to no
+    one else), with the project it is shown under."""
+    default = _project(svc, "default")
+    obj = svc.storage.put(io.BytesIO(png(5, 4)))
+    pid = str(uuid.uuid4())
+    with svc.engine.db.tx() as tx:  # what a legacy producer writes: no project
+        tx.conn.execute(photo_rows.insert().values(photo_id=pid, album="old"))
+        tx.bind(pid, obj["object_id"], "original")
+    h = bearer(default.admin)
+    shown = client.get(f"/v1/photos/{pid}", headers=h)
+    assert shown.status_code == 200 and shown.json()["project_id"] == "default"
+    listed = client.get("/v1/photos", headers=h).json()["items"]
+    assert [(p["id"], p["project_id"], p["width"]) for p in listed] == [(pid, "default", 5)]
+    assert client.get("/v1/photos", params={"album": "old"}, headers=h).json()["items"]
+    assert client.get(f"/v1/photos/{pid}", headers=bearer(a.admin)).status_code == 404
+    assert client.get("/v1/photos", headers=bearer(a.admin)).json()["items"] == []

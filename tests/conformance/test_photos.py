@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from hypermedia.db.driver import Driver
 from hypermedia.db.schema import processing_profiles
@@ -452,7 +453,8 @@ def test_bridge_adopts_a_legacy_row_once(
     vrow = _variant_row(driver, pid)
     assert vrow is not None and vrow["adopted_at"] is not None
     shown = photos.get(pid)
-    assert shown["size"] == obj["size"] and shown["project_id"] == ""
+    # The row carries no project: the photo (and its jobs) are the default project's.
+    assert shown["size"] == obj["size"] and shown["project_id"] == "default"
     assert {v["status"] for v in shown["variants"].values()} == {"queued"}
 
 
@@ -484,6 +486,10 @@ def test_bridge_defers_rows_the_engine_refuses(
     vrow = _variant_row(driver, pid)
     assert vrow is not None and vrow["attempts"] == 1 and "no original" in vrow["last_error"]
     assert vrow["next_attempt_at"] > clock()
+    # The photo says why its variants wait.
+    for variant in photos.get(pid)["variants"].values():
+        assert variant["status"] == "queued" and variant["job_id"] is None
+        assert "no original" in variant["error"]
     assert PhotoBridge(photos).run_once()["refused"] == 0  # not due again yet
     assert _hits(driver) == []
 
@@ -602,3 +608,153 @@ def test_copy_racing_delete_and_gc_never_binds_a_dead_object(
         for b in _bindings(driver):
             assert _state(driver, b["object_id"]) == "ready", b
     assert copied + refused == 12
+
+
+# -- rows legacy producers wrote ------------------------------------------------------------
+
+
+def test_legacy_photos_without_a_project_are_listed_for_the_default_one(
+    photos: Photos, storage: Storage, driver: Driver, no_image_jobs: None
+) -> None:
+    obj = storage.put(io.BytesIO(png(5, 5)))
+    pid = _legacy_photo(driver, obj["object_id"])  # project_id left to its default, ""
+    own = _add(photos)
+    other = _add(photos, project_id="other")
+    assert photos.get(pid)["project_id"] == "default"  # as its jobs and the API see it
+    listed = photos.list()["photos"]
+    assert {p["id"] for p in listed} == {pid, own["id"]}
+    assert {p["project_id"] for p in listed} == {"default"}
+    assert [p["id"] for p in photos.list(album="legacy")["photos"]] == [pid]
+    assert [p["id"] for p in photos.list(project_id="other")["photos"]] == [other["id"]]
+
+
+def test_pages_never_repeat_rows_whose_timestamp_the_database_wrote(
+    photos: Photos, storage: Storage, driver: Driver, no_image_jobs: None
+) -> None:
+    """A legacy producer's rows take created_at's default: on SQLite, text with no
+    fractional seconds, which compared as text sorted before the cursor's own
+    value -- the page after one ending on such a row began with it again, forever."""
+    obj = storage.put(io.BytesIO(png(5, 5)))
+    legacy = []
+    with driver.tx() as tx:
+        for _ in range(4):
+            pid = str(uuid.uuid4())
+            tx.conn.execute(  # one second, as CURRENT_TIMESTAMP writes it on SQLite
+                sa.text(
+                    "INSERT INTO photos (photo_id, album, project_id, created_at, updated_at)"
+                    " VALUES (:p, 'legacy', 'default', '2026-01-01 10:00:00',"
+                    " '2026-01-01 10:00:00')"
+                ),
+                {"p": pid},
+            )
+            tx.conn.execute(
+                photo_objects.insert().values(
+                    photo_id=pid, object_id=obj["object_id"], role="original"
+                )
+            )
+            legacy.append(pid)
+    native = [_add(photos)["id"] for _ in range(2)]  # the fake clock: 2026-11-29
+    for limit in (1, 2, 3):
+        seen: list[str] = []
+        cursor = None
+        for _ in range(20):
+            page = photos.list(limit=limit, cursor=cursor)
+            seen += [p["id"] for p in page["photos"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert cursor is None, f"limit {limit}: pages never end ({seen})"
+        assert seen == sorted(native, reverse=True) + sorted(legacy, reverse=True), limit
+
+
+def test_variant_status_names_its_job_and_says_completed_once_bound(
+    photos: Photos,
+    storage: Storage,
+    engine: Engine,
+    driver: Driver,
+    tmp_path: Path,
+    image_jobs: None,
+) -> None:
+    src = _add(photos)
+    jobs = {r: v["job_id"] for r, v in src["variants"].items()}
+    assert all(jobs.values())
+    _complete(engine, storage, tmp_path)
+    # The jobs are done but their outputs not bound yet: no URL to give.
+    shown = photos.get(src["id"])
+    assert shown["thumb_url"] is None and shown["preview_url"] is None
+    assert {r: (v["status"], v["job_id"]) for r, v in shown["variants"].items()} == {
+        r: ("processing", j) for r, j in jobs.items()
+    }
+    PhotoBridge(photos).run_once()
+    shown = photos.get(src["id"])
+    assert shown["thumb_url"] and shown["preview_url"]
+    # Still the jobs that made them, after the variant_jobs row is gone.
+    assert _variant_row(driver, src["id"]) is None
+    assert {r: (v["status"], v["job_id"]) for r, v in shown["variants"].items()} == {
+        r: ("completed", j) for r, j in jobs.items()
+    }
+
+
+@servers_only
+def test_bridges_racing_over_legacy_rows_make_one_job_per_variant(
+    photos: Photos, storage: Storage, engine: Engine, driver: Driver, clock: Any, image_jobs: None
+) -> None:
+    """Several bridges (a leader change, ``run_once`` by hand) adopting at once,
+    with the native path adding photos meanwhile: one engine job per photo and role."""
+    obj = storage.put(io.BytesIO(png(5, 5)))
+    legacy = [_legacy_photo(driver, obj["object_id"]) for _ in range(30)]
+    clock.advance(86400)  # past the rows' database-made timestamps
+    start = threading.Barrier(5)
+    errors: list[BaseException] = []
+
+    def bridge() -> None:
+        try:
+            start.wait()
+            for _ in range(3):
+                PhotoBridge(photos, batch=7).run_once()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    native: list[str] = []
+
+    def adder() -> None:
+        start.wait()
+        native.extend(_add(photos)["id"] for _ in range(5))
+
+    threads = [threading.Thread(target=bridge) for _ in range(4)] + [threading.Thread(target=adder)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    PhotoBridge(photos).run_once()
+    keys = [j["idempotency_key"] for j in engine.list(limit=1000)]
+    assert sorted(keys) == sorted(variant_key(p, r) for p in legacy + native for r in VARIANTS)
+    with driver.read() as tx:
+        assert all(tx.variant_job(p)["adopted_at"] is not None for p in legacy)
+    assert len({h["job_id"] for h in _hits(driver)}) == 2 * len(legacy)
+
+
+def test_the_bridge_binds_within_its_time_budget_and_goes_on_where_it_stopped(
+    photos: Photos,
+    storage: Storage,
+    engine: Engine,
+    driver: Driver,
+    tmp_path: Path,
+    image_jobs: None,
+) -> None:
+    """Every photo still waiting for its variants is looked at on each run, in the
+    leader's one thread: a large import must not hold up the reaper or the lease.
+    A run stops once its budget is spent (one row at least) and the next goes on."""
+    ids = [_add(photos)["id"] for _ in range(3)]
+    _complete(engine, storage, tmp_path)
+    bridge = PhotoBridge(photos, budget_seconds=0.0)
+    done = [bridge.run_once()["variants_done"] for _ in range(3)]
+    assert done == [1, 1, 1]
+    assert all(_variant_row(driver, pid) is None for pid in ids)
+    assert bridge.run_once()["variants_done"] == 0
+    # Without a budget one run does it all.
+    more = [_add(photos)["id"] for _ in range(3)]
+    _complete(engine, storage, tmp_path)
+    assert PhotoBridge(photos, budget_seconds=None).run_once()["variants_done"] == 3
+    assert all(_variant_row(driver, pid) is None for pid in more)
