@@ -110,6 +110,13 @@ class InvalidRequest(HypermediaError):
     pass
 
 
+class Refused(InvalidRequest):
+    """A well-formed request the current state refuses (a credit budget
+    spent, a version taken by a concurrent change): the same request may
+    pass later.  The API answers it as any InvalidRequest; the CLI exits 1
+    for it, 2 for a request that is wrong in itself."""
+
+
 class ValueRefused(InvalidRequest):
     """The database refused a value it was given, as it would every time (a
     NUL character on PostgreSQL, a number out of a column's range)."""

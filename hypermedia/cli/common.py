@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import stat
@@ -19,15 +20,17 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
+from sqlalchemy.engine import url as sa_url
 
 from hypermedia.config import Settings, load_settings
 from hypermedia.db.dialects import is_schema_missing, is_transient
-from hypermedia.db.driver import connect
+from hypermedia.db.driver import connect, normalise_url
 from hypermedia.db.ready import wait_until_ready
-from hypermedia.errors import HypermediaError, NotFound
+from hypermedia.errors import HypermediaError, InvalidRequest, NotFound, Refused
 from hypermedia.queue.clock import clock_for
 from hypermedia.queue.engine import Engine
 from hypermedia.redact import brief, redact
@@ -59,10 +62,66 @@ def settings() -> Settings:
     return load_settings()
 
 
-def engine(s: Settings | None = None) -> Engine:
+class NoDatabase(HypermediaError):
+    """A command that only reads found no database where the settings point."""
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite database URL; None for a server database, an
+    in-memory one or a ``file:`` URI (sqlite3 reads those itself)."""
+    u = sa_url.make_url(normalise_url(url))
+    if u.get_backend_name() != "sqlite":
+        return None
+    name = u.database or ""
+    if name in ("", ":memory:") or name.startswith("file:"):
+        return None
+    return Path(name)
+
+
+def require_database(url: str) -> None:
+    """Refuse, creating nothing, when ``url`` is a SQLite file that is not there:
+    connecting would make the folder and an empty database file."""
+    path = sqlite_file(url)
+    if path is not None and not path.exists():
+        raise NoDatabase(
+            f"no database at {path.resolve()} yet: run `hypermedia db upgrade` (or "
+            "`hypermedia serve`) to create it, or set HYPERMEDIA_HOME or "
+            "HYPERMEDIA_DATABASE_URL to an existing one"
+        )
+
+
+def engine(s: Settings | None = None, *, read_only: bool = False) -> Engine:
+    """The engine over the settings' database.  ``read_only``: for commands
+    that only look (``jobs ls``, ``objects show``…): a SQLite database that
+    does not exist is refused (NoDatabase, exit 1) instead of created empty.
+    Commands that write (``db upgrade``, ``serve``, ``jobs submit``…) create it."""
     s = s or settings()
+    if read_only:
+        require_database(s.url)
     db = connect(s.url)
     return Engine(db, s, clock=clock_for(db))
+
+
+# RFC 6838 section 4.2: a type and a subtype are restricted names of 1 to
+# 127 characters, starting with a letter or digit.
+_RESTRICTED_NAME = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
+_MEDIA_TYPE = re.compile(rf"{_RESTRICTED_NAME}/{_RESTRICTED_NAME}")
+
+
+def media_type(value: str, option: str = "--mime") -> str:
+    """``value`` as a media type ``type/subtype``, lower-cased; parameters
+    (``; charset=…``) and anything else are refused (InvalidRequest, exit 2)."""
+    text = value.strip()
+    if ";" in text:
+        raise InvalidRequest(
+            f"{option} takes a media type without parameters: type/subtype, e.g. text/plain"
+        )
+    if not _MEDIA_TYPE.fullmatch(text):
+        raise InvalidRequest(
+            f"{option} {text!r} is not a media type: type/subtype (e.g. image/png), each "
+            "1 to 127 letters, digits and ! # $ & ^ _ . + - starting with a letter or digit"
+        )
+    return text.lower()
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -110,25 +169,48 @@ def as_regular_files(paths: list[Path]) -> Iterator[list[Path]]:
         yield [copies.get(p, p) for p in paths]
 
 
+# Exit codes (docs/cli.md, "Exit codes"): 2 when what the command was given
+# is wrong and nothing was done; 1 when it ran, or could not run here, and
+# failed.  Typer's own usage errors exit 2 as well.
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn our errors into a short red line and an exit code; never a traceback."""
+    """Turn our errors into a short red line and an exit code; never a traceback.
+
+    The one place errors map to exit codes: 2 for a request that is wrong in
+    itself (InvalidRequest: a bad value, an unknown job type, profile or
+    queue name, an unusable input; NotFound: a job, object, profile… that
+    does not exist), 1 for everything that went wrong while doing it or
+    around it (a refused transition or budget, a conflict, storage, the
+    database missing, unreachable or not migrated)."""
     try:
         yield
-    except typer.Exit:
-        raise
+    except (typer.Exit, click.exceptions.ClickException):
+        raise  # Typer's usage errors (exit 2) keep their own words
     except NotFound as exc:
         err_console.print(f"[red]not found:[/] {escape(redact(exc))}", markup=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_USAGE) from None
+    except Refused as exc:  # well-formed, refused by the current state
+        err_console.print(f"[red]error:[/] {escape(redact(exc))}", markup=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    except InvalidRequest as exc:
+        err_console.print(f"[red]error:[/] {escape(redact(exc))}", markup=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    except NoDatabase as exc:  # the path is the user's own: named, not redacted
+        err_console.print(f"[red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
+        raise typer.Exit(EXIT_FAILED) from None
     except HypermediaError as exc:
         err_console.print(f"[red]error:[/] {escape(redact(exc))}", markup=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(EXIT_FAILED) from None
     except Exception as exc:  # database down, bad URL…: say what kind, not the internals
         said = brief(exc)
         if is_schema_missing(exc):
             said = f"{said}: is the database migrated? run `hypermedia db upgrade`"
         err_console.print(f"[red]error:[/] {escape(said)}", markup=True, highlight=False)
-        raise typer.Exit(1) from None
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 def wait_for_database(url: str, seconds: float | None) -> bool:
@@ -152,13 +234,17 @@ def through_outages(read: Callable[[], T], deadline: float | None = None) -> T:
     failover, a full disk), as the workers do: a command that waits for jobs
     outlives the outage instead of leaving the user without their results.
     Past ``deadline`` (time.monotonic()), or for an error the database would
-    give every time, the error is raised."""
+    give every time, the error is raised: a schema that is not there too
+    (SQLite says so with an OperationalError, and `jobs tail` on a database
+    never migrated waited for ever)."""
     delay, said = 0.5, False
     while True:
         try:
             return read()
         except Exception as exc:
-            if not is_transient(exc) or (deadline is not None and time.monotonic() > deadline):
+            if not is_transient(exc) or is_schema_missing(exc):
+                raise
+            if deadline is not None and time.monotonic() > deadline:
                 raise
             if not said:
                 why = escape(brief(exc))

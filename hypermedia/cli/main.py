@@ -23,6 +23,7 @@ from hypermedia.cli.common import (
     console,
     engine,
     err_console,
+    require_database,
     settings,
     setup_logging,
     user_errors,
@@ -77,9 +78,14 @@ def db_upgrade(
             said = f"[red]error:[/] the database did not answer within {wait:g} s"
             err_console.print(said, markup=True)
             raise typer.Exit(1)
+        from alembic.util import CommandError
+
         from hypermedia.db import migrate  # Alembic: only for the commands that need it
 
-        migrate.upgrade(s.url, revision)
+        try:
+            migrate.upgrade(s.url, revision)
+        except CommandError as exc:  # "Can't locate revision identified by 'x'"…: REVISION
+            raise InvalidRequest(str(exc)) from None
         console.print(f"database at revision {migrate.current(s.url)}")
 
 
@@ -89,7 +95,9 @@ def db_current() -> None:
     with user_errors():
         from hypermedia.db import migrate
 
-        console.print(migrate.current(settings().url) or "empty")
+        url = settings().url
+        require_database(url)  # looking makes no database
+        console.print(migrate.current(url) or "empty")
 
 
 def _queues(value: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""hypermedia objects put|get|ls|url|verify, hypermedia pools add|ls, hypermedia gc run-once."""
+"""hypermedia objects put|get|ls|url|verify, hypermedia pools add|ls|rm, hypermedia gc run-once."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from hypermedia.cli.common import (
     console,
     engine,
     err_console,
+    media_type,
     print_json,
     settings,
     user_errors,
 )
-from hypermedia.errors import InvalidRequest
+from hypermedia.errors import HypermediaError, InvalidRequest
+from hypermedia.storage.base import StorageError
 from hypermedia.storage.gc import GarbageCollector
 from hypermedia.storage.ledger import Storage
 
@@ -30,9 +32,9 @@ gc_app = typer.Typer(help="Garbage collection of unreferenced objects.", no_args
 OBJECT_COLUMNS = ("object_id", "state", "mime_type", "size", "width", "height", "filename")
 
 
-def storage() -> Storage:
+def storage(read_only: bool = False) -> Storage:
     s = settings()
-    eng = engine(s)
+    eng = engine(s, read_only=read_only)  # read_only: for the commands that only look
     return Storage(eng.db, s, clock=eng.clock)
 
 
@@ -46,11 +48,15 @@ def public(row: dict[str, Any]) -> dict[str, Any]:
 def put(
     files: list[Path] = typer.Argument(..., exists=True, dir_okay=False, readable=True),
     pool: str | None = typer.Option(None, "--pool", help="default: the local pool"),
-    mime: str | None = typer.Option(None, "--mime", help="default: detected from the bytes"),
+    mime: str | None = typer.Option(
+        None, "--mime", help="a media type, type/subtype (default: detected from the bytes)"
+    ),
     project: str = typer.Option("default", "--project"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Upload FILES (streamed, checksummed); several files are registered and synced together."""
+    with user_errors():  # before a stream is read in
+        mime = None if mime is None else media_type(mime)
     with user_errors(), as_regular_files(files) as files:
         st = storage()
         if len(files) == 1:
@@ -74,7 +80,7 @@ def get(
 ) -> None:
     """Download an object, verifying its checksum."""
     with user_errors():
-        st = storage()
+        st = storage(read_only=True)
         if output is None:
             with st.open(object_id) as src:
                 while chunk := src.read(1024 * 1024):
@@ -122,7 +128,7 @@ def download_target(output: Path) -> Path | None:
 @objects_app.command("show")
 def show(object_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
     with user_errors():
-        row = public(storage().get(object_id))
+        row = public(storage(read_only=True).get(object_id))
         if as_json:
             print_json(row)
         else:
@@ -134,7 +140,7 @@ def show(object_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
 def url(object_id: int, base_url: str = typer.Option("", "--base-url")) -> None:
     """A signed download URL that expires (HYPERMEDIA_SIGNED_URL_SECONDS)."""
     with user_errors():
-        link = storage().signed_url(object_id, base_url)
+        link = storage(read_only=True).signed_url(object_id, base_url)
         console.print(link, soft_wrap=True)
         if link.startswith("/"):  # a local pool's link, served by serve/api
             err_console.print("relative to the server that serves it: give --base-url URL")
@@ -147,7 +153,7 @@ def ls(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     with user_errors():
-        rows = [public(r) for r in storage().list(state=state, limit=limit)]
+        rows = [public(r) for r in storage(read_only=True).list(state=state, limit=limit)]
         if as_json:
             print_json(rows)
             return
@@ -166,37 +172,41 @@ def verify(
 ) -> None:
     """Read every ready object back and check its size and checksum (a scrub).
 
-    Exits 1 if any blob is missing, truncated or corrupt, and names them."""
+    Exits 1 if any blob is missing, truncated or corrupt, and names them; also
+    when the store goes away meanwhile (with --json the report then says so)."""
     from hypermedia.storage import scrub
     from hypermedia.storage.base import StorageUnavailable
 
     with user_errors():
-        st = storage()
+        st = storage(read_only=True)
         pool_id = st.pool(pool)["pool_id"] if pool else None
-        last = after
-
-        def checked(row: dict[str, Any]) -> None:
-            nonlocal last
-            last = int(row["object_id"])
-
         try:
-            report = scrub.scrub(st, pool_id=pool_id, after=after, limit=limit, on_checked=checked)
-        except StorageUnavailable as exc:
+            report = scrub.scrub(st, pool_id=pool_id, after=after, limit=limit)
+        except scrub.ScrubStopped as exc:
+            # What was found before still counts: printed, then why it stopped.
+            _print_scrub(exc.report, as_json)
+            if as_json:  # the report's "error" says it; stdout stays one JSON document
+                raise typer.Exit(1) from None
+            last = exc.report.last_object_id
             raise StorageUnavailable(
                 f"{exc}; checked up to object {last}: go on with --after {last}"
             ) from exc
-        if as_json:
-            print_json(report.as_json())
-        else:
-            for f in report.findings:
-                console.print(f"object {f.object_id}: {f.problem}: {f.detail}", highlight=False)
-            console.print(
-                f"checked {report.checked} objects ({report.bytes:,} bytes) up to object "
-                f"{report.last_object_id}: {len(report.findings)} with a problem",
-                highlight=False,
-            )
+        _print_scrub(report, as_json)
     if report.findings:
         raise typer.Exit(1)
+
+
+def _print_scrub(report: Any, as_json: bool) -> None:
+    if as_json:
+        print_json(report.as_json())
+        return
+    for f in report.findings:
+        console.print(f"object {f.object_id}: {f.problem}: {f.detail}", highlight=False)
+    console.print(
+        f"checked {report.checked} objects ({report.bytes:,} bytes) up to object "
+        f"{report.last_object_id}: {len(report.findings)} with a problem",
+        highlight=False,
+    )
 
 
 @pools_app.command("add")
@@ -204,16 +214,33 @@ def pools_add(
     name: str,
     url: str = typer.Argument(..., help="file:///path or s3://bucket?endpoint=…&region=…"),
     project: str | None = typer.Option(None, "--project", help="default: shared"),
+    check: bool = typer.Option(
+        True, "--check/--no-check", help="first store and delete a probe blob in the pool"
+    ),
 ) -> None:
+    """Add a pool, once its store answers and takes a write (unless --no-check)."""
     with user_errors():
-        row = storage().add_pool(name, url, project)
+        try:
+            row = storage().add_pool(name, url, project, check=check)
+        except StorageError as exc:  # a storage error still: exit 1, not a usage error
+            raise StorageError(
+                f"pool {name!r} not added: {exc} (--no-check adds it unchecked)"
+            ) from None
         console.print(f"pool {row['pool_id']} {row['name']} added")
+
+
+@pools_app.command("rm")
+def pools_rm(name: str) -> None:
+    """Remove a pool that no object (in any state) and no unfinished job uses."""
+    with user_errors():
+        storage().remove_pool(name)
+        console.print(f"pool {name} removed", highlight=False)
 
 
 @pools_app.command("ls")
 def pools_ls(as_json: bool = typer.Option(False, "--json")) -> None:
     with user_errors():
-        rows = storage().pools()
+        rows = storage(read_only=True).pools()
         if as_json:
             print_json(rows)
             return
@@ -227,10 +254,15 @@ def pools_ls(as_json: bool = typer.Option(False, "--json")) -> None:
 def gc_run_once(as_json: bool = typer.Option(False, "--json")) -> None:
     """Mark and sweep once, now (the leader also runs this every HYPERMEDIA_GC_INTERVAL_SECONDS)."""
     with user_errors():
-        report = GarbageCollector(storage()).run_once().as_dict()
+        # Failures come back summed per pool and kind and are printed here,
+        # not logged per object: a store that is away fails every object alike.
+        report = GarbageCollector(storage(), log_failures=False).run_once()
         if as_json:
-            print_json(report)
+            print_json(report.as_dict())
         else:
-            console.print(", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in report.items()))
-        if report["failed"]:
-            raise InvalidRequest(f"{report['failed']} blob(s) could not be deleted; will retry")
+            counts = report.counts().items()
+            console.print(", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in counts))
+            for line in report.lines():
+                console.print(line, highlight=False)
+        if report.failed:
+            raise HypermediaError(f"{report.failed} blob(s) could not be deleted; will retry")

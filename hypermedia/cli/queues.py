@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from hypermedia.cli.common import console, print_json, user_errors
+from hypermedia.cli.common import console, engine, print_json, user_errors
 from hypermedia.services import Services
 
 app = typer.Typer(help="See queues; pause and resume them.", no_args_is_help=True)
@@ -17,7 +17,7 @@ COLUMNS = ("queue_name", "paused", "queued", "running", "retry_wait", "completed
 def ls(as_json: bool = typer.Option(False, "--json")) -> None:
     """Every known queue with its switch and job counts."""
     with user_errors():
-        rows = Services.from_settings().queues.summary()
+        rows = Services.from_engine(engine(read_only=True)).queues.summary()
     if as_json:
         print_json(rows)
         return

@@ -7,7 +7,7 @@ from typing import Any
 import typer
 from rich.table import Column, Table
 
-from hypermedia.cli.common import console, print_json, user_errors
+from hypermedia.cli.common import console, engine, print_json, user_errors
 from hypermedia.services import Services
 
 app = typer.Typer(help="See workers; drain one.", no_args_is_help=True)
@@ -36,7 +36,7 @@ def ls(
 ) -> None:
     """Workers, newest first, with health and their latest metrics."""
     with user_errors():
-        rows = Services.from_settings().fleet.list(include_terminated=all_)
+        rows = Services.from_engine(engine(read_only=True)).fleet.list(include_terminated=all_)
     if as_json:
         print_json(rows)
         return

@@ -31,6 +31,9 @@ pools = sa.Table(
     sa.Column("backend_url", sa.String(1000), nullable=False),
     sa.Column("project_id", sa.String(64), nullable=True),  # NULL: shared by every project
     sa.Column("created_at", Timestamp, nullable=False, server_default=NOW),
+    # `pools rm` deletes rows: a new pool must never take a removed one's id,
+    # which running processes still map to its backend (migration 0011).
+    sqlite_autoincrement=True,
 )
 
 objects = sa.Table(

@@ -29,11 +29,32 @@ class StorageQueries:
 
     # -- pools ---------------------------------------------------------------
 
-    def pool(self, *, name: str | None = None, pool_id: int | None = None) -> Row | None:
+    def pool(
+        self, *, name: str | None = None, pool_id: int | None = None, lock: bool = False
+    ) -> Row | None:
         q = sa.select(PL)
         q = q.where(PL.c.name == name) if name is not None else q.where(PL.c.pool_id == pool_id)
+        if lock and self.dialect != "sqlite":  # SQLite: the write lock is held already
+            q = q.with_for_update()
         row = self.conn.execute(q).first()
         return dict(row._mapping) if row else None
+
+    def pool_users(self, pool_id: int) -> tuple[dict[str, int], int]:
+        """What refers to a pool: its objects by state (any state: a ``deleting``
+        row still needs the pool to delete its blob), and unfinished jobs."""
+        q = (
+            sa.select(OB.c.state, sa.func.count())
+            .where(OB.c.pool_id == pool_id)
+            .group_by(OB.c.state)
+        )
+        objects = {str(state): int(n) for state, n in self.conn.execute(q)}
+        jobs = sa.select(sa.func.count()).where(
+            J.c.pool_id == pool_id, J.c.status.in_(LIVE_JOB_STATUSES)
+        )
+        return objects, int(self.conn.execute(jobs).scalar_one())
+
+    def delete_pool(self, pool_id: int) -> None:
+        self.conn.execute(sa.delete(PL).where(PL.c.pool_id == pool_id))
 
     def pools(self) -> list[Row]:
         return [dict(r._mapping) for r in self.conn.execute(sa.select(PL).order_by(PL.c.pool_id))]

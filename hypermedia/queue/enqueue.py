@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from hypermedia.db.driver import Driver
-from hypermedia.errors import Conflict, IdempotencyConflict, InvalidRequest, JobError
+from hypermedia.errors import Conflict, IdempotencyConflict, InvalidRequest, JobError, Refused
 from hypermedia.pipelines import registry
 from hypermedia.queue import profiles as pricing
 from hypermedia.queue.events import event
@@ -250,7 +250,7 @@ def check_budgets(tx: Any, rows: Sequence[Row]) -> None:
             continue
         limit, used = int(budget["budget_credits"]), tx.credit_use(project_id)
         if used + needs[project_id] > limit:
-            raise InvalidRequest(
+            raise Refused(
                 f"credit budget exceeded: {used} of {limit} used, "
                 f"this request needs {needs[project_id]}"
             )

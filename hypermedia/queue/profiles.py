@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from hypermedia.errors import Conflict, InvalidRequest, JobError, NotFound
+from hypermedia.errors import Conflict, InvalidRequest, JobError, NotFound, Refused
 from hypermedia.pipelines import registry
 from hypermedia.queue.models import check_project_id, check_queue_name
 
@@ -240,7 +240,7 @@ class Profiles:
                     return _public(tx.profile_by_id(profile_id) or {})
             except Conflict:
                 continue  # a concurrent create took this version number: take the next
-        raise InvalidRequest(f"profile {key} is being changed by others; try again")
+        raise Refused(f"profile {key} is being changed by others; try again")
 
     def list(self, job_type: str | None = None, include_inactive: bool = False) -> list[Row]:
         with self.db.read() as tx:

@@ -29,6 +29,12 @@ class StorageFull(StorageUnavailable):
     """No room left where the blob goes: freeing space helps, trying at once does not."""
 
 
+class BucketMissing(StorageUnavailable):
+    """The pool's bucket does not exist (S3's ``NoSuchBucket``).  For reads and
+    writes a misconfigured pool, never a lost blob; for a delete, proof that
+    the blob is gone (GC drops the row)."""
+
+
 def unavailable(what: str, exc: OSError) -> StorageUnavailable:
     """``what`` failed with ``exc``: StorageFull when the disk or quota is full."""
     kind = StorageFull if exc.errno in (errno.ENOSPC, errno.EDQUOT) else StorageUnavailable
@@ -83,6 +89,9 @@ class Backend(Protocol):
         """Remove every blob under ``prefix`` (``keys.object_prefix``: one object's)."""
 
     def exists(self, key: str) -> bool: ...
+
+    def check_writable(self) -> None:
+        """Raise StorageError unless the pool answers and takes a write (``pools add``)."""
 
     def presign(
         self, key: str, expires_seconds: int, filename: str = "", mime: str = ""

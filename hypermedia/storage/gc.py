@@ -20,9 +20,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any, ClassVar
 
 from hypermedia.scheduler.budget import Backlog, Backlogged
-from hypermedia.storage.base import StorageError
+from hypermedia.storage.base import BucketMissing, StorageError
 from hypermedia.storage.keys import object_prefix
 from hypermedia.storage.ledger import Storage
 from hypermedia.storage.reserve import is_placeholder
@@ -38,9 +39,51 @@ class GcReport:
     marked_pending: int = 0
     deleted: int = 0
     failed: int = 0
+    # (pool name, what went wrong) -> blobs not deleted for that reason: a
+    # store that is away fails every object alike, and says so once.
+    failures: dict[tuple[str, str], int] = field(default_factory=dict)
+    # pool name -> rows removed because the pool's bucket does not exist
+    bucket_missing: dict[str, int] = field(default_factory=dict)
+    # pool name -> why its unfinished uploads could not be swept
+    uploads_not_swept: dict[str, str] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
+    COUNTS: ClassVar[tuple[str, ...]] = (
+        "marked_unreferenced",
+        "marked_pending",
+        "deleted",
+        "failed",
+    )
+
+    def counts(self) -> dict[str, int]:
+        return {k: int(getattr(self, k)) for k in self.COUNTS}
+
+    def as_dict(self) -> dict[str, Any]:
+        failures = [
+            {"pool": pool, "error": error, "count": n}
+            for (pool, error), n in sorted(self.failures.items())
+        ]
+        return {
+            **self.counts(),
+            "failures": failures,
+            "bucket_missing": self.bucket_missing,
+            "uploads_not_swept": self.uploads_not_swept,
+        }
+
+    def lines(self) -> list[str]:
+        """One line per pool and kind of failure, and per pool whose bucket is gone."""
+        said = [
+            f"pool {pool}: {n} blob(s) not deleted, kept for the next run: {error}"
+            for (pool, error), n in sorted(self.failures.items())
+        ]
+        said += [
+            f"pool {pool}: its bucket does not exist: {n} row(s) removed (no blob can be there)"
+            for pool, n in sorted(self.bucket_missing.items())
+        ]
+        said += [
+            f"pool {pool}: unfinished uploads not swept: {error}"
+            for pool, error in sorted(self.uploads_not_swept.items())
+        ]
+        return said
 
 
 @dataclass
@@ -52,6 +95,9 @@ class GarbageCollector(Backlogged):
     # does a batch at least, then stops once it is spent, and the next run
     # comes soon.  Without one (``hypermedia gc run-once``) a run does it all.
     backlog: Backlog = field(default_factory=lambda: Backlog(60.0))
+    # The leader logs a run's failures (one line per pool and kind); the CLI
+    # prints the report itself instead.
+    log_failures: bool = True
 
     def run_once(self) -> GcReport:
         self.report = GcReport()
@@ -59,6 +105,9 @@ class GarbageCollector(Backlogged):
         self.mark()
         self.sweep()
         self.sweep_uploads()
+        if self.log_failures:
+            for line in self.report.lines():
+                log.warning("gc: %s", line)
         return self.report
 
     def mark(self) -> None:
@@ -97,11 +146,12 @@ class GarbageCollector(Backlogged):
                 sweep = getattr(backend, "sweep_incomplete", None)
                 if sweep is not None:
                     sweep(self.storage.settings.gc_pending_seconds)
-            except StorageError as exc:
-                log.warning("gc: could not sweep pool %s (%s)", pool["name"], exc)
+            except StorageError as exc:  # said with the run's other failures
+                self.report.uploads_not_swept[pool["name"]] = str(exc)
 
     def sweep(self) -> None:
         skip: set[int] = set()
+        names = {p["pool_id"]: p["name"] for p in self.storage.pools()}
         while True:
             with self.storage.db.read() as tx:
                 found = tx.deleting_objects(BATCH + len(skip))
@@ -109,21 +159,41 @@ class GarbageCollector(Backlogged):
             if not rows:
                 return
             for row in rows:
-                try:
-                    backend = self.storage.backend(row["pool_id"])
-                    if is_placeholder(row["storage_key"]):
-                        # A reserved output row: its blob, if any, is under its id.
-                        backend.delete_prefix(object_prefix(row["object_id"]))
-                    else:
-                        backend.delete(row["storage_key"])
-                except StorageError as exc:
-                    # The store is away: keep the row, try again next round.
-                    log.warning("gc: could not delete a blob (%s)", exc)
-                    self.report.failed += 1
-                    skip.add(row["object_id"])
+                if not self._delete_blob(row, names.get(row["pool_id"], str(row["pool_id"]))):
+                    skip.add(row["object_id"])  # kept for the next round
                     continue
                 with self.storage.db.tx() as tx:
                     if tx.delete_object_row(row["object_id"]):
                         self.report.deleted += 1
             if len(rows) < BATCH or self.backlog.spent():
                 return
+
+    def _delete_blob(self, row: dict[str, Any], pool: str) -> bool:
+        """Delete a ``deleting`` row's blob; False (and counted) if it may still be there."""
+        try:
+            backend = self.storage.backend(row["pool_id"])
+            if is_placeholder(row["storage_key"]):
+                # A reserved output row: its blob, if any, is under its id.
+                backend.delete_prefix(object_prefix(row["object_id"]))
+            else:
+                backend.delete(row["storage_key"])
+        except BucketMissing:
+            # S3 said NoSuchBucket (its error code, not a bare 404): no blob
+            # can be in a bucket that does not exist, and retrying would keep
+            # the row, and every GC pass busy with it, for ever.
+            gone = self.report.bucket_missing
+            gone[pool] = gone.get(pool, 0) + 1
+            return True
+        except (StorageError, OSError) as exc:
+            # The store is away, or refuses (access denied): keep the row.
+            kind = str(exc) if isinstance(exc, StorageError) else _os_error(exc)
+            key = (pool, kind)
+            self.report.failures[key] = self.report.failures.get(key, 0) + 1
+            self.report.failed += 1
+            return False
+        return True
+
+
+def _os_error(exc: OSError) -> str:
+    """A local store's error without its path (paths are not shown to people)."""
+    return f"local storage failed ({exc.strerror or type(exc).__name__})"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import mimetypes
 import re
 import unicodedata
+import uuid
 
 from hypermedia.storage.base import UnsafeKey
 
@@ -51,6 +52,16 @@ def object_key(object_id: int, role: str, mime: str) -> str:
 def object_prefix(object_id: int) -> str:
     """Where every blob of one object lives: ``objects/{id}/`` (no other object's)."""
     return f"objects/{int(object_id)}/"
+
+
+# Reserved for the blobs ``pools add`` writes and deletes to check a pool:
+# never an object's (those are under ``objects/``), so GC and scrubs never see them.
+PROBE_PREFIX = "probes/"
+
+
+def probe_key() -> str:
+    """A fresh key under PROBE_PREFIX: two checks at once never meet."""
+    return f"{PROBE_PREFIX}check-{uuid.uuid4().hex}"
 
 
 def check_key(key: str) -> str:

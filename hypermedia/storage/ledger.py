@@ -27,7 +27,7 @@ from urllib.parse import quote
 from hypermedia.config import DEFAULT_PROJECT, Settings
 from hypermedia.db.driver import Driver
 from hypermedia.db.schema_storage import OBJECT_STATES
-from hypermedia.errors import HypermediaError, InvalidRequest, NotFound
+from hypermedia.errors import Conflict, HypermediaError, InvalidRequest, NotFound, Refused
 from hypermedia.queue.clock import utcnow
 from hypermedia.storage import local, sniff
 from hypermedia.storage.backends import open_backend, parse_pool_url
@@ -62,10 +62,19 @@ class Storage:
 
     # -- pools ---------------------------------------------------------------
 
-    def add_pool(self, name: str, url: str, project_id: str | None = None) -> Row:
+    def add_pool(
+        self, name: str, url: str, project_id: str | None = None, *, check: bool = True
+    ) -> Row:
+        """Store a pool.  With ``check`` its store is tried first (``check_pool``):
+        a pool that cannot take a write is refused, not found out by a job."""
         parse_pool_url(url)  # refuse a bad URL before storing it
         if not name or len(name) > 64:
             raise InvalidRequest("a pool name has 1 to 64 characters")
+        if check:
+            with self.db.read() as tx:  # a taken name needs no probe to be refused
+                if tx.pool(name=name) is not None:
+                    raise Conflict("a pool with this name exists")
+            self.check_pool(url)
         with self.db.tx() as tx:
             pool_id = tx.insert_pool(
                 {
@@ -77,6 +86,38 @@ class Storage:
             )
             return dict(tx.pool(pool_id=pool_id) or {})
 
+    def check_pool(self, url: str) -> None:
+        """Raise StorageError unless the store behind ``url`` answers and takes
+        a write and a delete of a probe blob (its message names no secret)."""
+        backend = open_backend(url, self.settings)
+        try:
+            backend.check_writable()
+        finally:
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()  # a client of its own: its sockets go with it
+
+    def remove_pool(self, name: str) -> None:
+        """Delete a pool's row; refused while anything still refers to it.
+
+        The pool row is locked first: an object being stored into the pool
+        meanwhile (its foreign key locks the row too) either commits before
+        the count, which then sees it, or waits and then fails on the key."""
+        if name == DEFAULT_POOL:
+            raise Refused(f"{DEFAULT_POOL!r} is the default pool: it cannot be removed")
+        with self.db.tx() as tx:
+            row = tx.pool(name=name, lock=True)
+            if row is None:
+                raise NotFound(f"no pool named {name!r}")
+            objects, jobs = tx.pool_users(row["pool_id"])
+            if objects or jobs:
+                raise Refused(f"pool {name!r} is in use: {_users(objects, jobs)}")
+            tx.delete_pool(row["pool_id"])
+        dropped = self._backends.pop(row["pool_id"], None)
+        close = getattr(dropped, "close", None)
+        if close is not None:
+            close()
+
     def pool(self, name: str | None = None) -> Row:
         """The named pool, or the default one (created on first use)."""
         name = name or DEFAULT_POOL
@@ -87,7 +128,8 @@ class Storage:
         if name != DEFAULT_POOL:
             raise NotFound(f"no pool named {name!r}")
         try:
-            return self.add_pool(DEFAULT_POOL, "file:")
+            # Unchecked: HOME/storage is made by the first upload, as always.
+            return self.add_pool(DEFAULT_POOL, "file:", check=False)
         except StorageError:
             raise
         except Exception:  # a concurrent first use created it
@@ -504,6 +546,17 @@ def _home_secret(home: Path) -> bytes:
         finally:
             os.unlink(tmp)
     return path.read_bytes().strip()
+
+
+def _users(objects: dict[str, int], jobs: int) -> str:
+    """What holds a pool, said so that its owner knows what to wait for."""
+    said = []
+    if objects:
+        states = ", ".join(f"{n} {state}" for state, n in sorted(objects.items()))
+        said.append(f"{sum(objects.values())} object(s) ({states}) until GC collects them")
+    if jobs:
+        said.append(f"{jobs} unfinished job(s)")
+    return "; ".join(said)
 
 
 def _stored_values(stored: Stored) -> Row:

@@ -14,6 +14,7 @@ import contextlib
 import errno
 import hashlib
 import hmac
+import io
 import os
 import stat
 import threading
@@ -34,7 +35,7 @@ from hypermedia.storage.base import (
     algorithm_of,
     unavailable,
 )
-from hypermedia.storage.keys import check_key
+from hypermedia.storage.keys import check_key, probe_key
 
 # A new file, never through a symlink planted where it goes.
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -252,6 +253,16 @@ class LocalBackend:
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def check_writable(self) -> None:
+        """Store and delete a probe blob: the folder can be made and written
+        (the way every upload is: ``.tmp``, fsync, rename)."""
+        key = probe_key()
+        self.put(key, io.BytesIO(b"probe"))
+        try:
+            self.delete(key)
+        except OSError as exc:
+            raise unavailable("could not delete from local storage", exc) from exc
 
     def presign(
         self, key: str, expires_seconds: int, filename: str = "", mime: str = ""

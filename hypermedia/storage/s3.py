@@ -57,6 +57,7 @@ from hypermedia.storage import checksum as cs
 from hypermedia.storage.base import (
     CHUNK,
     BlobMissing,
+    BucketMissing,
     ChecksumMismatch,
     HashingReader,
     StorageError,
@@ -64,7 +65,7 @@ from hypermedia.storage.base import (
     Stored,
     algorithm_of,
 )
-from hypermedia.storage.keys import check_key
+from hypermedia.storage.keys import check_key, probe_key
 from hypermedia.storage.s3_lean import LeanS3
 from hypermedia.storage.s3_streams import (
     NET_READ,
@@ -258,6 +259,25 @@ class S3Backend:
         except BlobMissing:
             return False
         return True
+
+    def check_writable(self) -> None:
+        """HEAD the bucket, then store and delete a probe blob under
+        ``probes/``: the endpoint answers, the bucket exists and these
+        credentials may write and delete in it."""
+        with self._errors("reach"):
+            try:
+                self._client.head_bucket(Bucket=self.bucket)
+            except botocore.exceptions.ClientError as exc:
+                # A HEAD answer has no body, so no error code: for a bucket
+                # (no key involved) a 404 can only mean there is no such bucket.
+                if _status(exc) == 404:
+                    raise BucketMissing(
+                        f"bucket {self.bucket!r} does not exist at {self._where}"
+                    ) from exc
+                raise
+        key = probe_key()
+        self.put(key, io.BytesIO(b"probe"))
+        self.delete(key)
 
     def presign(
         self, key: str, expires_seconds: int, filename: str = "", mime: str = ""
@@ -686,7 +706,8 @@ def _raise_for_client_error(
     code, status = _code(exc), _status(exc)
     if code == "NoSuchBucket":
         # A misconfigured pool, not a lost blob: never let it pass for BlobMissing.
-        raise StorageUnavailable(f"bucket {bucket!r} does not exist at {where}") from exc
+        # Told by S3's error code only: a 404 alone (a HEAD's) may be a key's.
+        raise BucketMissing(f"bucket {bucket!r} does not exist at {where}") from exc
     if code in _MISSING or status == 404:
         raise BlobMissing("no blob under this key") from exc
     if code in _DENIED or status == 403:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hypermedia.storage import checksum
-from hypermedia.storage.base import BlobGrown, BlobMissing, ChecksumMismatch
+from hypermedia.storage.base import BlobGrown, BlobMissing, ChecksumMismatch, StorageUnavailable
 from hypermedia.storage.ledger import Storage
 
 Row = dict[str, Any]
@@ -37,9 +37,28 @@ class Report:
     bytes: int = 0
     last_object_id: int = 0  # pass as ``after`` to go on from here
     findings: list[Finding] = field(default_factory=list)
+    # Why the scrub stopped short (the store went away), or None: see ScrubStopped.
+    error: Row | None = None
 
     def as_json(self) -> Row:
         return {**asdict(self), "findings": [asdict(f) for f in self.findings]}
+
+
+class ScrubStopped(StorageUnavailable):
+    """The store went away mid-scrub.  ``report`` holds what was checked
+    before, and its ``error`` says which object's read failed and where to
+    go on from (``resume_after``): a report for programs even then."""
+
+    def __init__(self, cause: StorageUnavailable, report: Report, row: Row) -> None:
+        super().__init__(str(cause))
+        self.report = report
+        report.error = {
+            "code": "STORAGE_UNAVAILABLE",
+            "message": str(cause),  # storage errors name no secret and no path
+            "object_id": int(row["object_id"]),
+            "pool_id": int(row["pool_id"]),
+            "resume_after": report.last_object_id,
+        }
 
 
 def scrub(
@@ -52,7 +71,8 @@ def scrub(
 ) -> Report:
     """Check up to ``limit`` ready objects with ids above ``after``, oldest
     first; ``on_checked(row)`` after each.  A store that is away raises
-    StorageUnavailable: the objects are not at fault."""
+    ScrubStopped (a StorageUnavailable) with the report so far: the objects
+    are not at fault."""
     report = Report(last_object_id=after)
     buf = bytearray(checksum.READ_CHUNK)  # one for the run: hashed while in the CPU's cache
     while limit is None or report.checked < limit:
@@ -62,7 +82,10 @@ def scrub(
         if not rows:
             break
         for row in rows:
-            finding = check(storage, row, buf)
+            try:
+                finding = check(storage, row, buf)
+            except StorageUnavailable as exc:  # the objects are not at fault
+                raise ScrubStopped(exc, report, row) from exc
             report.checked += 1
             report.bytes += int(row["size"])
             report.last_object_id = int(row["object_id"])

@@ -149,7 +149,7 @@ def test_tokens_create_ls_revoke_and_the_api_command(tmp_path: Path, spawn: Spaw
     assert "p1" in {p["project_id"] for p in json.loads(_ok("projects", "ls", "--json", home=home))}
 
     bad = hypermedia("tokens", "create", "--project", "p1", "--scopes", "root", url="", home=home)
-    assert bad.returncode == 1 and "scopes must be" in bad.stderr
+    assert bad.returncode == 2 and "scopes must be" in bad.stderr
 
     # ``api``: the HTTP API only; the token authenticates until it is revoked.
     port = _free_port()

@@ -171,8 +171,10 @@ def embedded_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_bad_requests_exit_nonzero_with_a_clear_message(
     embedded_home: Path, args: list[str], message: str
 ) -> None:
+    """Wrong in itself, refused before anything is done: exit 2 (docs/cli.md,
+    "Exit codes"); an unknown profile exited 1 here and 2 from `process`."""
     proc = _run(*args, url="", home=embedded_home)
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
 
@@ -242,7 +244,7 @@ def test_the_default_worker_serves_a_queue_a_profile_names_later(
     # A list that names no queue, or a bad name, is refused before anything starts.
     for bad in ("", " , ", "Bad Q"):
         refused = _run("worker", "--burst", "--queues", bad, url=url, home=tmp_path)
-        assert refused.returncode == 1 and "queue" in refused.stderr, refused.stderr
+        assert refused.returncode == 2 and "queue" in refused.stderr, refused.stderr
 
 
 @pytest.mark.parametrize(
@@ -258,7 +260,7 @@ def test_bad_settings_are_named(tmp_path: Path, url: str, env: dict[str, str], s
     """They said `ValueError: could not convert string to float: 'abc'`, or
     SQLAlchemy's words with the URL quoted in them."""
     proc = hypermedia("jobs", "ls", url=url, home=tmp_path, **env)
-    assert proc.returncode == 1 and said in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr  # a bad setting: usage
     assert proc.stderr.count("\n") == 1
 
 

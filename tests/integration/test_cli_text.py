@@ -42,7 +42,8 @@ def test_a_reason_keeps_its_brackets(tmp_path: Path) -> None:
 def test_an_error_line_keeps_the_redacted_path(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
-    done = hypermedia("jobs", "ls", url="", home=not_a_dir / "home")
+    # A command that writes (one that only reads creates nothing and names the path).
+    done = hypermedia("jobs", "submit", "debug.noop", url="", home=not_a_dir / "home")
     assert done.returncode == 1
     said = " ".join(done.stderr.split())
     assert said.startswith("error: ") and "[path]" in said, said
@@ -118,4 +119,4 @@ def test_get_writes_into_a_pipe_or_through_a_symlink(tmp_path: Path) -> None:
     # A folder, or a folder that is not there: a clear refusal.
     for bad, said in ((tmp_path, "names a folder"), (tmp_path / "no" / "x", "does not exist")):
         refused = hypermedia("objects", "get", oid, "-o", str(bad), url="", home=home)
-        assert refused.returncode == 1 and said in refused.stderr, refused.stderr
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr

@@ -81,7 +81,7 @@ def test_photos_cli_refuses_bad_input_without_a_traceback(driver: Driver, tmp_pa
     note = tmp_path / "note.txt"
     note.write_text("not an image")
     bad = _run("photos", "add", str(note), url=url, home=home)
-    assert bad.returncode == 1 and "must be an image" in bad.stderr
+    assert bad.returncode == 2 and "must be an image" in bad.stderr
     missing = _run("photos", "copy", "no-such-photo", url=url, home=home)
     assert missing.returncode == 2 and "not found" in missing.stderr
     no_album = _run("photos", "move", "no-such-photo", url=url, home=home)

@@ -188,22 +188,22 @@ def test_process_refusals_exit_nonzero_with_a_clear_message(procs: Procs, tmp_pa
     missing = process("--profile", "no-such-profile")
     assert missing.returncode == 2 and "no profile no-such-profile" in missing.stderr
     bad_params = process("--profile", "debug-copy", "--params", "[1]")
-    assert bad_params.returncode == 1 and "JSON object" in bad_params.stderr
+    assert bad_params.returncode == 2 and "JSON object" in bad_params.stderr
     wrong = process("--profile", "debug-copy", "--params", '{"bogus": 1}')
-    assert wrong.returncode == 1 and "unknown parameters: bogus" in wrong.stderr
+    assert wrong.returncode == 2 and "unknown parameters: bogus" in wrong.stderr
     # A budget the request does not fit in: refused before any job exists.
     key = f"paid-{uuid.uuid4().hex[:8]}"
     procs.cli("profiles", "create", key, "--type", "debug.copy", "--credits-base", "5")
     procs.cli("credits", "set-budget", "tight", "4")
     broke = process("--profile", key, "--project", "tight")
-    assert broke.returncode == 1
+    assert broke.returncode == 1  # well-formed, refused by the state of the budget
     assert "credit budget exceeded: 0 of 4 used, this request needs 5" in broke.stderr
     assert _jobs(procs) == 0
     assert "Traceback" not in missing.stderr + wrong.stderr + broke.stderr
     # An --out that cannot be written: said so, before anything is uploaded.
     objects = procs.cli("objects", "ls", "--json")
     unwritable = process("--profile", "debug-copy", "--out", str(src / "sub"))
-    assert unwritable.returncode == 1, unwritable.stderr
+    assert unwritable.returncode == 2, unwritable.stderr
     assert "--out cannot be written to: Not a directory" in unwritable.stderr
     assert procs.cli("objects", "ls", "--json") == objects and _jobs(procs) == 0
 
@@ -248,10 +248,10 @@ def test_profiles_and_credits_commands(procs: Procs) -> None:
         "profiles", "create", key, "--type", "debug.sleep", "--settings", '{"max_ms": "x"}',
         url=procs.url, home=procs.home,
     )  # fmt: skip
-    assert refused.returncode == 1 and "settings refused" in refused.stderr
+    assert refused.returncode == 2 and "settings refused" in refused.stderr
     nothing = hypermedia("jobs", "submit", "debug.sleep", "--profile", key, url=procs.url,
                          home=procs.home)  # fmt: skip
-    assert nothing.returncode == 1 and "has no active version" in nothing.stderr
+    assert nothing.returncode == 2 and "has no active version" in nothing.stderr
 
     assert js("credits", "set-budget", "acme", "100") == {
         "project_id": "acme",
@@ -265,4 +265,4 @@ def test_profiles_and_credits_commands(procs: Procs) -> None:
     assert {r["project_id"] for r in js("credits", "show")} >= {"acme"}
     assert "unlimited" in procs.cli("credits", "show", "--project", "acme")
     bad = hypermedia("credits", "set-budget", "acme", "lots", url=procs.url, home=procs.home)
-    assert bad.returncode == 1 and "whole number" in bad.stderr
+    assert bad.returncode == 2 and "whole number" in bad.stderr

@@ -84,5 +84,5 @@ def test_queues_and_workers_cli(driver: Driver, live: Engine, procs: Procs) -> N
     assert w.proc.wait(15) == 0
     eventually(lambda: _status(procs, w.worker_id) == "terminated", 5, "terminated")
     refused = hypermedia("queues", "pause", "Not A Queue", url=procs.url, home=procs.home)
-    assert refused.returncode == 1
+    assert refused.returncode == 2
     assert "queue name" in refused.stderr and "Traceback" not in refused.stderr

@@ -1,0 +1,239 @@
+"""What every command shares, run as real ``hypermedia`` processes:
+
+* one exit-code policy (docs/cli.md, "Exit codes"): 2 when the command as
+  given is wrong and nothing was done, 1 when it ran and failed.  An unknown
+  profile exited 1 from `jobs submit` and 2 from `process`;
+* the commands that only read create no database: on a fresh
+  HYPERMEDIA_HOME they made the folder and an empty SQLite file;
+* `objects put --mime` takes a media type, and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hypermedia.db.driver import Driver
+from tests.harness import hypermedia
+
+USAGE, FAILED = 2, 1
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated embedded home with a priced profile and a project whose
+    budget it does not fit in, and one stored object."""
+    home = tmp_path_factory.mktemp("policy")
+    for args in (
+        ("db", "upgrade"),
+        ("profiles", "create", "priced", "--type", "debug.noop", "--credits-base", "5"),
+        ("credits", "set-budget", "broke", "4"),
+    ):
+        done = hypermedia(*args, url="", home=home)
+        assert done.returncode == 0, done.stderr
+    (home / "in.bin").write_bytes(b"some bytes")
+    put = hypermedia("objects", "put", str(home / "in.bin"), url="", home=home)
+    assert put.returncode == 0, put.stderr
+    return home
+
+
+def _case(args: list[str], code: int, said: str, **env: str) -> object:
+    named = " ".join([*args, *(f"{k}={v}" for k, v in env.items())])
+    return pytest.param(args, code, said, env, id=named[:80])
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "said", "env"),
+    [
+        # Wrong in itself: refused before anything is done.
+        _case(["jobs", "submit", "debug.noop", "--profile", "nope"], USAGE, "no active profile"),
+        _case(["process", "{in}", "--profile", "nope"], USAGE, "no profile nope"),
+        _case(["jobs", "submit", "nope.nothing"], USAGE, "unknown job type"),
+        _case(["jobs", "submit", "debug.noop", "--queue", "Bad Q"], USAGE, "queue name"),
+        _case(["worker", "--burst", "--queues", "Bad Q"], USAGE, "queue name"),
+        _case(["queues", "pause", "Bad Q"], USAGE, "queue name"),
+        _case(["jobs", "submit", "debug.noop", "--params", "[1]"], USAGE, "JSON object"),
+        _case(["jobs", "submit", "debug.noop", "--priority", "11"], USAGE, "--priority"),
+        _case(["jobs", "submit", "debug.noop", "--object", "99999"], USAGE, "does not exist"),
+        _case(["jobs", "show", "99999"], USAGE, "not found"),
+        _case(["objects", "put", "{home}/missing.bin"], USAGE, "does not exist"),
+        _case(["objects", "get", "1", "-o", "{home}"], USAGE, "names a folder"),
+        _case(["credits", "set-budget", "p", "lots"], USAGE, "whole number"),
+        _case(["tokens", "create", "-p", "p", "--scopes", "root"], USAGE, "scopes must be"),
+        _case(["db", "upgrade", "nope"], USAGE, "Can't locate revision"),
+        _case(["jobs", "ls"], USAGE, "HYPERMEDIA_CLAIM_BATCH", HYPERMEDIA_CLAIM_BATCH="1.5"),
+        # Well-formed; it ran, or tried to, and failed.
+        _case(
+            ["jobs", "submit", "debug.noop", "--profile", "priced", "--project", "broke"],
+            FAILED,
+            "credit budget exceeded",
+        ),
+        _case(
+            ["jobs", "submit", "debug.noop", "--queue", "idle", "--wait", "--wait-timeout", "0"],
+            FAILED,
+            "not ended within",
+        ),
+        _case(
+            ["jobs", "ls"],
+            FAILED,
+            "no database at",
+            HYPERMEDIA_DATABASE_URL="sqlite:///{none}/none.db",
+        ),
+    ],
+)
+def test_one_exit_code_policy(
+    home: Path, tmp_path: Path, args: list[str], code: int, said: str, env: dict[str, str]
+) -> None:
+    def fill(text: str) -> str:
+        for name, value in (("{in}", home / "in.bin"), ("{home}", home), ("{none}", tmp_path)):
+            text = text.replace(name, str(value))
+        return text
+
+    extra = {k: fill(v) for k, v in env.items()}
+    url = extra.pop("HYPERMEDIA_DATABASE_URL", "")
+    proc = hypermedia(*(fill(a) for a in args), url=url, home=home, **extra)
+    assert proc.returncode == code, proc.stderr
+    assert said in " ".join(proc.stderr.split()), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_policy_on_every_backend(driver: Driver, tmp_path: Path) -> None:
+    """The same mapping on PostgreSQL and MariaDB: an unknown profile is a
+    usage error from both commands that take one; a budget refusal is not."""
+    url, home = driver.url, tmp_path / "home"
+    src = tmp_path / "in.bin"
+    src.write_bytes(b"x" * 10)
+    for args in (
+        ("jobs", "submit", "debug.noop", "--profile", "nope"),
+        ("process", str(src), "--profile", "nope"),
+    ):
+        proc = hypermedia(*args, url=url, home=home)
+        assert proc.returncode == USAGE, proc.stderr
+    key, project = f"priced-{uuid.uuid4().hex[:8]}", f"broke-{uuid.uuid4().hex[:8]}"
+    for args in (
+        ("profiles", "create", key, "--type", "debug.noop", "--credits-base", "5"),
+        ("credits", "set-budget", project, "4"),
+    ):
+        assert hypermedia(*args, url=url, home=home).returncode == 0
+    broke = hypermedia(
+        "jobs", "submit", "debug.noop", "--profile", key, "--project", project,
+        url=url, home=home,
+    )  # fmt: skip
+    assert broke.returncode == FAILED and "credit budget exceeded" in broke.stderr
+
+
+READ_ONLY = [
+    ["jobs", "ls"],
+    ["jobs", "show", "1"],
+    ["jobs", "tail", "1"],
+    ["objects", "ls"],
+    ["objects", "show", "1"],
+    ["objects", "get", "1"],
+    ["objects", "url", "1"],
+    ["objects", "verify"],
+    ["photos", "ls"],
+    ["photos", "show", "x"],
+    ["profiles", "ls"],
+    ["profiles", "show", "image-thumbnail"],
+    ["credits", "show"],
+    ["queues", "ls"],
+    ["workers", "ls"],
+    ["tokens", "ls"],
+    ["projects", "ls"],
+    ["db", "current"],
+    ["pools", "ls"],
+]
+
+
+@pytest.mark.parametrize("args", READ_ONLY, ids=" ".join)
+def test_a_command_that_only_reads_creates_no_database(tmp_path: Path, args: list[str]) -> None:
+    fresh = tmp_path / "fresh"
+    proc = hypermedia(*args, url="", home=fresh)
+    assert proc.returncode == FAILED, proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert f"no database at {fresh.resolve() / 'hypermedia.db'} yet" in said, said
+    assert "`hypermedia db upgrade`" in said and "`hypermedia serve`" in said
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert not fresh.exists()  # neither the folder nor the file
+
+
+def test_an_existing_home_without_a_database_stays_empty(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    elsewhere = tmp_path / "db" / "x.db"
+    assert hypermedia("jobs", "ls", url="", home=home).returncode == FAILED
+    url = f"sqlite:///{elsewhere}"
+    named = hypermedia("profiles", "ls", url=url, home=home)
+    assert named.returncode == FAILED and str(elsewhere) in named.stderr
+    assert list(home.iterdir()) == [] and not elsewhere.parent.exists()
+
+
+def test_a_database_never_migrated_is_said_at_once(tmp_path: Path) -> None:
+    """`jobs tail` waited for ever on it, as if the database were away."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "hypermedia.db").touch()
+    proc = hypermedia("jobs", "tail", "1", url="", home=home, timeout=30)
+    assert proc.returncode == FAILED, proc.stderr
+    assert "is the database migrated? run `hypermedia db upgrade`" in proc.stderr
+
+
+def test_commands_that_write_still_create_it(tmp_path: Path) -> None:
+    """`db upgrade` makes the home and the database; then the readers read."""
+    home = tmp_path / "fresh"
+    submitted = hypermedia("jobs", "submit", "debug.noop", url="", home=home)
+    # As before: the file is made, and the missing schema is named.
+    assert submitted.returncode == FAILED and (home / "hypermedia.db").exists()
+    assert "hypermedia db upgrade" in submitted.stderr
+    (home / "hypermedia.db").unlink()
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    assert (home / "hypermedia.db").exists()
+    listed = hypermedia("jobs", "ls", "--json", url="", home=home)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []
+    current = hypermedia("db", "current", url="", home=home)
+    assert current.returncode == 0 and current.stdout.strip() not in ("", "empty")
+
+
+@pytest.mark.parametrize(
+    ("mime", "said"),
+    [
+        ("garbage", "is not a media type"),
+        ("image/", "is not a media type"),
+        ("/png", "is not a media type"),
+        ("image/png/x", "is not a media type"),
+        ("image /png", "is not a media type"),
+        ("-image/png", "is not a media type"),
+        ("image/p*ng", "is not a media type"),
+        ("image/" + "x" * 128, "is not a media type"),
+        ("text/plain; charset=utf-8", "without parameters"),
+        ("", "is not a media type"),
+    ],
+)
+def test_mime_must_be_a_media_type(home: Path, mime: str, said: str) -> None:
+    before = hypermedia("objects", "ls", "--json", url="", home=home)
+    proc = hypermedia("objects", "put", str(home / "in.bin"), "--mime", mime, url="", home=home)
+    assert proc.returncode == USAGE, proc.stderr
+    assert f"--mime {said}" in proc.stderr or said in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error: --mime")
+    assert hypermedia("objects", "ls", "--json", url="", home=home).stdout == before.stdout
+
+
+@pytest.mark.parametrize(
+    ("mime", "stored"),
+    [
+        ("Image/PNG", "image/png"),
+        (" text/plain ", "text/plain"),
+        ("application/vnd.api+json", "application/vnd.api+json"),
+        ("application/x-7z-compressed", "application/x-7z-compressed"),
+        ("a/" + "b" * 127, "a/" + "b" * 127),
+    ],
+)
+def test_a_media_type_is_stored_lower_cased(home: Path, mime: str, stored: str) -> None:
+    proc = hypermedia(
+        "objects", "put", str(home / "in.bin"), "--mime", mime, "--json", url="", home=home
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["mime_type"] == stored
