@@ -92,7 +92,11 @@ _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 
 
 
 def _jpeg(head: bytes) -> tuple[int, int]:
-    i = 2
+    """The size as shown: a camera held upright writes a landscape frame and
+    an EXIF orientation of 5-8 (turned a quarter), which every viewer and our
+    own pipelines apply, so a gallery laying out by the stored size needs it
+    turned too."""
+    i, turned = 2, False
     while i + 9 < len(head):
         if head[i] != 0xFF:
             return 0, 0
@@ -104,8 +108,29 @@ def _jpeg(head: bytes) -> tuple[int, int]:
             i += 2
             continue
         length = struct.unpack(">H", head[i + 2 : i + 4])[0]
+        if marker == 0xE1 and head[i + 4 : i + 10] == b"Exif\x00\x00":
+            turned = _exif_orientation(head[i + 10 : i + 2 + length]) in (5, 6, 7, 8)
         if marker in _SOF:
             h, w = struct.unpack(">HH", head[i + 5 : i + 9])
-            return w, h
+            return (h, w) if turned else (w, h)
         i += 2 + length
     return 0, 0
+
+
+def _exif_orientation(tiff: bytes) -> int:
+    """The Orientation tag (0x0112) of an EXIF block's first IFD, else 1."""
+    order = {b"II": "<", b"MM": ">"}.get(tiff[:2])
+    if order is None or len(tiff) < 8:
+        return 1
+    ifd = struct.unpack(order + "I", tiff[4:8])[0]
+    if ifd + 2 > len(tiff):  # a broken block: the size stays as the frame says
+        return 1
+    count = struct.unpack(order + "H", tiff[ifd : ifd + 2])[0]
+    for n in range(min(count, 200)):  # a hostile count reads no further than the block
+        entry = tiff[ifd + 2 + 12 * n : ifd + 14 + 12 * n]
+        if len(entry) < 12:
+            break
+        tag, kind = struct.unpack(order + "HH", entry[:4])
+        if tag == 0x0112 and kind == 3:  # SHORT
+            return int(struct.unpack(order + "H", entry[8:10])[0])
+    return 1
