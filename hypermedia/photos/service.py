@@ -494,7 +494,8 @@ def _new_id() -> str:
 def _check_text(what: str, value: str, limit: int, *, empty: bool = True) -> None:
     if not isinstance(value, str) or len(value) > limit or (not empty and not value):
         raise InvalidRequest(f"{what} must be text of {0 if empty else 1} to {limit} characters")
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+    # C0, DEL and C1 (U+0080-U+009F: NEL breaks a line in some viewers).
+    if any(ord(c) < 32 or 127 <= ord(c) <= 159 for c in value):
         raise InvalidRequest(f"{what} must not contain control characters")
 
 

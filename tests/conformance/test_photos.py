@@ -261,8 +261,9 @@ def test_add_refuses_what_is_not_an_image(photos: Photos, driver: Driver) -> Non
     assert obj["state"] == "deleting"  # handed to GC at once
     with pytest.raises(InvalidRequest):
         _add(photos, album="x" * 201)
-    with pytest.raises(InvalidRequest):
-        _add(photos, title="a\x00b")
+    for control in ("\x00", "\x7f", "\x85"):  # C0, DEL, C1 (NEL)
+        with pytest.raises(InvalidRequest):
+            _add(photos, title=f"a{control}b")
 
 
 def test_add_from_a_path(photos: Photos, tmp_path: Path, image_jobs: None) -> None:

@@ -29,7 +29,7 @@ Row = dict[str, Any]
 # Ids are UUIDs; any unreserved URL text up to the column's width is looked up
 # (legacy producers choose their own), nothing with control characters.
 PhotoId = PathParam(pattern=r"^[A-Za-z0-9._~-]{1,36}$")
-NO_CONTROLS = r"^[^\x00-\x1f\x7f]*$"
+NO_CONTROLS = r"^[^\x00-\x1f\x7f-\x9f]*$"  # C0, DEL and C1
 
 
 class PhotoCopy(BaseModel):
