@@ -93,6 +93,9 @@ class Backend(Protocol):
     def check_writable(self) -> None:
         """Raise StorageError unless the pool answers and takes a write (``pools add``)."""
 
+    def ping(self) -> None:
+        """Raise StorageError unless the pool answers (cheap: /readyz)."""
+
     def presign(
         self, key: str, expires_seconds: int, filename: str = "", mime: str = ""
     ) -> str | None:

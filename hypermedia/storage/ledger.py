@@ -504,7 +504,7 @@ class Storage:
         """Whether every pool's backend answers (for /readyz)."""
         try:
             for row in self.pools():
-                self.backend(row["pool_id"]).exists("objects/readyz-probe")
+                self.backend(row["pool_id"]).ping()
         except (HypermediaError, OSError):
             return False
         return True

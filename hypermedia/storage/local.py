@@ -254,6 +254,10 @@ class LocalBackend:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
+    def ping(self) -> None:
+        """A look into the pool's folder (/readyz): raises only if it cannot be read."""
+        self.exists("objects/readyz-probe")
+
     def check_writable(self) -> None:
         """Store and delete a probe blob: the folder can be made and written
         (the way every upload is: ``.tmp``, fsync, rename)."""

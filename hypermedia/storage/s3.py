@@ -261,9 +261,16 @@ class S3Backend:
         return True
 
     def check_writable(self) -> None:
-        """HEAD the bucket, then store and delete a probe blob under
-        ``probes/``: the endpoint answers, the bucket exists and these
-        credentials may write and delete in it."""
+        """``ping``, then store and delete a probe blob under ``probes/``:
+        these credentials may write and delete in the bucket."""
+        self.ping()
+        key = probe_key()
+        self.put(key, io.BytesIO(b"probe"))
+        self.delete(key)
+
+    def ping(self) -> None:
+        """HEAD the bucket: the endpoint answers and the bucket exists
+        (/readyz; a HEAD of a key said "no such blob" for a missing bucket)."""
         with self._errors("reach"):
             try:
                 self._client.head_bucket(Bucket=self.bucket)
@@ -275,9 +282,6 @@ class S3Backend:
                         f"bucket {self.bucket!r} does not exist at {self._where}"
                     ) from exc
                 raise
-        key = probe_key()
-        self.put(key, io.BytesIO(b"probe"))
-        self.delete(key)
 
     def presign(
         self, key: str, expires_seconds: int, filename: str = "", mime: str = ""

@@ -261,6 +261,7 @@ def test_gc_drops_rows_whose_bucket_does_not_exist(
         )
     drop_bucket(s3_endpoint, bucket)
 
+    assert not s3_storage.reachable()  # /readyz: a HEAD of a key said "no such blob"
     report = GarbageCollector(s3_storage).run_once()
     assert (report.deleted, report.failed) == (2, 0)
     assert report.bucket_missing == {"s3": 2}
