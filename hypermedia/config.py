@@ -61,6 +61,9 @@ class Settings:
     # long signed URLs live, and when GC may collect what nothing references.
     s3_access_key_id: str = ""
     s3_secret_access_key: str = ""
+    # How long an S3 request waits for an answer (twice, with one retry): a
+    # store that hangs (stopped, overloaded) holds a job or an upload that long.
+    s3_timeout_seconds: float = 60.0
     secret_key: str = ""
     signed_url_seconds: int = 900
     gc_interval_seconds: float = 60.0
@@ -118,6 +121,7 @@ _ENV_NAMES = {
     "backoff_max_seconds": "BACKOFF_MAX_SECONDS",
     "s3_access_key_id": "S3_ACCESS_KEY_ID",
     "s3_secret_access_key": "S3_SECRET_ACCESS_KEY",
+    "s3_timeout_seconds": "S3_TIMEOUT_SECONDS",
     "secret_key": "SECRET_KEY",
     "signed_url_seconds": "SIGNED_URL_SECONDS",
     "gc_interval_seconds": "GC_INTERVAL_SECONDS",
@@ -159,6 +163,8 @@ def load_settings() -> Settings:
     _check_signed_url_seconds(settings.signed_url_seconds)
     if not settings.session_hours > 0:  # a login would end as it began
         raise InvalidRequest("HYPERMEDIA_SESSION_HOURS must be more than 0")
+    if not settings.s3_timeout_seconds > 0:
+        raise InvalidRequest("HYPERMEDIA_S3_TIMEOUT_SECONDS must be more than 0")
     return settings
 
 

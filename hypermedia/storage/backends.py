@@ -71,4 +71,5 @@ def open_backend(url: str, settings: Settings) -> Backend:
         region=opts.get("region"),
         access_key_id=settings.s3_access_key_id,
         secret_access_key=settings.s3_secret_access_key,
+        timeout=settings.s3_timeout_seconds,
     )

@@ -139,13 +139,13 @@ _REDIRECTS = {"PermanentRedirect", "TemporaryRedirect", "AuthorizationHeaderMalf
 _NO_SELF_COPY = {"NotImplemented", "InvalidRequest", "501"}
 
 
-def _client_config() -> Config:
+def _client_config(timeout: float) -> Config:
     base: dict[str, Any] = {
         "s3": {"addressing_style": "path"},
         "signature_version": "s3v4",
         "retries": {"max_attempts": 2, "mode": "standard"},
-        "connect_timeout": 5,
-        "read_timeout": 60,
+        "connect_timeout": min(5.0, timeout),
+        "read_timeout": timeout,  # HYPERMEDIA_S3_TIMEOUT_SECONDS
         # put_files runs BATCH_THREADS put_file at once, each up to FILE_THREADS parts.
         "max_pool_connections": BATCH_THREADS * FILE_THREADS,
     }
@@ -170,6 +170,7 @@ class S3Backend:
         region: str | None = None,
         access_key_id: str = "",
         secret_access_key: str = "",
+        timeout: float = 60.0,
     ) -> None:
         self.bucket = bucket
         self.batch_threads = BATCH_THREADS
@@ -193,7 +194,7 @@ class S3Backend:
             region_name=self.region,
             aws_access_key_id=access_key_id if explicit else None,
             aws_secret_access_key=secret_access_key if explicit else None,
-            config=_client_config(),
+            config=_client_config(timeout),
         )
         # Small requests skip botocore's request machinery (see s3_lean.py).
         self._lean = LeanS3.of(

@@ -203,6 +203,17 @@ class SeaweedServer:
                 os.unlink(f"/tmp/seaweedfs-{name}-grpc-{port}.sock")
 
     @contextlib.contextmanager
+    def hung(self) -> Iterator[None]:
+        """The server stopped (SIGSTOP) for the block: connections are taken
+        by the kernel and never answered, as a store that hangs; SIGCONT after."""
+        assert self._proc is not None
+        os.killpg(self._proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.killpg(self._proc.pid, signal.SIGCONT)
+
+    @contextlib.contextmanager
     def down(self) -> Iterator[None]:
         """The server stopped for the block, started again after it."""
         self.stop()

@@ -35,7 +35,7 @@ from hypermedia.storage.base import (
 from hypermedia.storage.local import LocalBackend
 from hypermedia.storage.s3 import SMALL_BODY, S3Backend
 from tests.harness import checksum_of
-from tests.storage.conftest import SeaweedServer
+from tests.storage.conftest import SeaweedServer, drop_bucket
 
 MiB = 1024 * 1024
 KEY = "objects/1/original.bin"
@@ -719,6 +719,40 @@ def test_s3_outage_is_storage_unavailable(
     assert s3_backend.stored_checksum(big) is not None
     s3_backend.put(KEY, io.BytesIO(b"after"))
     assert _read_all(s3_backend, KEY) == b"after"
+
+
+def test_a_hung_store_fails_within_the_s3_timeout(
+    s3_endpoint: dict[str, str], seaweed: SeaweedServer, tmp_path: Path
+) -> None:
+    """HYPERMEDIA_S3_TIMEOUT_SECONDS bounds a request to a store that takes
+    the connection and never answers: it held a job or an upload 2-3 minutes
+    (botocore's 60 s, twice, with a retry's wait)."""
+    backend = S3Backend(
+        f"t-{os.urandom(4).hex()}",
+        endpoint=s3_endpoint["endpoint"],
+        access_key_id=s3_endpoint["access_key_id"],
+        secret_access_key=s3_endpoint["secret_access_key"],
+        timeout=1.0,
+    )
+    backend.ensure_bucket()
+    backend.put(KEY, io.BytesIO(b"before"))
+    small_file = _file(tmp_path, "small.bin", b"during")
+    try:
+        with seaweed.hung():
+            for name, call in {
+                "exists": lambda: backend.exists(KEY),
+                "put_file": lambda: backend.put_file(KEY, small_file),
+                "get_file": lambda: backend.get_file(KEY, tmp_path / "back.bin", "0" * 64),
+            }.items():
+                started = time.monotonic()
+                with pytest.raises(StorageUnavailable):
+                    call()
+                # Two tries of 1 s and a backoff of at most 2 s, with room for a busy machine.
+                assert time.monotonic() - started < 12, name
+        assert _read_all(backend, KEY) == b"before"  # answered again once resumed
+    finally:
+        backend.close()
+        drop_bucket(s3_endpoint, backend.bucket)
 
 
 def test_s3_outage_during_a_read(s3_backend: S3Backend, seaweed: SeaweedServer) -> None:

@@ -38,3 +38,11 @@ def test_a_session_length_of_nothing_is_refused(monkeypatch: pytest.MonkeyPatch)
             load_settings()
     monkeypatch.setenv("HYPERMEDIA_SESSION_HOURS", "0.5")
     assert load_settings().session_hours == 0.5
+
+
+def test_an_s3_timeout_of_nothing_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HYPERMEDIA_S3_TIMEOUT_SECONDS", "0")
+    with pytest.raises(InvalidRequest, match="HYPERMEDIA_S3_TIMEOUT_SECONDS must be more than 0"):
+        load_settings()
+    monkeypatch.setenv("HYPERMEDIA_S3_TIMEOUT_SECONDS", "2.5")
+    assert load_settings().s3_timeout_seconds == 2.5
