@@ -4,14 +4,20 @@ One job per input, all enqueued in one transaction with the profile's job
 type (the profile is resolved once, so every input runs with the same
 version).  Waiting shows a progress bar per input on stderr; outputs are
 downloaded (checksum verified) to ``DIR/<input stem>.<output type>[.<n>].<ext>``.
-Exit 0 only when every job completed and its outputs were written.  When no
-worker picks the jobs up, ``--timeout`` ends the wait (exit 1); the jobs stay
-queued and run when a worker comes.
+Exit 0 only when every job completed and its outputs were written.
+
+When no worker serves the jobs' queue (no ``serve`` or ``worker`` running,
+or only ones of other queues), the command runs one itself for as long as it
+waits (``worker/local.py``), and on the embedded SQLite database it migrates
+first, as ``serve`` does: one command does the whole round trip.
+``--no-run-here`` only enqueues and waits; ``--timeout`` ends the wait (exit
+1) and the jobs stay queued for a worker to come.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 import uuid
@@ -32,6 +38,7 @@ from hypermedia.cli.common import (
     through_outages,
     user_errors,
 )
+from hypermedia.config import Settings
 from hypermedia.errors import InvalidRequest
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
@@ -40,6 +47,8 @@ from hypermedia.queue.states import TERMINAL
 from hypermedia.redact import redact
 from hypermedia.storage.keys import extension_for
 from hypermedia.storage.ledger import Storage
+from hypermedia.worker.fleet import Fleet
+from hypermedia.worker.local import LocalWorker
 
 Row = dict[str, Any]
 POLL_SECONDS = 0.25
@@ -54,11 +63,20 @@ def run(
     priority: int = typer.Option(5, "--priority", min=1, max=10, help="1 highest … 10 lowest"),
     timeout: float = typer.Option(600, "--timeout", min=0, help="seconds to wait for the jobs"),
     as_json: bool = typer.Option(False, "--json", help="one JSON record per input"),
+    run_here: bool | None = typer.Option(
+        None,
+        "--run-here/--no-run-here",
+        help="run the jobs in this process too (default: when no worker serves their queue)",
+    ),
+    concurrency: int = typer.Option(
+        0, "--concurrency", "-c", min=0, max=127, help="lanes when run here (0: one per core)"
+    ),
 ) -> None:
     """Process FILES with a profile: upload, run as jobs, wait, write the outputs."""
     with user_errors():
         overrides = _object(params)
         s = settings()
+        _migrated(s)
         eng = engine(s)
         prof = Profiles(eng).show(profile)
         if not prof["is_active"]:
@@ -84,7 +102,14 @@ def run(
                 for o in objects
             ]
         )
-        jobs, why = _wait(eng, ids, [f.name for f in files], timeout)
+        local = _local_worker(eng, ids, run_here, concurrency or os.cpu_count() or 1)
+        try:
+            jobs, why = _wait(eng, ids, [f.name for f in files], timeout)
+        finally:
+            if local is not None:  # at once when interrupted: what it ran is retried
+                local.stop(now=why == INTERRUPTED)
+        if local is not None:
+            jobs = _rows(eng, ids)  # what its drain finished meanwhile
         out.mkdir(parents=True, exist_ok=True)
         records = []
         for path, stem, job_id in zip(files, _stems(files), ids, strict=True):
@@ -96,6 +121,46 @@ def run(
             _say(r)
     if not all(r["status"] == "completed" and r["error_code"] is None for r in records):
         raise typer.Exit(1)
+
+
+INTERRUPTED = "the wait was interrupted"
+
+
+def _migrated(s: Settings) -> None:
+    """The embedded SQLite database at this code's schema, made if need be:
+    the user's own file, as ``serve`` treats it.  A server database is left to
+    its operator's ``hypermedia db upgrade``."""
+    if not s.url.startswith("sqlite"):
+        return
+    from hypermedia.db import migrate, revisions
+
+    s.home.mkdir(parents=True, exist_ok=True)
+    if migrate.current(s.url) != revisions.head():
+        migrate.upgrade(s.url)
+
+
+def _local_worker(
+    eng: Engine, ids: list[int], run_here: bool | None, concurrency: int
+) -> LocalWorker | None:
+    """A worker in this process for the jobs' queues that no worker serves
+    (all of them with ``--run-here``), started; None when not needed."""
+    queues = {r["queue_name"] for r in _rows(eng, ids).values()}
+    unserved = queues - Fleet(eng).serving(queues)
+    if run_here is False:
+        if unserved:
+            err_console.print(
+                f"warning: no worker serves queue {', '.join(sorted(unserved))}: the jobs "
+                "wait for one (`hypermedia serve` or `hypermedia worker`)",
+                markup=False,
+                highlight=False,
+            )
+        return None
+    chosen = queues if run_here else unserved
+    if not chosen:
+        return None
+    local = LocalWorker(eng, sorted(chosen), concurrency)
+    local.start()
+    return local
 
 
 def _object(text: str) -> Row:
@@ -143,7 +208,7 @@ def _wait(
         except KeyboardInterrupt:
             if len(jobs) < len(ids):  # interrupted before the first look
                 jobs = _rows(eng, ids)
-            return jobs, "the wait was interrupted"
+            return jobs, INTERRUPTED
 
 
 def _rows(eng: Engine, ids: list[int]) -> dict[int, Row]:

@@ -7,11 +7,15 @@ poll interval, stops claiming, finishes what it runs and exits (see
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 from typing import Any
 
+import psutil
+
 from hypermedia.errors import Conflict, NotFound
 from hypermedia.queue.engine import Engine
+from hypermedia.queue.models import EVERY_QUEUE
 
 Row = dict[str, Any]
 DRAINABLE = ("active", "idle")
@@ -54,6 +58,22 @@ class Fleet:
                 if status != "draining":
                     raise Conflict(f"cannot drain worker {worker_id}: it is {status}")
         return self.get(worker_id)
+
+    def serving(self, queues: set[str]) -> set[str]:
+        """Which of ``queues`` a worker serves now: one that is not draining,
+        was heard from within the stale window, and (on this machine) whose
+        process still exists, so a worker killed a moment ago serves nothing."""
+        cutoff = self.clock() - timedelta(seconds=self.settings.worker_stale_seconds)
+        host = socket.gethostname()[:255]
+        served: set[str] = set()
+        for row in self.list():
+            if row["status"] not in DRAINABLE or row["last_heartbeat"] < cutoff:
+                continue
+            if row["hostname"] == host and not psutil.pid_exists(row["pid"] or 0):
+                continue
+            named = set(row["queues"] or ())
+            served |= queues if EVERY_QUEUE in named else queues & named
+        return served
 
     def _shown(self, row: Row, metrics: Row | None) -> Row:
         # Healthy: alive by its own account and heard from within the stale window.

@@ -1,5 +1,6 @@
 """``hypermedia process``, ``profiles`` and ``credits`` as real subprocesses, with a
-real ``hypermedia worker --burst`` running the jobs."""
+real ``hypermedia worker --burst`` running the jobs, or the worker ``process``
+runs itself when none serves their queue."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def _burst(procs: Procs, queues: str) -> None:
 
 
 def _run_with_worker(procs: Procs, n_jobs: int, queues: str, *args: str) -> Run:
-    run = Run(procs, *args)
+    run = Run(procs, *args, "--no-run-here")  # the worker below runs the jobs
     eventually(lambda: _jobs(procs) >= n_jobs or run.proc.poll() is not None, 60, "jobs enqueued")
     assert run.proc.poll() is None, tail(run.err)
     _burst(procs, queues)
@@ -159,11 +160,13 @@ def test_without_a_worker_the_timeout_ends_the_wait(procs: Procs, tmp_path: Path
         "--out",
         str(tmp_path / "out"),
         "--json",
+        "--no-run-here",
         url=procs.url,
         home=procs.home,
         timeout=60,
     )
     assert done.returncode == 1, done.stderr
+    assert "no worker serves queue bulk: the jobs wait for one" in done.stderr
     assert time.monotonic() - started < 30
     [r] = [json.loads(line) for line in done.stdout.splitlines()]
     assert (r["status"], r["error_code"], r["outputs"]) == ("queued", None, [])
@@ -171,10 +174,56 @@ def test_without_a_worker_the_timeout_ends_the_wait(procs: Procs, tmp_path: Path
     assert f"hypermedia jobs show {r['job_id']}" in r["safe_reason"]
     # Without --json: one line per input, the status in words.
     plain = hypermedia(
-        "process", str(src), "--profile", "debug-copy", "--timeout", "0",
+        "process", str(src), "--profile", "debug-copy", "--timeout", "0", "--no-run-here",
         "--out", str(tmp_path / "out"), url=procs.url, home=procs.home, timeout=60,
     )  # fmt: skip
     assert plain.returncode == 1 and "queued" in plain.stdout and "Traceback" not in plain.stderr
+
+
+def test_on_a_fresh_home_process_migrates_and_runs_the_jobs_itself(tmp_path: Path) -> None:
+    """The embedded default, one command: no `db upgrade`, no `serve` beside it."""
+    home = tmp_path / "fresh"
+    files = []
+    for name in ("a.bin", "b.bin"):
+        files.append(tmp_path / name)
+        files[-1].write_bytes(name.encode() * 50)
+    out = tmp_path / "out"
+    done = hypermedia(
+        "process", *map(str, files), "--profile", "debug-copy", "--out", str(out), "--json",
+        url="", home=home, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["status"] for r in records] == ["completed", "completed"]
+    for src, r in zip(files, records, strict=True):
+        assert Path(r["outputs"][0]).read_bytes() == src.read_bytes()
+    driver = Driver(f"sqlite:///{home / 'hypermedia.db'}")
+    try:
+        with driver.read() as tx:
+            (worker,) = tx.workers(include_terminated=True)  # its own, ended with it
+            assert worker["status"] == "terminated" and worker["pid"] != os.getpid()
+            attempts = [a for r in records for a in tx.attempts(r["job_id"])]
+        assert {a["worker_id"] for a in attempts} == {worker["worker_id"]}
+    finally:
+        driver.dispose()
+
+
+@sqlite_only
+def test_process_leaves_its_jobs_to_a_worker_that_serves_their_queue(
+    procs: Procs, tmp_path: Path
+) -> None:
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"served elsewhere")
+    procs.spawn("worker", "--queues", "bulk", "--concurrency", "1", "--no-maintenance")
+    eventually(lambda: bool(procs.query("SELECT worker_id FROM workers")), 60, "the worker row")
+    ((elsewhere,),) = procs.query("SELECT worker_id FROM workers")
+    done = hypermedia(
+        "process", str(src), "--profile", "debug-copy", "--out", str(tmp_path / "out"),
+        "--json", url=procs.url, home=procs.home, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert procs.query("SELECT DISTINCT worker_id FROM job_attempts") == [(elsewhere,)]
+    assert len(procs.query("SELECT worker_id FROM workers")) == 1  # none started here
 
 
 @sqlite_only

@@ -1,0 +1,45 @@
+"""A worker inside another command's process.
+
+``hypermedia process`` runs one when no worker serves its jobs' queues, so on
+the embedded default one command uploads, runs and writes the outputs, with
+no ``serve`` in a second terminal.  It is an ordinary worker (children,
+fencing, its own ``workers`` row) plus a leader candidate: an earlier run
+interrupted with jobs in flight left leases that only the reaper releases.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from hypermedia.queue.engine import Engine
+from hypermedia.scheduler.leader import Leader
+from hypermedia.worker.runner import Worker
+
+# A graceful stop finishes the attempts that run; past this it stops at once
+# (what it ran is orphaned and retried, as when a worker is killed).
+DRAIN_SECONDS = 30.0
+
+
+class LocalWorker:
+    def __init__(self, engine: Engine, queues: list[str], concurrency: int) -> None:
+        self.worker = Worker(engine, queues, concurrency=concurrency)
+        self._thread = threading.Thread(
+            target=self.worker.run,
+            kwargs={"install_signals": False},  # the command owns its signals
+            name="local-worker",
+            daemon=True,
+        )
+        self._leader = Leader(engine, self.worker.worker_id, self.worker.stopped)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._leader.start()
+
+    def stop(self, *, now: bool = False) -> None:
+        """Drain (``now``: stop at once) and wait until the worker has ended."""
+        self.worker.request_stop(now=now)
+        self._thread.join(None if now else DRAIN_SECONDS)
+        if self._thread.is_alive():
+            self.worker.request_stop(now=True)
+            self._thread.join()
+        self._leader.join(5)
