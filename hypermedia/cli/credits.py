@@ -7,6 +7,7 @@ from rich.table import Table
 
 from hypermedia.cli.common import console, engine, print_json, user_errors
 from hypermedia.errors import InvalidRequest
+from hypermedia.parse import ascii_int
 from hypermedia.queue.profiles import Credits
 
 app = typer.Typer(help="Credits: project budgets and what projects used.", no_args_is_help=True)
@@ -48,10 +49,10 @@ def set_budget(
         if credits.strip().lower() in UNLIMITED:
             limit = None
         else:
-            try:
-                limit = int(credits)
-            except ValueError:
-                raise InvalidRequest("the budget is a whole number of credits, or 'none'") from None
+            # ASCII digits only: int() also reads Arabic-Indic digits and '1_000'.
+            limit = ascii_int(credits.strip(), max_digits=40)
+            if limit is None:
+                raise InvalidRequest("the budget is a whole number of credits, or 'none'")
         row = Credits(engine()).set_budget(project, limit)
         if as_json:
             print_json(row)

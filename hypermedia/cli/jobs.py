@@ -85,12 +85,9 @@ def submit(
             idempotency_key=idempotency_key,
             created_by="cli",
         )
-        if idempotency_key:
-            ids = [eng.enqueue(job)]
-        else:
-            ids = []
-            for start in range(0, count, 1000):
-                ids += eng.enqueue_many([job] * min(1000, count - start))
+        # One transaction, all or none: a budget refuses the whole count (it
+        # was one per 1000 jobs, leaving the first thousands queued).
+        ids = [eng.enqueue(job)] if idempotency_key else eng.enqueue_many([job] * count)
         queued = f"job {ids[0]}" if count == 1 else f"{len(ids)} jobs: {ids[0]} … {ids[-1]}"
         if not wait:
             if as_json:

@@ -54,20 +54,35 @@ class Enqueuing:
                     ) from None
             return int(found["job_id"])
 
-    def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
-        """Create many jobs in one transaction; ids in the order given."""
+    def enqueue_many(self, jobs: Sequence[NewJob], chunk: int = 1000) -> list[int]:
+        """Create many jobs in one transaction, all or none; ids in the order given.
+
+        Written ``chunk`` jobs at a time, so a million jobs do not sit in
+        memory at once.  Each chunk's credits are checked against the budget
+        as read under the lock the first chunk took, plus the chunks before
+        it: one check of the whole batch, which a budget refuses whole (it
+        used to be one transaction per 1000 jobs, and a refusal left the
+        first thousands queued behind an error).
+        """
         if not jobs:
             return []
         with self.db.tx() as tx:
-            return self.enqueue_in(tx, jobs)
+            ids: list[int] = []
+            held: dict[str, list[Any]] = {}
+            for start in range(0, len(jobs), chunk):
+                ids += self.enqueue_in(tx, jobs[start : start + chunk], held=held)
+            return ids
 
-    def enqueue_in(self, tx: Any, jobs: Sequence[NewJob]) -> list[int]:
+    def enqueue_in(
+        self, tx: Any, jobs: Sequence[NewJob], *, held: dict[str, list[Any]] | None = None
+    ) -> list[int]:
         """``enqueue_many`` inside the caller's transaction: the jobs commit with its other writes.
 
         A job whose idempotency key was used before answers with the first job
         (IdempotencyConflict if that one asked for something else).  Every new
         job is validated before anything is written.  A concurrent enqueue of
         the same key raises Conflict: the caller's transaction must roll back.
+        ``held``: budgets this transaction checked already (see ``check_budgets``).
         """
         profiles: dict[str, Row] = {}
         found: dict[int, int] = {}
@@ -84,7 +99,7 @@ class Enqueuing:
                     found[i] = int(prior["job_id"])
                     continue
             built.append((i, *self._new_row(tx, j, profiles)))
-        check_budgets(tx, [r for _, r, _ in built])
+        check_budgets(tx, [r for _, r, _ in built], held)
         ids = tx.insert_jobs([r for _, r, _ in built])
         tx.insert_events(
             [
@@ -107,10 +122,16 @@ class Enqueuing:
         """Whether ``job`` asks for what ``prior`` is.  Stored params are validated
         ones (profile defaults filled in): validate the request's params against
         the prior job's profile before comparing."""
+        profile = tx.profile_by_id(prior["profile_id"]) or {}
+        # Fix: the profile is part of the request.  Another profile (or another
+        # pinned version) is another request, even with the same params: it
+        # has its own settings and prices.  ``KEY`` unpinned repeats a job made
+        # with any version of KEY: newer versions may have come since.
+        if not _same_profile(profile, job):
+            return False
         if _same_request(prior, job):
             return True
         try:
-            profile = tx.profile_by_id(prior["profile_id"]) or {}
             settings = dict(profile.get("settings") or {})
             params = registry.get(job.job_type).validate(dict(job.params), settings)
         except JobError:
@@ -193,8 +214,10 @@ class Enqueuing:
         ref = job.profile or registry.get(job.job_type).profile_key
         if ref in seen:
             return seen[ref]
-        key, _, version = ref.partition(":")
-        profile = tx.profile(key, version or None)
+        # Fix: the one reference rule (KEY or KEY:vN), as everywhere else: a
+        # bare "KEY:" was read as KEY, " KEY" as no profile at all.
+        key, version = pricing.parse_ref(ref)
+        profile = tx.profile(key, version)
         # Fix: tx.profile returns an explicitly named version even when it was
         # deactivated; seed 000 deactivates versions "to prevent new jobs from
         # using them", so a pinned inactive version is refused too.
@@ -223,6 +246,16 @@ def _input_object(tx: Any, object_id: int, project_id: str) -> Row:
     return dict(obj)
 
 
+def _same_profile(profile: Row, job: NewJob) -> bool:
+    """Whether ``job`` names the profile a prior job was made with."""
+    try:
+        ref = job.profile or registry.get(job.job_type).profile_key
+        key, version = pricing.parse_ref(ref)
+    except (JobError, InvalidRequest):
+        return False
+    return profile.get("profile_key") == key and version in (None, profile.get("profile_version"))
+
+
 def _same_request(found: Row, job: NewJob) -> bool:
     return (
         found["job_type"] == job.job_type
@@ -233,24 +266,37 @@ def _same_request(found: Row, job: NewJob) -> bool:
     )
 
 
-def check_budgets(tx: Any, rows: Sequence[Row]) -> None:
+def check_budgets(tx: Any, rows: Sequence[Row], held: dict[str, list[Any]] | None = None) -> None:
     """Refuse new jobs that would take a project past its credit budget.
 
     The project's budget row is locked first, so concurrent enqueues of
     one project take turns: each one counts the jobs the others committed
     (READ COMMITTED sees them once the lock is granted; SQLite holds the
     write lock already).  Free jobs are never refused, and lock nothing.
+
+    ``held`` (project -> [limit, used, needed so far]) carries what this
+    transaction read under the lock to its next check: a batch written in
+    chunks is checked as a whole, without summing the project's jobs again
+    (and again over the chunks it wrote) for every chunk.
     """
     needs: dict[str, int] = {}
     for r in rows:
         needs[r["project_id"]] = needs.get(r["project_id"], 0) + r["estimated_credits"]
     for project_id in sorted(p for p, n in needs.items() if n > 0):
-        budget = tx.budget(project_id, lock=True)
-        if budget is None or budget["budget_credits"] is None:
-            continue
-        limit, used = int(budget["budget_credits"]), tx.credit_use(project_id)
-        if used + needs[project_id] > limit:
+        known = None if held is None else held.get(project_id)
+        if known is None:
+            budget = tx.budget(project_id, lock=True)
+            if budget is None or budget["budget_credits"] is None:
+                known = [None, 0, 0]
+            else:
+                known = [int(budget["budget_credits"]), tx.credit_use(project_id), 0]
+            if held is not None:
+                held[project_id] = known
+        limit, used, before = known
+        need = before + needs[project_id]
+        known[2] = need
+        if limit is not None and used + need > limit:
             raise Refused(
                 f"credit budget exceeded: {used} of {limit} used, "
-                f"this request needs {needs[project_id]}"
+                f"this request needs {need}{' or more' if before else ''}"
             )

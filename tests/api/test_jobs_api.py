@@ -45,6 +45,33 @@ def test_profile_alone_names_the_job_type(client: TestClient, a: Project) -> Non
         assert r.json()["job_type"] == "debug.noop"
 
 
+def test_a_profile_that_cannot_be_used_is_422_with_or_without_job_type(
+    client: TestClient, a: Project
+) -> None:
+    """Named alone it was a 404 (as if the job were missing), with job_type a 422."""
+    h = bearer(a.admin)
+    for profile in ("no-such-profile", "debug-noop:v99"):
+        for body in ({"profile": profile}, {**NOOP, "profile": profile}):
+            r = client.post("/v1/jobs", json=body, headers=h)
+            assert r.status_code == 422, (body, r.text)
+            assert r.json()["code"] == "invalid_request"
+    r = client.post("/v1/jobs", json={**NOOP, "profile": "debug-noop:"}, headers=h)
+    assert r.status_code == 422 and "not a profile reference" in r.json()["message"]
+
+
+def test_same_idempotency_key_with_another_profile_is_422(client: TestClient, a: Project) -> None:
+    h = {**bearer(a.admin), "Idempotency-Key": "order-18"}
+    first = client.post("/v1/jobs", json={"profile": "debug-noop"}, headers=h)
+    assert first.status_code == 201, first.text
+    other = client.post("/v1/jobs", json={"profile": "debug-noop:v1"}, headers=h)
+    assert other.status_code == 201 and other.json()["job_id"] == first.json()["job_id"]
+    key = f"noop-{first.json()['job_id']}-{a.id}"
+    made = client.post("/v1/profiles", json={"key": key, "job_type": "debug.noop"}, headers=h)
+    assert made.status_code == 201, made.text
+    other = client.post("/v1/jobs", json={"profile": key}, headers=h)
+    assert other.status_code == 422 and other.json()["code"] == "idempotency_conflict"
+
+
 def test_unknown_fields_and_bad_values_are_422(client: TestClient, a: Project) -> None:
     h = bearer(a.admin)
     assert client.post("/v1/jobs", json={**NOOP, "colour": "red"}, headers=h).status_code == 422

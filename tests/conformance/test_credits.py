@@ -115,6 +115,26 @@ def test_enqueue_past_the_budget_is_refused_clearly(engine, driver):
     assert engine.enqueue(NewJob("debug.sleep", profile=key, project_id="p1"))
 
 
+def test_a_batch_written_in_chunks_is_refused_whole(engine):
+    """A batch of several chunks (``jobs submit --count 1500``) is one check
+    of the whole: past the budget none of it is stored.  It used to be a
+    transaction per 1000 jobs: the first ones stayed queued behind the error."""
+    credits, key = Credits(engine), _profile(engine, base=1)
+    project = f"chunks-{uuid.uuid4().hex[:8]}"
+    credits.set_budget(project, 25)
+    job = NewJob("debug.sleep", profile=key, project_id=project)
+    engine.enqueue(job)
+    msg = "credit budget exceeded: 1 of 25 used, this request needs 30 or more"
+    with pytest.raises(InvalidRequest, match=msg):
+        engine.enqueue_many([job] * 30, chunk=10)
+    assert len(engine.list(project_id=project)) == 1
+    ids = engine.enqueue_many([job] * 24, chunk=10)
+    assert len(set(ids)) == 24
+    assert credits.show(project)[0]["used"] == 25
+    with pytest.raises(InvalidRequest, match="25 of 25 used, this request needs 1"):
+        engine.enqueue_many([NewJob("debug.noop", project_id=project), job], chunk=1)
+
+
 def test_credit_use_counts_actual_of_completed_and_estimates_of_live_jobs(engine, driver):
     credits, key = Credits(engine), _profile(engine, base=3)
     completed = engine.enqueue(NewJob("debug.sleep", profile=key, project_id="u"))

@@ -100,6 +100,33 @@ def test_same_key_for_a_different_request_conflicts(engine):
     assert [j["job_id"] for j in engine.list()] == [first]
 
 
+def test_same_key_with_another_profile_conflicts(engine, driver):
+    """The profile is part of the request: another profile or another pinned
+    version under the same key is a conflict, even with the same params (it
+    used to return the first job, made with other settings and prices).  The
+    key alone still repeats the job after a newer version came."""
+    mine, other = _profile(driver), _profile(driver)  # same type, same settings
+    first = engine.enqueue(NewJob("debug.sleep", {"ms": 5}, profile=mine, idempotency_key="kp"))
+    _profile(driver, key=mine, version="v2")
+    for ref in (other, f"{mine}:v2", None):  # None: the type's default profile, debug-sleep
+        with pytest.raises(IdempotencyConflict):
+            engine.enqueue(NewJob("debug.sleep", {"ms": 5}, profile=ref, idempotency_key="kp"))
+            pytest.fail(f"profile {ref} was taken for {mine} under the same key")
+    for ref in (mine, f"{mine}:v1"):
+        again = NewJob("debug.sleep", {"ms": 5}, profile=ref, idempotency_key="kp")
+        assert engine.enqueue(again) == first
+    assert _count_jobs(engine) == 1
+
+
+def test_profile_references_follow_the_one_rule(engine, driver):
+    """KEY or KEY:vN, as everywhere else: "KEY:" used to be read as KEY."""
+    key = _profile(driver)
+    for bad in (f"{key}:", f"{key}:V1", f"{key}:v1:x", f"{key}:v0"):
+        with pytest.raises(InvalidRequest, match="is not a profile reference"):
+            engine.enqueue(NewJob("debug.sleep", profile=bad))
+    assert _count_jobs(engine) == 0
+
+
 def test_idempotency_keys_are_per_project(engine):
     a = engine.enqueue(NewJob("debug.noop", project_id="p1", idempotency_key="same"))
     b = engine.enqueue(NewJob("debug.noop", project_id="p2", idempotency_key="same"))

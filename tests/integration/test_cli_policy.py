@@ -62,6 +62,8 @@ def _case(args: list[str], code: int, said: str, **env: str) -> object:
         _case(["objects", "put", "{home}/missing.bin"], USAGE, "does not exist"),
         _case(["objects", "get", "1", "-o", "{home}"], USAGE, "names a folder"),
         _case(["credits", "set-budget", "p", "lots"], USAGE, "whole number"),
+        _case(["credits", "set-budget", "p", "\u0661\u0660"], USAGE, "whole number"),
+        _case(["credits", "set-budget", "p", "1_000"], USAGE, "whole number"),
         _case(["tokens", "create", "-p", "p", "--scopes", "root"], USAGE, "scopes must be"),
         _case(["db", "upgrade", "nope"], USAGE, "Can't locate revision"),
         _case(["jobs", "ls"], USAGE, "HYPERMEDIA_CLAIM_BATCH", HYPERMEDIA_CLAIM_BATCH="1.5"),
@@ -123,6 +125,27 @@ def test_the_policy_on_every_backend(driver: Driver, tmp_path: Path) -> None:
         url=url, home=home,
     )  # fmt: skip
     assert broke.returncode == FAILED and "credit budget exceeded" in broke.stderr
+
+
+def test_a_count_past_the_budget_queues_nothing(driver: Driver, tmp_path: Path) -> None:
+    """`jobs submit --count` is one enqueue, refused whole past the budget. It
+    was one transaction per 1000 jobs: the first 1000 stayed queued (and
+    held their credits) while the command said the budget refused it."""
+    url, home = driver.url, tmp_path / "home"
+    key, project = f"priced-{uuid.uuid4().hex[:8]}", f"batch-{uuid.uuid4().hex[:8]}"
+    for args in (
+        ("profiles", "create", key, "--type", "debug.noop", "--credits-base", "1"),
+        ("credits", "set-budget", project, "1200"),
+    ):
+        assert hypermedia(*args, url=url, home=home).returncode == 0
+    submit = ("jobs", "submit", "debug.noop", "--profile", key, "--project", project)
+    proc = hypermedia(*submit, "--count", "1500", url=url, home=home)
+    assert proc.returncode == FAILED, proc.stderr
+    assert "this request needs 1500 or more" in " ".join(proc.stderr.split())
+    shown = hypermedia("credits", "show", "--project", project, "--json", url=url, home=home)
+    assert json.loads(shown.stdout)["used"] == 0
+    proc = hypermedia(*submit, "--count", "1200", "--json", url=url, home=home)
+    assert proc.returncode == 0 and len(json.loads(proc.stdout)["job_ids"]) == 1200
 
 
 READ_ONLY = [

@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from hypermedia.api.deps import Id, may_submit, owned, scoped, services
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.auth.tokens import Principal
-from hypermedia.errors import Forbidden, InvalidRequest
+from hypermedia.errors import Forbidden, InvalidRequest, NotFound
 from hypermedia.parse import ascii_int
 from hypermedia.queue.models import NewJob
 from hypermedia.queue.states import STATUSES, TERMINAL
@@ -59,7 +59,13 @@ def _new_job(svc: Services, body: JobCreate, principal: Principal, key: str | No
     if job_type is None:
         if body.profile is None:
             raise InvalidRequest("give job_type, profile, or both")
-        job_type = str(svc.profiles.show(body.profile)["job_type"])
+        try:
+            job_type = str(svc.profiles.show(body.profile)["job_type"])
+        except NotFound as exc:
+            # Fix: a profile that cannot be used is a bad request (422) whether
+            # or not job_type is given, as an unknown object is; not a 404,
+            # which says the job (the resource asked for) does not exist.
+            raise InvalidRequest(str(exc)) from None
     if not may_submit(principal, job_type):
         raise Forbidden(f"{job_type} is an operator's tool: it needs a token with the admin scope")
     return NewJob(
