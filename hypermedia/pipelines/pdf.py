@@ -177,30 +177,37 @@ def _check_magic(path: str) -> None:
 
 
 def _open(pdfium: Any, path: str) -> Any:
+    """The document, opened by pdfium, or the JobError saying why it cannot be.
+
+    Loaded through pdfium's own call, not ``PdfDocument(path)``: pypdfium2
+    raises for a document that loads with no pages too, with pdfium's "last
+    error", which only a failed load sets.  That error was then the one left
+    by an earlier document in the same child: a PDF with no pages after an
+    encrypted one was "encrypted PDFs are not supported".  Here the error is
+    read only after a load that failed, and no pages is told apart by itself.
+    """
     raw = pdfium.raw
-    try:
-        doc = pdfium.PdfDocument(path)
-    except pdfium.PdfiumError as exc:
-        code = getattr(exc, "err_code", None)
-        if code is None:
-            code = raw.FPDF_GetLastError()
-    else:
-        # Before anything else reads the document (pypdfium2's rule): a form
-        # environment, for _render to draw fields.  No JavaScript: pdfium here
-        # has no JS platform, and none is given.
-        try:
-            doc.init_forms()
-        except pdfium.PdfiumError:
-            doc.close()
-            raise JobError("CORRUPT_INPUT", "the PDF's form is damaged") from None
-        return doc
-    if code == raw.FPDF_ERR_PASSWORD:
-        raise JobError("UNSUPPORTED_FORMAT", "encrypted PDFs are not supported")
-    if code == raw.FPDF_ERR_SECURITY:
-        raise JobError("UNSUPPORTED_FORMAT", "this PDF's encryption is not supported")
-    if code == raw.FPDF_ERR_SUCCESS:  # it loaded, but has no pages
+    handle = raw.FPDF_LoadDocument(os.fsencode(path), None)
+    if not handle:
+        code = raw.FPDF_GetLastError()  # set by this failed load
+        if code == raw.FPDF_ERR_PASSWORD:
+            raise JobError("UNSUPPORTED_FORMAT", "encrypted PDFs are not supported")
+        if code == raw.FPDF_ERR_SECURITY:
+            raise JobError("UNSUPPORTED_FORMAT", "this PDF's encryption is not supported")
+        raise JobError("CORRUPT_INPUT", "the PDF is damaged or unreadable")
+    if raw.FPDF_GetPageCount(handle) < 1:
+        raw.FPDF_CloseDocument(handle)
         raise JobError("CORRUPT_INPUT", "the PDF has no pages")
-    raise JobError("CORRUPT_INPUT", "the PDF is damaged or unreadable")
+    doc = pdfium.PdfDocument(handle)
+    # Before anything else reads the document (pypdfium2's rule): a form
+    # environment, for _render to draw fields.  No JavaScript: pdfium here
+    # has no JS platform, and none is given.
+    try:
+        doc.init_forms()
+    except pdfium.PdfiumError:
+        doc.close()
+        raise JobError("CORRUPT_INPUT", "the PDF's form is damaged") from None
+    return doc
 
 
 def _target_size(page: int, points: tuple[float, float], params: dict[str, Any]) -> tuple[int, int]:

@@ -18,7 +18,10 @@ Verdicts:
   limit exceeded"), clamd answered ERROR, or clamd stopped at one of its own
   scan limits and said so with a ``Heuristics.Limits.Exceeded.*`` name
   (``AlertExceedsMax yes`` in clamd.conf; without it clamd calls such files OK,
-  see docs/pipelines.md).  ``reason`` says which.
+  see docs/pipelines.md), or clamd said OK for a ZIP with a member larger than
+  ``clamd_max_file_size`` (clamd's MaxFileSize: its ZIP reader scans only
+  that much of a member and says OK even with AlertExceedsMax).  ``reason``
+  says which.
 
 clamd not answering (no socket, connection refused, a timeout, a connection
 closed without an answer) is PROVIDER_UNAVAILABLE, which is retried.  The
@@ -33,6 +36,8 @@ import os
 import select
 import socket
 import struct
+import time
+import zipfile
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,6 +52,7 @@ PING_TIMEOUT = 1.0
 CHUNK = 256 * 1024
 MAX_REPLY = 64 * 1024
 LIMIT_HEURISTIC = "Heuristics.Limits.Exceeded"
+UNIX_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes, the last one a NUL
 
 SCHEMA: S.Schema = {
     "clamd": S.Field(
@@ -71,6 +77,14 @@ SCHEMA: S.Schema = {
         overridable=False,
         doc="how long clamd may take to answer once connected",
     ),
+    "clamd_max_file_size": S.Field(
+        int,
+        25 * 1024 * 1024,
+        1,
+        4 * 1024**3,
+        overridable=False,
+        doc="clamd.conf's MaxFileSize: a ZIP member larger than this is not_fully_scanned",
+    ),
 }
 
 Address = tuple[str, Any]  # ("unix", path) or ("tcp", (host, port))
@@ -87,6 +101,11 @@ def parse_address(url: str) -> Address:
     if u.query or u.fragment:
         raise bad
     if u.scheme == "unix" and not u.netloc and u.path.startswith("/") and len(u.path) > 1:
+        if len(os.fsencode(u.path)) > UNIX_PATH_MAX:
+            # connect() could never reach it: a profile error, not clamd being away.
+            raise JobError(
+                "INVALID_PARAMS", f"clamd's unix socket path is over {UNIX_PATH_MAX} bytes"
+            )
         return ("unix", u.path)
     if u.scheme == "tcp" and u.hostname and port and u.path in ("", "/"):
         return ("tcp", (u.hostname, port))
@@ -103,6 +122,8 @@ def _check(values: dict[str, Any]) -> None:
 def _unavailable(what: str, exc: BaseException | None = None) -> JobError:
     if isinstance(exc, TimeoutError):
         why = "timed out"
+    elif isinstance(exc, socket.gaierror):
+        why = "host name not resolved"
     elif isinstance(exc, ConnectionRefusedError):
         why = "connection refused"
     elif isinstance(exc, FileNotFoundError):
@@ -134,16 +155,30 @@ def _connect(address: Address, timeout: float, connect_timeout: float) -> socket
     return sock
 
 
-def _read_reply(sock: socket.socket) -> str:
-    """Everything clamd says until it closes the connection (it does after one command)."""
-    parts, n = [], 0
+def _read_reply(sock: socket.socket, timeout: float) -> str:
+    """Everything clamd says until it closes the connection (it does after one command).
+
+    Within ``timeout`` seconds in all, not per read: a peer that trickles a
+    byte at a time would otherwise hold the attempt until its job's timeout.
+    A complete answer (clamd ends it with a NUL) is kept if the close is late.
+    """
+    parts: list[bytes] = []
+    n = 0
+    deadline = time.monotonic() + timeout
     try:
         while n < MAX_REPLY:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            sock.settimeout(left)
             data = sock.recv(4096)
             if not data:
                 break
             parts.append(data)
             n += len(data)
+    except TimeoutError as exc:
+        if not (parts and parts[-1].endswith(b"\0")):
+            raise _unavailable("did not answer", exc) from None
     except OSError as exc:
         if not parts:
             raise _unavailable("did not answer", exc) from None
@@ -160,7 +195,7 @@ def command(address: Address, name: str, timeout: float = CONNECT_TIMEOUT) -> st
             sock.sendall(b"z" + name.encode() + b"\0")
         except OSError as exc:
             raise _unavailable("is not reachable", exc) from None
-        return _clean(_read_reply(sock).strip("\0\n "))
+        return _clean(_read_reply(sock, timeout).strip("\0\n "))
 
 
 def _answered(sock: socket.socket) -> bool:
@@ -206,7 +241,7 @@ def instream(
             pass  # clamd stopped reading (a size limit): its answer may be waiting
         except OSError as exc:
             raise _unavailable("did not take the file", exc) from None
-        return _read_reply(sock), sent
+        return _read_reply(sock, timeout), sent
 
 
 def verdict(reply: str, sent: int, size: int) -> tuple[str, str | None, str | None]:
@@ -244,6 +279,24 @@ def verdict(reply: str, sent: int, size: int) -> tuple[str, str | None, str | No
     return "clean", None, None
 
 
+def largest_zip_member(path: str) -> int:
+    """The largest uncompressed size a ZIP's central directory declares; 0 for no ZIP.
+
+    clamd's ZIP reader scans only the first MaxFileSize bytes of a larger
+    member and answers OK, even with AlertExceedsMax (ClamAV 1.4; a gzip or
+    tar member over the limit is reported as Heuristics.Limits.Exceeded).
+    Only the central directory is read, nothing is decompressed; a ZIP that
+    cannot be read this way leaves clamd's answer as it is.
+    """
+    try:
+        if not zipfile.is_zipfile(path):
+            return 0
+        with zipfile.ZipFile(path) as z:
+            return max((i.file_size for i in z.infolist()), default=0)
+    except Exception:  # a hostile directory: BadZipFile, struct.error, MemoryError...
+        return 0
+
+
 def _clean(text: str, limit: int = 200) -> str:
     """Printable ASCII only, and short: clamd's words end up in results."""
     return "".join(c for c in text if " " <= c <= "~")[:limit]
@@ -273,6 +326,15 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         lambda done: ctx.progress(5 + 90 * done, "scanning"),
     )
     result, signature, reason = verdict(reply, sent, size)
+    if result == "clean":
+        limit = int(params.get("clamd_max_file_size", SCHEMA["clamd_max_file_size"].default))
+        member = largest_zip_member(ctx.input_path)
+        if member > limit:
+            result = "not_fully_scanned"
+            reason = (
+                f"a ZIP member of {member} bytes is over clamd's MaxFileSize ({limit}): "
+                "clamd scanned only its first MaxFileSize bytes"
+            )
     ctx.progress(100, result)
     ctx.output("virus_verdict", "application/json", {"verdict": result, "signature": signature})
     return {

@@ -13,7 +13,9 @@ import io
 import os
 import socket
 import threading
+import time
 import uuid
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,6 +134,42 @@ def test_over_max_bytes_is_not_fully_scanned_and_only_a_prefix_is_sent(
     assert (result["verdict"], result["signature"]) == ("infected", f"{MARKER_NAME}.UNOFFICIAL")
 
 
+def _zip(member: bytes) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("member.bin", member)
+    return buf.getvalue()
+
+
+def test_a_zip_member_over_clamds_max_file_size_is_never_clean(
+    tmp_path: Path, clamd: Clamd
+) -> None:
+    # clamd's ZIP reader scans a member only up to MaxFileSize and says OK,
+    # AlertExceedsMax or not: the marker past it goes unseen.
+    hidden = _zip(b"\0" * (MAX_FILE + 4096) + MARKER)
+    assert len(hidden) < MAX_FILE  # the archive itself is well under every limit
+    path = tmp_path / "hidden.zip"
+    path.write_bytes(hidden)
+    address = virus.parse_address(clamd.unix_url)
+    assert virus.instream(address, str(path), 10**9, 30)[0].strip("\0") == "stream: OK"
+    settings = {"clamd": clamd.unix_url, "clamd_max_file_size": MAX_FILE}
+    result, outputs = _scan(tmp_path, hidden, settings)
+    assert (result["verdict"], result["signature"]) == ("not_fully_scanned", None)
+    assert result["reason"] == (
+        f"a ZIP member of {MAX_FILE + 4096 + len(MARKER)} bytes is over clamd's MaxFileSize "
+        f"({MAX_FILE}): clamd scanned only its first MaxFileSize bytes"
+    )
+    assert outputs[0]["metadata"] == {"verdict": "not_fully_scanned", "signature": None}
+    # Under the limit the member is scanned whole; what clamd finds still wins.
+    assert _scan(tmp_path, _zip(CLEAN), settings)[0]["verdict"] == "clean"
+    result, _ = _scan(tmp_path, _zip(b"\0" * (MAX_FILE + 4096) + EICAR), settings)
+    assert result["verdict"] == "not_fully_scanned"
+    result, _ = _scan(tmp_path, _zip(MARKER + b"\0" * (MAX_FILE + 4096)), settings)
+    assert (result["verdict"], result["signature"]) == ("infected", f"{MARKER_NAME}.UNOFFICIAL")
+    # Not a ZIP, or one whose directory cannot be read: clamd's answer stands.
+    assert _scan(tmp_path, b"PK\x05\x06" + os.urandom(40), settings)[0]["verdict"] == "clean"
+
+
 @pytest.mark.parametrize(
     ("reply", "sent", "size", "expected"),
     [
@@ -205,6 +243,11 @@ def test_clamd_down_is_provider_unavailable(tmp_path: Path, clamd: Clamd) -> Non
     assert result["verdict"] == "clean"
 
 
+def test_a_host_name_that_does_not_resolve_is_provider_unavailable(tmp_path: Path) -> None:
+    err = _unavailable(tmp_path, {"clamd": "tcp://no-such-host.invalid:3310"})
+    assert err.reason == "clamd is not reachable (host name not resolved)"
+
+
 def test_a_missing_socket_is_provider_unavailable(tmp_path: Path) -> None:
     err = _unavailable(tmp_path, {"clamd": f"unix://{tmp_path}/nothing-here.sock"})
     assert err.reason == "clamd is not reachable (no socket)"
@@ -256,6 +299,46 @@ def test_clamd_not_answering_in_time_is_provider_unavailable(tmp_path: Path) -> 
     assert err.reason == "clamd did not answer (timed out)"
 
 
+def test_an_answer_trickled_past_the_timeout_is_provider_unavailable(tmp_path: Path) -> None:
+    """timeout_seconds bounds the whole answer, not each read of it: a peer
+    sending a byte every 0.3 s used to hold the attempt for as long as it liked."""
+    path = Path(f"/tmp/hm-trickle-{uuid.uuid4().hex[:8]}.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                conn.settimeout(2)
+                if b"VERSION" in conn.recv(64):
+                    conn.sendall(b"ClamAV 1.4.0/1/today\0")
+                    continue
+                for byte in b"stream: OK" * 10:
+                    if done.is_set():
+                        break
+                    conn.sendall(bytes([byte]))
+                    time.sleep(0.3)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        started = time.monotonic()
+        err = _unavailable(tmp_path, {"clamd": f"unix://{path}", "timeout_seconds": 1})
+        assert time.monotonic() - started < 5
+        assert err.reason == "clamd did not answer (timed out)"
+    finally:
+        done.set()
+        server.close()
+        thread.join(10)
+        path.unlink()
+
+
 def test_a_garbled_answer_is_provider_unavailable(tmp_path: Path) -> None:
     with _fake_clamd(tmp_path, b"HELLO THERE\0") as url:
         err = _unavailable(tmp_path, {"clamd": url})
@@ -274,10 +357,19 @@ def test_only_a_profile_names_the_socket(tmp_path: Path) -> None:
     for bad in ("http://x:1", "unix://relative", "unix:///", "tcp://host", "tcp://:3310", "x"):
         with pytest.raises(JobError, match="clamd must be"):
             validate({}, {"clamd": bad})
+    # A socket path connect() cannot take is the profile's error, refused at
+    # once: it used to be PROVIDER_UNAVAILABLE, retried as if clamd were away.
+    with pytest.raises(JobError, match="unix socket path is over 107 bytes") as err:
+        validate({}, {"clamd": "unix:///run/" + "c" * 100 + ".ctl"})
+    assert err.value.code == "INVALID_PARAMS"
+    assert validate({}, {"clamd": "unix:///" + "c" * 106})["clamd"] == "unix:///" + "c" * 106
+    with pytest.raises(JobError, match="set by the profile"):
+        validate({"clamd_max_file_size": 10**9}, {})
     assert validate({}, {"clamd": "tcp://clamav.internal:3310"}) == {
         "clamd": "tcp://clamav.internal:3310",
         "max_bytes": 104_857_600,
         "timeout_seconds": 120,
+        "clamd_max_file_size": 26_214_400,
     }
     assert virus.VIRUS_SCAN.schema is virus.SCHEMA
 

@@ -439,10 +439,25 @@ def test_an_empty_file_is_corrupt(scratch: Path) -> None:
     ],
 )
 def test_damaged_pdfs_are_corrupt(scratch: Path, cut: Any) -> None:
-    src = put(scratch, cut(pdfs.document(3)))
-    err = failure(scratch, src)
+    data = cut(pdfs.document(3))
+    err = failure(scratch, put(scratch, data))
     assert err.code == "CORRUPT_INPUT", err.reason
-    assert err.reason in ("the PDF is damaged or unreadable", "the PDF has no pages")
+    no_pages = data == pdfs.document(0)
+    assert err.reason == (
+        "the PDF has no pages" if no_pages else "the PDF is damaged or unreadable"
+    )
+
+
+def test_no_pages_is_told_apart_from_the_documents_the_child_opened_before(
+    scratch: Path,
+) -> None:
+    """pdfium's last error is set only by a failed load: a PDF that loads with no
+    pages used to get the error an earlier document left in the same child
+    ("encrypted PDFs are not supported" after an encrypted one)."""
+    for before in (pdfs.encrypted(), b"%PDF-1.7\n" + os.urandom(2000), pdfs.document(1)):
+        failure(scratch, put(scratch, before), first_page=2, last_page=2)
+        err = failure(scratch, put(scratch, pdfs.document(0)))
+        assert (err.code, err.reason) == ("CORRUPT_INPUT", "the PDF has no pages")
 
 
 def test_a_png_named_pdf_is_unsupported(scratch: Path) -> None:
