@@ -334,9 +334,10 @@ def _settings(pipeline: registry.Pipeline, settings: Mapping[str, Any]) -> Row:
         raise InvalidRequest("settings must be a JSON object")
     try:
         if pipeline.schema is not None:
-            return schema.clean_settings(pipeline.schema, settings)
-        # No schema (yet): the settings must at least let a job with no
-        # params of its own through the pipeline's validation.
+            settings = schema.clean_settings(pipeline.schema, settings)
+        # Then the pipeline's own checks across fields (first_page after
+        # last_page, a clamd URL of no known scheme): a version that passed the
+        # schema alone became the newest active one and refused every job.
         pipeline.validate({}, dict(settings))
     except JobError as exc:
         raise InvalidRequest(f"settings refused for {pipeline.job_type}: {exc.reason}") from None

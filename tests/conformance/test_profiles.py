@@ -175,6 +175,24 @@ def test_image_thumbnail_refuses_absurd_settings(engine: Engine, settings):
         Profiles(engine).create(_key(), "image.thumbnail", settings)
 
 
+@pytest.mark.parametrize(
+    ("job_type", "settings", "reason"),
+    [
+        ("pdf.preview", {"first_page": 5, "last_page": 2}, "pdf.preview"),
+        ("security.virus_scan", {"clamd": "http://clamd.internal:3310"}, "security.virus_scan"),
+    ],
+)
+def test_settings_the_pipeline_refuses_across_fields_never_become_a_version(
+    engine: Engine, job_type: str, settings: dict, reason: str
+):
+    """Each field in its range, together refused: the version would have been
+    the newest active one and failed every job enqueued with it."""
+    key = _key()
+    with pytest.raises(InvalidRequest, match=reason):
+        Profiles(engine).create(key, job_type, settings)
+    assert not [p for p in Profiles(engine).list(include_inactive=True) if p["profile_key"] == key]
+
+
 def test_bad_creates_are_refused(engine: Engine, resize: str):
     profiles, key = Profiles(engine), _key()
     bad = {
