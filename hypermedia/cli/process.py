@@ -243,6 +243,9 @@ def _record(
         "error_code": job["error_code"],
         "safe_reason": job["safe_reason"],
         "outputs": [],
+        # What a data-only job found (a virus verdict, a duplicate list): there
+        # is no file to write for it, and a bare "completed" said nothing.
+        "result": job.get("result"),
     }
     if job["status"] not in TERMINAL:
         record["safe_reason"] = f"{why}; the job goes on (hypermedia jobs show {job['job_id']})"
@@ -289,10 +292,19 @@ def _download(store: Storage, object_id: int, dst: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _brief_result(result: Any, limit: int = 300) -> str:
+    """A job's result on one line (no output files to name): its JSON, cut."""
+    if result in (None, {}):
+        return "no output files"
+    text = json.dumps(result, separators=(", ", ": "), ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _say(r: Row) -> None:
     if r["status"] == "completed" and r["error_code"] is None:
-        made = ", ".join(r["outputs"]) or "no output files"
-        console.print(f"{r['input']}: completed (job {r['job_id']}) → {made}", soft_wrap=True)
+        made = ", ".join(r["outputs"]) or _brief_result(r["result"])
+        line = f"{r['input']}: completed (job {r['job_id']}) → {made}"
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
         return
     code = f" {r['error_code']}" if r["error_code"] else ""
     reason = f": {r['safe_reason']}" if r["safe_reason"] else ""

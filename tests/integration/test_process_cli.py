@@ -208,6 +208,22 @@ def test_on_a_fresh_home_process_migrates_and_runs_the_jobs_itself(tmp_path: Pat
         driver.dispose()
 
 
+def test_a_data_only_job_shows_its_result(tmp_path: Path) -> None:
+    """A duplicate check writes no file: what it found is the record's result."""
+    home, a, b = tmp_path / "home", tmp_path / "a.png", tmp_path / "b.png"
+    a.write_bytes(png(40, 30))
+    b.write_bytes(png(40, 30))  # the same bytes: an exact duplicate
+    args = ("process", str(a), str(b), "--profile", "dedup-check", "--out", str(tmp_path / "o"))
+    done = hypermedia(*args, "--json", url="", home=home, timeout=120)
+    assert done.returncode == 0, done.stderr
+    first, second = (json.loads(line) for line in done.stdout.splitlines())
+    assert first["outputs"] == [] and second["outputs"] == []
+    assert first["result"]["exact"] and second["result"]["exact"]  # each finds the other
+    plain = hypermedia(*args, url="", home=home, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    assert '→ {"exact": [' in plain.stdout and "no output files" not in plain.stdout
+
+
 @sqlite_only
 def test_process_leaves_its_jobs_to_a_worker_that_serves_their_queue(
     procs: Procs, tmp_path: Path
