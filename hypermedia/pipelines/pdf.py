@@ -87,6 +87,15 @@ SCHEMA = {
 }
 
 
+def pages_asked(params: dict[str, Any], total: int | None) -> int:
+    """The pages a job renders: its range, clamped to the document once its
+    page count is known (an upper bound before: the estimate holds no less)."""
+    first, last = params["first_page"], params["last_page"]
+    if total is not None:
+        last = min(last, total)
+    return max(0, last - first + 1)
+
+
 def _cross_check(values: dict[str, Any]) -> None:
     first, last = values["first_page"], values["last_page"]
     if last < first:
@@ -401,5 +410,6 @@ PREVIEW = register(
         doc="Pages of a PDF rendered by pdfium to WebP, PNG or JPEG at a width or a DPI.",
         warm=lambda: (_pypdfium2(), imaging.load(), _pillow()),
         needs_input=True,
+        pages=pages_asked,
     )
 )

@@ -123,6 +123,11 @@ class Pipeline:
     # Whether a job of this type reads an input object: one without is refused
     # when it is enqueued (a 422), not failed later by its first attempt.
     needs_input: bool = False
+    # The pages a job will process of an input of ``pages`` pages (None:
+    # not known yet), as its validated params pick them: what its estimate
+    # prices.  Unset: the whole input (a page range of one page of a
+    # 5,000-page PDF was held as 5,000 pages against the budget).
+    pages: Callable[[dict[str, Any], int | None], int | None] | None = None
 
     @property
     def profile_key(self) -> str:

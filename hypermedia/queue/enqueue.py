@@ -174,6 +174,8 @@ class Enqueuing:
             obj = _input_object(tx, job.object_id, job.project_id)
             pool_id, input_key, input_size = obj["pool_id"], obj["storage_key"], obj["size"]
             pages, duration_ms = obj.get("pages"), obj.get("duration_ms")
+        if pipeline.pages is not None:
+            pages = pipeline.pages(params, pages)
         if input_size > profile["max_input_bytes"]:
             raise InvalidRequest("input is larger than this profile accepts")
         now = self.clock()

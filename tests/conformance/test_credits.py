@@ -68,6 +68,25 @@ def test_estimate_from_base_size_pages_and_minutes(engine, driver, storage):
     assert _estimate(engine, key, input_size_bytes=2 * MB) == 2 + 6 + 5
 
 
+def test_a_pdf_job_is_estimated_for_the_pages_it_renders(engine, driver, storage):
+    """Not the whole document: the first page of 5,000 was held as 5,000 pages
+    against the budget (refused under a small one) and charged as 1."""
+    key = f"c-{uuid.uuid4().hex[:12]}"
+    Profiles(engine).create(key, "pdf.preview", {}, credits=Prices(1, 0, 1, 0))
+
+    def estimate(object_id: int, **params: int) -> int:
+        job_id = engine.enqueue(NewJob("pdf.preview", params, profile=key, object_id=object_id))
+        return int(engine.get(job_id)["estimated_credits"])
+
+    long_doc = _object(storage, driver, 1000, pages=5000)
+    assert estimate(long_doc) == 1 + 1  # the profile's range: page 1
+    assert estimate(long_doc, first_page=3, last_page=12) == 1 + 10
+    short = _object(storage, driver, 1000, pages=4)
+    assert estimate(short, first_page=3, last_page=12) == 1 + 2  # clamped to the document
+    # Pages not known yet: the range asked for, an upper bound.
+    assert estimate(_object(storage, driver, 1000), first_page=1, last_page=8) == 1 + 8
+
+
 @pytest.mark.parametrize(
     ("base", "per_mb", "size", "expected"),
     [
