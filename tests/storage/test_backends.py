@@ -749,7 +749,10 @@ def test_a_hung_store_fails_within_the_s3_timeout(
                     call()
                 # Two tries of 1 s and a backoff of at most 2 s, with room for a busy machine.
                 assert time.monotonic() - started < 12, name
-        assert _read_all(backend, KEY) == b"before"  # answered again once resumed
+        # Answered again once resumed.  The PUT that timed out may have been
+        # applied then (its bytes sat in the socket): a timeout says nothing
+        # of whether a write happened, only that no answer came in time.
+        assert _read_all(backend, KEY) in (b"before", b"during")
     finally:
         backend.close()
         drop_bucket(s3_endpoint, backend.bucket)
