@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from hypermedia.api.errors import ApiError
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import Forbidden, NotFound, Unauthorized
+from hypermedia.pipelines import registry
 from hypermedia.services import Services
 
 # The dashboard's cookie: a session secret (Tokens.start_session), never a token.
@@ -106,6 +107,15 @@ def may_submit(principal: Principal, job_type: str) -> bool:
     (sockets, paths, stray processes): tools of the instance's operator, so
     a token needs the admin scope to submit one."""
     return principal.allows("admin") or not job_type.startswith("debug.")
+
+
+def shown(row: dict[str, Any], principal: Principal, field: str) -> dict[str, Any]:
+    """``row`` with its ``field`` (a job's params, a profile's settings) as
+    ``principal`` may see it: where the server's daemons listen (a private
+    setting, see pipelines/schema.py) is for admin tokens only."""
+    if principal.allows("admin"):
+        return row
+    return {**row, field: registry.public_settings(str(row["job_type"]), row.get(field))}
 
 
 def owned(row: dict[str, object], principal: Principal, what: str, ident: object) -> None:

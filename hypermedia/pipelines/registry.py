@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hypermedia.errors import JobError
-from hypermedia.pipelines.schema import Schema
+from hypermedia.pipelines.schema import Schema, public
 
 if TYPE_CHECKING:  # the child imports this module and must never load the database
     from hypermedia.queue.models import Claimed
@@ -157,6 +157,16 @@ def needs_network(job_type: str, params: dict[str, Any]) -> bool:
     if p is None:
         return False
     return bool(p.network(params) if callable(p.network) else p.network)
+
+
+def public_settings(job_type: str, values: dict[str, Any] | None) -> dict[str, Any]:
+    """A profile's settings or a job's params as a non-admin token sees them:
+    without the fields its pipeline marks private (where clamd listens)."""
+    _load_builtin()
+    p = _REGISTRY.get(job_type)
+    if not values or p is None or p.schema is None:
+        return dict(values or {})
+    return public(p.schema, values)
 
 
 def known() -> list[str]:

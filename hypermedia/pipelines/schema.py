@@ -5,6 +5,8 @@ checks a profile version when it is created (unknown keys, types, ranges,
 choices: a 100,000-pixel thumbnail or quality 500 is refused) and merges a
 job's ``params`` over its profile's settings at enqueue (only fields marked
 ``overridable``).  The merged values are what the job stores and runs with.
+Fields marked ``private`` name the server's own machinery (a daemon's
+socket): the API and the dashboard show them to admin tokens only.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Field:
     high: float | None = None
     choices: tuple[Any, ...] | None = None
     overridable: bool = True  # may a job's params set it?
+    private: bool = False  # the operator's business: shown to admin tokens only
     doc: str = ""
 
     def check(self, name: str, value: Any) -> Any:
@@ -51,6 +54,8 @@ class Field:
         if self.choices is not None:
             out["choices"] = list(self.choices)
         out["overridable"] = self.overridable
+        if self.private:
+            out["private"] = True
         if self.doc:
             out["doc"] = self.doc
         return out
@@ -91,6 +96,11 @@ def validator(schema: Schema, check: Any = None) -> Any:
         return values
 
     return validate
+
+
+def public(schema: Schema, values: Mapping[str, Any]) -> Settings:
+    """``values`` without the private fields (what a non-admin token may see)."""
+    return {k: v for k, v in values.items() if not (k in schema and schema[k].private)}
 
 
 def describe(schema: Schema) -> dict[str, Any]:

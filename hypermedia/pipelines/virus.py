@@ -59,6 +59,7 @@ SCHEMA: S.Schema = {
         str,
         DEFAULT_CLAMD,
         overridable=False,
+        private=True,
         doc="clamd's socket: unix:///path or tcp://host:port",
     ),
     "max_bytes": S.Field(

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from hypermedia.api.deps import COOKIE, Id, authenticate, may_submit, services
+from hypermedia.api.deps import COOKIE, Id, authenticate, may_submit, services, shown
 from hypermedia.api.routes.jobs import check_owner, owned_job, public_job, sse_response
 from hypermedia.api.routes.objects import receive_upload
 from hypermedia.auth.tokens import Principal
@@ -35,9 +35,6 @@ router = APIRouter(prefix="/ui", include_in_schema=False, route_class=UiRoute)
 # Outside /ui: what browsers ask of any site (the favicon).
 root = APIRouter(include_in_schema=False, route_class=UiRoute)
 PAGE_SIZE = 50
-# Profile settings that name the server's own machinery (the clamd socket):
-# shown on the profiles and job pages to admin tokens only.
-SERVER_SETTINGS = frozenset({"clamd"})
 
 
 # -- static files, login, logout ------------------------------------------------------
@@ -197,7 +194,7 @@ async def jobs_page(
 
 
 def _job_view(svc: Services, job_id: int, principal: Principal, base_url: str) -> Row:
-    job = public_job(owned_job(svc, job_id, principal))
+    job = public_job(owned_job(svc, job_id, principal), principal)
     outputs = []
     for out in job["outputs"]:
         url = None
@@ -226,8 +223,6 @@ async def job_page(request: Request, job_id: Id) -> Response:
     base_url = str(request.base_url).rstrip("/")
     view = await run_in_threadpool(_job_view, svc, job_id, principal, base_url)
     job = view["job"]
-    if not principal.allows("admin"):  # a virus scan's params name the clamd socket
-        job["params"] = _public_settings(job.get("params"))
     last_event = max((int(e["event_id"]) for e in job["events"]), default=0)
     writable = principal.allows("jobs:write")
     status = job["status"]
@@ -359,17 +354,13 @@ async def profiles_page(request: Request) -> Response:
     if not principal.allows("admin"):
         # Where clamd listens, and why a tool is missing here, are the
         # operator's business: other tokens see only whether a profile runs.
-        rows = [{**p, "settings": _public_settings(p.get("settings"))} for p in rows]
+        rows = [shown(p, principal, "settings") for p in rows]
         ready = {
             t: None if why is None else "not available on this server" for t, why in ready.items()
         }
     return page(
         request, "profiles.html", title="Profiles", nav="profiles", profiles=rows, ready=ready
     )
-
-
-def _public_settings(settings: Row | None) -> Row:
-    return {k: v for k, v in (settings or {}).items() if k not in SERVER_SETTINGS}
 
 
 # Anything else under /ui: a page, not the API's JSON 404.

@@ -246,3 +246,41 @@ def test_errors_have_one_shape_and_a_request_id(client: TestClient, a: Project) 
     r = client.get("/v1/jobs")
     assert r.status_code == 401 and r.json()["code"] == "unauthorized"
     assert r.headers["WWW-Authenticate"] == "Bearer"
+
+
+def test_where_clamd_listens_is_shown_to_admin_tokens_only(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    """A virus scan's params carry its profile's settings, the clamd socket
+    among them (a private setting): /v1 and /v0 show it to admin tokens only,
+    and every other setting to anyone who may read the job or the profile."""
+    upload = client.post(
+        "/v1/objects", files={"file": ("a.txt", b"hello")}, headers=bearer(a.admin)
+    )
+    assert upload.status_code == 201, upload.text
+    body = {"profile": "virus-scan", "object_id": upload.json()["object_id"]}
+    made = client.post("/v1/jobs", json=body, headers=bearer(a.scoped["jobs:write"]))
+    assert made.status_code == 201, made.text
+    job_id = made.json()["job_id"]
+    uuid = made.json()["job_uuid"]
+    socket = "unix:///run/clamav/clamd.ctl"
+
+    def seen(token: str) -> list[dict[str, object]]:
+        h = bearer(token)
+        listed = client.get("/v1/jobs", params={"job_type": "security.virus_scan"}, headers=h)
+        profiles = client.get("/v1/profiles", headers=h).json()["items"]
+        one = client.get("/v1/profiles/virus-scan", headers=h).json()
+        return [
+            client.get(f"/v1/jobs/{job_id}", headers=h).json()["params"],
+            next(j for j in listed.json()["items"] if j["job_id"] == job_id)["params"],
+            client.get(f"/v0/processing-jobs/{uuid}", headers=h).json()["input_data"],
+            next(p for p in profiles if p["profile_key"] == "virus-scan")["settings"],
+            one["settings"],
+            *(v["settings"] for v in one["versions"]),
+        ]
+
+    assert made.json()["params"].get("clamd") is None
+    for settings in seen(a.scoped["jobs:read"]):
+        assert "clamd" not in settings and settings["max_bytes"] > 0, settings
+    for settings in seen(a.admin):
+        assert settings["clamd"] == socket, settings

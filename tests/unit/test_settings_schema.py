@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from hypermedia.errors import JobError
-from hypermedia.pipelines.schema import Field, clean_settings, describe, merge_params, validator
+from hypermedia.pipelines.schema import (
+    Field,
+    clean_settings,
+    describe,
+    merge_params,
+    public,
+    validator,
+)
 
 SCHEMA = {
     "width": Field(int, 200, 1, 8192),
@@ -78,3 +85,15 @@ def test_describe_is_plain_data() -> None:
     }
     assert d["format"]["choices"] == ["webp", "jpeg"]
     assert d["max_pixels"]["overridable"] is False
+
+
+def test_private_fields_are_marked_and_left_out_of_public() -> None:
+    schema = {
+        "socket": Field(str, "unix:///run/d.ctl", overridable=False, private=True),
+        "limit": Field(int, 5, 1, 10),
+    }
+    assert describe(schema)["socket"]["private"] is True
+    assert "private" not in describe(schema)["limit"]
+    values = clean_settings(schema, {})
+    assert public(schema, values) == {"limit": 5}
+    assert values["socket"] == "unix:///run/d.ctl"  # kept in what the job runs with

@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from hypermedia.api.deps import Id, may_submit, owned, scoped, services
+from hypermedia.api.deps import Id, may_submit, owned, scoped, services, shown
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import Forbidden, InvalidRequest, NotFound
@@ -50,8 +50,8 @@ class JobCreate(BaseModel):
     timeout_seconds: int | None = Field(None, ge=1, le=7 * 86400)
 
 
-def public_job(row: Row) -> Row:
-    return {k: v for k, v in row.items() if k not in _HIDDEN}
+def public_job(row: Row, principal: Principal) -> Row:
+    return {k: v for k, v in shown(row, principal, "params").items() if k not in _HIDDEN}
 
 
 def _new_job(svc: Services, body: JobCreate, principal: Principal, key: str | None) -> NewJob:
@@ -108,7 +108,7 @@ def create_job(
 ) -> Row:
     svc = services(request)
     job_id = svc.engine.enqueue(_new_job(svc, body, principal, idempotency_key))
-    return public_job(owned_job(svc, job_id, principal))
+    return public_job(owned_job(svc, job_id, principal), principal)
 
 
 @router.get("", summary="List jobs, newest first")
@@ -129,12 +129,12 @@ def list_jobs(
         before_id=decode_cursor(cursor) if cursor else None,
         limit=limit + 1,
     )
-    return page(rows, limit, "job_id", public_job)
+    return page(rows, limit, "job_id", lambda row: public_job(row, principal))
 
 
 @router.get("/{job_id}", summary="A job with its attempts, outputs, progress and events")
 def show_job(job_id: Id, request: Request, principal: Principal = scoped("jobs:read")) -> Row:
-    return public_job(owned_job(services(request), job_id, principal))
+    return public_job(owned_job(services(request), job_id, principal), principal)
 
 
 @router.post("/{job_id}/cancel", summary="Cancel a job (a running one is stopped within 2 s)")
@@ -142,7 +142,7 @@ def cancel_job(job_id: Id, request: Request, principal: Principal = scoped("jobs
     svc = services(request)
     check_owner(svc, job_id, principal)
     svc.engine.cancel(job_id, actor=principal.actor)
-    return public_job(owned_job(svc, job_id, principal))
+    return public_job(owned_job(svc, job_id, principal), principal)
 
 
 @router.post("/{job_id}/retry", summary="Run a failed or cancelled job again, as a new attempt")
@@ -150,7 +150,7 @@ def retry_job(job_id: Id, request: Request, principal: Principal = scoped("jobs:
     svc = services(request)
     check_owner(svc, job_id, principal)
     svc.engine.retry(job_id, actor=principal.actor)
-    return public_job(owned_job(svc, job_id, principal))
+    return public_job(owned_job(svc, job_id, principal), principal)
 
 
 @router.get(

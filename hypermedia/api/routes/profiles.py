@@ -1,7 +1,8 @@
 """``/v1/profiles``: versioned job settings, shared by every project.
 
-Anyone with ``jobs:read`` may see them (jobs name them); creating a version
-and deactivating one is for ``admin`` tokens.  Versions are never changed or
+Anyone with ``jobs:read`` may see them (jobs name them), without the
+settings a pipeline marks private (where clamd listens): those are for
+``admin`` tokens, as are creating a version and deactivating one.  Versions are never changed or
 deleted: a new one is created instead.
 """
 
@@ -13,7 +14,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
-from hypermedia.api.deps import scoped, services
+from hypermedia.api.deps import scoped, services, shown
 from hypermedia.auth.tokens import Principal
 from hypermedia.queue.profiles import parse_ref
 
@@ -55,7 +56,8 @@ def list_profiles(
     include_inactive: bool = Query(False),
     principal: Principal = scoped("jobs:read"),
 ) -> Row:
-    return {"items": services(request).profiles.list(job_type, include_inactive=include_inactive)}
+    rows = services(request).profiles.list(job_type, include_inactive=include_inactive)
+    return {"items": [shown(p, principal, "settings") for p in rows]}
 
 
 @router.get("/{ref}", summary="A profile version, with every version of its key")
@@ -65,8 +67,12 @@ def show_profile(
     profiles = services(request).profiles
     profile = profiles.show(ref)
     key, _ = parse_ref(ref)
-    versions = [p for p in profiles.list(include_inactive=True) if p["profile_key"] == key]
-    return {**profile, "versions": versions}
+    versions = [
+        shown(p, principal, "settings")
+        for p in profiles.list(include_inactive=True)
+        if p["profile_key"] == key
+    ]
+    return {**shown(profile, principal, "settings"), "versions": versions}
 
 
 @router.post("", status_code=201, summary="Create the next version of a profile (admin)")

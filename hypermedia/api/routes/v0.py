@@ -37,7 +37,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Header, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from hypermedia.api.deps import scoped, services
+from hypermedia.api.deps import scoped, services, shown
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.auth.tokens import Principal
 from hypermedia.queue.legacy import our_job_type, processing_job, to_priority
@@ -68,6 +68,10 @@ class ProcessingJobCreate(BaseModel):
     max_retries: int = Field(3, ge=1, le=99)
 
 
+def _seed_job(row: Row, principal: Principal) -> Row:
+    return processing_job(shown(row, principal, "params"))
+
+
 @router.post("", status_code=201, summary="Create a processing job")
 def create(
     body: ProcessingJobCreate,
@@ -89,7 +93,7 @@ def create(
             object_id=body.file_id,
         )
     )
-    return processing_job(svc.engine.get(job_id))
+    return _seed_job(svc.engine.get(job_id), principal)
 
 
 @router.get("", summary="List processing jobs, newest first")
@@ -110,13 +114,13 @@ def list_jobs(
         before_id=decode_cursor(cursor) if cursor else None,
         limit=limit + 1,
     )
-    return page(rows, limit, "job_id", processing_job)
+    return page(rows, limit, "job_id", lambda row: _seed_job(row, principal))
 
 
 @router.get("/{job_id}", summary="One processing job")
 def show(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:read")) -> Row:
     svc = services(request)
-    return processing_job(svc.legacy.find(job_id, principal.project_id))
+    return _seed_job(svc.legacy.find(job_id, principal.project_id), principal)
 
 
 @router.post("/{job_id}/cancel", summary="Cancel a job (a running one is stopped within 2 s)")
@@ -124,7 +128,7 @@ def cancel(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:w
     svc = services(request)
     row = svc.legacy.find(job_id, principal.project_id)
     svc.engine.cancel(row["job_id"], actor=principal.actor)
-    return processing_job(svc.legacy.find(job_id, principal.project_id))
+    return _seed_job(svc.legacy.find(job_id, principal.project_id), principal)
 
 
 @router.post("/{job_id}/retry", summary="Run a failed or cancelled job again")
@@ -132,4 +136,4 @@ def retry(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:wr
     svc = services(request)
     row = svc.legacy.find(job_id, principal.project_id)
     svc.engine.retry(row["job_id"], actor=principal.actor)
-    return processing_job(svc.legacy.find(job_id, principal.project_id))
+    return _seed_job(svc.legacy.find(job_id, principal.project_id), principal)
