@@ -38,6 +38,9 @@ class Settings:
     fold_interval_seconds: float = 60.0
     leader_lease_seconds: float = 15.0
     poll_interval_seconds: float = 1.0
+    # MariaDB: how often a worker reads the newest job id to hear of jobs
+    # queued by other processes (db/wakeups.py); 0 turns it off (poll only).
+    watch_interval_seconds: float = 0.05
     cancel_poll_seconds: float = 1.0
     claim_batch: int = 10
     # A warm child is replaced after this many attempts, or at once when it
@@ -64,6 +67,11 @@ class Settings:
     # How long an S3 request waits for an answer (twice, with one retry): a
     # store that hangs (stopped, overloaded) holds a job or an upload that long.
     s3_timeout_seconds: float = 60.0
+    # The pool an upload goes into when it names none (the API, the dashboard,
+    # photos, process, objects put without --pool, outputs of jobs with no
+    # input): `local` is HOME/storage of each process, so a deployment whose
+    # API and workers run on different machines names a shared one (S3).
+    default_pool: str = "local"
     secret_key: str = ""
     signed_url_seconds: int = 900
     gc_interval_seconds: float = 60.0
@@ -109,6 +117,7 @@ _ENV_NAMES = {
     "fold_interval_seconds": "FOLD_INTERVAL_SECONDS",
     "leader_lease_seconds": "LEADER_LEASE_SECONDS",
     "poll_interval_seconds": "POLL_INTERVAL_SECONDS",
+    "watch_interval_seconds": "WATCH_INTERVAL_SECONDS",
     "cancel_poll_seconds": "CANCEL_POLL_SECONDS",
     "claim_batch": "CLAIM_BATCH",
     "child_max_attempts": "CHILD_MAX_ATTEMPTS",
@@ -122,6 +131,7 @@ _ENV_NAMES = {
     "s3_access_key_id": "S3_ACCESS_KEY_ID",
     "s3_secret_access_key": "S3_SECRET_ACCESS_KEY",
     "s3_timeout_seconds": "S3_TIMEOUT_SECONDS",
+    "default_pool": "DEFAULT_POOL",
     "secret_key": "SECRET_KEY",
     "signed_url_seconds": "SIGNED_URL_SECONDS",
     "gc_interval_seconds": "GC_INTERVAL_SECONDS",
@@ -165,6 +175,10 @@ def load_settings() -> Settings:
         raise InvalidRequest("HYPERMEDIA_SESSION_HOURS must be more than 0")
     if not settings.s3_timeout_seconds > 0:
         raise InvalidRequest("HYPERMEDIA_S3_TIMEOUT_SECONDS must be more than 0")
+    if not 0 <= settings.watch_interval_seconds <= 3600:  # a negative wait spins
+        raise InvalidRequest("HYPERMEDIA_WATCH_INTERVAL_SECONDS must be from 0 to 3600")
+    if not 1 <= len(settings.default_pool) <= 64:
+        raise InvalidRequest("HYPERMEDIA_DEFAULT_POOL must name a pool (1 to 64 characters)")
     return settings
 
 

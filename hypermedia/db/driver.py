@@ -184,17 +184,23 @@ class Driver:
 
     # -- wake-ups --------------------------------------------------------------
 
-    def listen(self, on_wake: Callable[[str], None], stop: threading.Event) -> None:
+    def listen(
+        self,
+        on_wake: Callable[[str], None],
+        stop: threading.Event,
+        watch: float = wakeups.WATCH_SECONDS,
+    ) -> None:
         """Block until ``stop``; call ``on_wake(queue)`` for each job notification.
 
         PostgreSQL pushes them from every process.  Elsewhere db/wakeups.py
         hears this process's commits and other processes' new jobs: on SQLite
-        through the wake file, on MariaDB by watching the newest job id.
+        through the wake file, on MariaDB by reading the newest job id every
+        ``watch`` seconds (0: not at all).
         """
         if self.name == "postgresql":
             dialects.pg_listen(self.url, on_wake, stop)
         elif self.name == "mysql":
-            wakeups.listen(self.url, on_wake, stop, newest=self._newest_job_id)
+            wakeups.listen(self.url, on_wake, stop, newest=self._newest_job_id, watch=watch)
         else:
             wakeups.listen(self.url, on_wake, stop, self._wake_file)
 

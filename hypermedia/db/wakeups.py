@@ -14,10 +14,12 @@ the transaction that queued the job has committed (a claim must find it):
   those processes poll as before.
 
 And on MariaDB, whose other processes may be on other machines, a listener
-reads the newest job id every ``WATCH_SECONDS`` (an index's last entry: no
-transaction of anyone's waits for it, nothing is written) and looks for work
-when it grew.  That finds new jobs from anywhere within ~0.05 s; jobs queued by
-an update (a retry promoted, a held job released) are still found by the poll.
+reads the newest job id every ``watch`` seconds (HYPERMEDIA_WATCH_INTERVAL_SECONDS,
+0.05 by default: an index's last entry, no transaction of anyone's waits for
+it, nothing is written) and looks for work when it grew.  That finds new jobs
+from anywhere within ``watch``; jobs queued by an update (a retry promoted, a
+held job released) are still found by the poll.  A ``watch`` of 0 turns it
+off: the workers only poll.
 
 Listeners are kept per database URL, so two Drivers on the same database in
 one process hear each other.
@@ -37,7 +39,8 @@ from collections.abc import Callable, Iterable
 log = logging.getLogger(__name__)
 
 Listener = Callable[[str], None]
-WATCH_SECONDS = 0.05
+WATCH_SECONDS = 0.05  # the default watch (config.watch_interval_seconds)
+MAX_RETRY_SECONDS = 5.0  # the longest wait between reads of a failing server
 
 _lock = threading.Lock()
 _listeners: dict[str, list[Listener]] = {}
@@ -49,17 +52,19 @@ def listen(
     stop: threading.Event,
     wake_file: str | None = None,
     newest: Callable[[], int] | None = None,
+    watch: float = WATCH_SECONDS,
 ) -> None:
     """Call ``on_wake(queue)`` for each queue a commit in this process woke,
     and ``on_wake("*")`` whenever another process touches ``wake_file`` or
-    ``newest()`` (the newest job id) grows, until ``stop``; ``on_wake("*")``
-    first, as after a LISTEN (look once)."""
+    ``newest()`` (the newest job id, read every ``watch`` seconds; 0: never)
+    grows, until ``stop``; ``on_wake("*")`` first, as after a LISTEN (look
+    once)."""
     with _lock:
         _listeners.setdefault(url, []).append(on_wake)
     try:
-        if newest is not None:
-            _follow(newest, on_wake, stop)
-        elif wake_file is None or not _watch(wake_file, on_wake, stop):
+        if newest is not None and watch > 0:
+            _follow(newest, on_wake, stop, watch)
+        elif newest is not None or wake_file is None or not _watch(wake_file, on_wake, stop):
             on_wake("*")
             stop.wait()
     finally:
@@ -91,11 +96,13 @@ def touch(wake_file: str) -> None:
         pass
 
 
-def _follow(newest: Callable[[], int], on_wake: Listener, stop: threading.Event) -> None:
+def _follow(
+    newest: Callable[[], int], on_wake: Listener, stop: threading.Event, watch: float
+) -> None:
     """``on_wake("*")`` whenever ``newest()`` changes; a failing read (the
     server restarting) is tried again with backoff, then looked past once."""
     seen: int | None = None
-    delay = WATCH_SECONDS
+    delay = watch
     with contextlib.suppress(Exception):  # read before looking: nothing slips between
         seen = newest()
     on_wake("*")
@@ -103,12 +110,12 @@ def _follow(newest: Callable[[], int], on_wake: Listener, stop: threading.Event)
         try:
             top = newest()
         except Exception as exc:
-            if delay == WATCH_SECONDS:
+            if delay == watch:
                 log.warning("job watch cannot read the database (%s); retrying", type(exc).__name__)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, max(watch, MAX_RETRY_SECONDS))
             seen = None
             continue
-        delay = WATCH_SECONDS
+        delay = watch
         if top != seen:
             if seen is not None or top:
                 on_wake("*")

@@ -297,7 +297,7 @@ class Worker:
 
     def _listen(self) -> None:
         name_native()
-        self.engine.db.listen(self._on_notify, self.stopped)
+        self.engine.db.listen(self._on_notify, self.stopped, self.settings.watch_interval_seconds)
 
     def _on_notify(self, queue_name: str) -> None:
         if queue_name == "*" or self.every_queue or queue_name in self.queues:

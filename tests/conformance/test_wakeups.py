@@ -79,3 +79,27 @@ def test_a_job_queued_by_another_process(
     # by the newest job id; none of them by a poll (the listener never polls).
     got = _within(heard, 2.0)
     assert got and set(got) <= {"*", "bulk"}
+
+
+def test_the_watch_setting_turns_off_mariadbs_watch_only(driver: Driver, tmp_path: Path) -> None:
+    """HYPERMEDIA_WATCH_INTERVAL_SECONDS=0: MariaDB's listener reads no newest
+    job id, so another process's job wakes nobody (the worker's poll finds
+    it); PostgreSQL (NOTIFY) and SQLite (the wake file) are not watches and
+    still wake it."""
+    got: queue.Queue[str] = queue.Queue()
+    stop = threading.Event()
+    listener = threading.Thread(target=driver.listen, args=(got.put, stop, 0.0), daemon=True)
+    listener.start()
+    try:
+        assert got.get(timeout=10) == "*", "a new listener looks for work once"
+        out = hypermedia("jobs", "submit", "debug.noop", url=driver.url, home=tmp_path)
+        assert out.returncode == 0, out.stderr
+        heard = _within(got, 1.5)
+        if driver.name == "mysql":
+            assert heard == []
+        else:
+            assert heard and set(heard) <= {"*", "bulk"}
+    finally:
+        stop.set()
+        listener.join(5)
+    assert not listener.is_alive()

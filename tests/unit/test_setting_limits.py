@@ -46,3 +46,13 @@ def test_an_s3_timeout_of_nothing_is_refused(monkeypatch: pytest.MonkeyPatch) ->
         load_settings()
     monkeypatch.setenv("HYPERMEDIA_S3_TIMEOUT_SECONDS", "2.5")
     assert load_settings().s3_timeout_seconds == 2.5
+
+
+def test_the_mariadb_watch_is_a_wait_not_a_spin(monkeypatch: pytest.MonkeyPatch) -> None:
+    for bad in ("-0.01", "nan", "3601"):
+        monkeypatch.setenv("HYPERMEDIA_WATCH_INTERVAL_SECONDS", bad)
+        with pytest.raises(InvalidRequest, match="WATCH_INTERVAL_SECONDS must be from 0 to 3600"):
+            load_settings()
+    for good, value in (("0", 0.0), ("0.2", 0.2)):
+        monkeypatch.setenv("HYPERMEDIA_WATCH_INTERVAL_SECONDS", good)
+        assert load_settings().watch_interval_seconds == value

@@ -27,18 +27,16 @@ def _follow(answers: list[int | Exception]) -> list[tuple[int, str]]:
             raise answer
         return answer
 
-    wakeups._follow(newest, lambda q: woken.append((count, q)), stop)
+    wakeups._follow(newest, lambda q: woken.append((count, q)), stop, 0.001)
     return [w for w in woken if w[0] <= len(answers)]
 
 
-def test_looks_once_then_only_when_a_newer_job_appears(monkeypatch) -> None:
-    monkeypatch.setattr(wakeups, "WATCH_SECONDS", 0.001)
+def test_looks_once_then_only_when_a_newer_job_appears() -> None:
     # read 1 is the baseline taken before the first look
     assert _follow([5, 5, 5, 7, 7, 9]) == [(1, "*"), (4, "*"), (6, "*")]
 
 
 def test_a_failing_server_is_read_again_and_looked_past_once(monkeypatch) -> None:
-    monkeypatch.setattr(wakeups, "WATCH_SECONDS", 0.001)
     monkeypatch.setattr(wakeups, "log", _Quiet())
     boom = OSError("server gone")
     # After the failures the watch cannot know what it missed: it looks once.
