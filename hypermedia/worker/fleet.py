@@ -66,7 +66,9 @@ class Fleet:
         cutoff = self.clock() - timedelta(seconds=self.settings.worker_stale_seconds)
         host = socket.gethostname()[:255]
         served: set[str] = set()
-        for row in self.list():
+        with self.db.read() as tx:  # the rows alone: no metrics wanted here
+            rows = tx.workers()
+        for row in rows:
             if row["status"] not in DRAINABLE or row["last_heartbeat"] < cutoff:
                 continue
             if row["hostname"] == host and not psutil.pid_exists(row["pid"] or 0):
