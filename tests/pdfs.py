@@ -180,6 +180,25 @@ def many_pages(count: int, size: tuple[float, float] = LETTER) -> bytes:
     return w.build(catalog)
 
 
+def inflating(megabytes: int) -> bytes:
+    """One page whose Flate content stream inflates to ``megabytes`` MB of
+    path operators: about a megabyte of file that pdfium inflates in memory."""
+    w = Writer()
+    catalog, tree, page = w.reserve(), w.reserve(), w.reserve()
+    chunk = b"0 0 m 1 1 l S\n" * 75_000  # ~1 MB
+    deflate = zlib.compressobj(1)
+    data = b"".join(deflate.compress(chunk) for _ in range(megabytes)) + deflate.flush()
+    content = w.add(Writer.stream(data, b"/Filter /FlateDecode "))
+    w.set(
+        page,
+        b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Contents %d 0 R >>"
+        % (tree, content),
+    )
+    w.set(tree, b"<< /Type /Pages /Kids [%d 0 R] /Count 1 >>" % page)
+    w.set(catalog, b"<< /Type /Catalog /Pages %d 0 R >>" % tree)
+    return w.build(catalog)
+
+
 # -- the standard security handler (PDF 1.7, 7.6.3: RC4, revision 3) ------------------
 
 _PAD = bytes.fromhex("28BF4E5E4E758A4164004E56FFFA01082E2E00B6D0683E802F0CA9FE6453697A")

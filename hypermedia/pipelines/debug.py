@@ -2,7 +2,9 @@
 
 debug.sleep takes ``{"ms": N}`` and, to exercise the failure paths:
 ``{"fail": "CODE"}`` (raise that error code); ``{"crash": true}`` (the child
-process dies with SIGKILL, like a segfaulting decoder would); ``{"alloc_mb": N}``
+process dies with SIGKILL, like a segfaulting decoder would); ``{"abort": true}``
+(it holds ``alloc_mb`` for ``ms``, then calls abort(), as a C++ library does
+when an allocation fails); ``{"alloc_mb": N}``
 (allocate memory, to hit the attempt's memory limit); ``{"leak_mb": N}`` (keep
 N MB for the rest of the child's life, as a leaking decoder would);
 ``{"write_mb": N}`` (write an N MB file in scratch, to hit the file-size
@@ -83,8 +85,8 @@ def _no_settings(settings: dict[str, Any], job_type: str) -> None:
 
 
 def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-    allowed = {"ms", "fail", "crash", "alloc_mb", "steps", "output", "nan", "forge", "marker"}
-    allowed |= {"write_mb", "leak_mb", "probe", "network", "stray"}
+    allowed = {"ms", "fail", "crash", "abort", "alloc_mb", "steps", "output", "nan", "forge"}
+    allowed |= {"marker", "write_mb", "leak_mb", "probe", "network", "stray"}
     unknown = set(params) - allowed
     if unknown:
         raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
@@ -107,7 +109,7 @@ def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[st
     steps = params.get("steps", 1)
     if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps <= 1000:
         raise JobError("INVALID_PARAMS", "steps must be an integer from 0 to 1000")
-    for flag in ("output", "nan", "network", "stray"):
+    for flag in ("output", "nan", "network", "stray", "abort"):
         if not isinstance(params.get(flag, False), bool):
             raise JobError("INVALID_PARAMS", f"{flag} must be true or false")
     if params.get("forge", "pickle") not in _FORGED:
@@ -159,6 +161,11 @@ def _forge(kind: str, marker: str) -> None:
 
 def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
     ms = int(params.get("ms", 0))
+    if params.get("abort"):
+        held = bytearray(params.get("alloc_mb", 0) * 1024 * 1024)
+        held[::4096] = b"x" * len(held[::4096])
+        time.sleep(ms / 1000)
+        os.abort()
     steps = max(1, int(params.get("steps", 1)))
     for i in range(steps):
         time.sleep(ms / 1000 / steps)

@@ -26,6 +26,8 @@ from hypermedia.worker.protocol import (
     write_frame,
 )
 
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
 
 @dataclass
 class Exit:
@@ -66,10 +68,22 @@ class Child:
         self.cpu_seen_ms = 0  # cumulative CPU the child reported at its last attempt
         # Set when the child broke the protocol (it was killed for it).
         self.violation: str | None = None
+        self._statm: int | None = None  # /proc/PID/statm, opened at the first vm_mb()
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def vm_mb(self) -> int:
+        """The child's address space now, in MB (0 once it is gone): what its
+        RLIMIT_AS memory limit counts.  One pread of a file kept open."""
+        try:
+            if self._statm is None:
+                self._statm = os.open(f"/proc/{self.proc.pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
+            pages = int(os.pread(self._statm, 64, 0).split()[0])
+        except (OSError, ValueError, IndexError):
+            return 0
+        return pages * PAGE // 2**20
 
     def send(self, message: dict[str, Any]) -> bool:
         try:
@@ -132,6 +146,10 @@ class Child:
         self.kill()
 
     def _close(self) -> None:
+        if self._statm is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._statm)
+            self._statm = None
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
                 if stream:

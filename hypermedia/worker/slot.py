@@ -39,6 +39,16 @@ from hypermedia.worker.transfer import (
 log = logging.getLogger(__name__)
 
 POLL = 0.1  # how often a slot looks at cancel/lost flags while a child works
+# How C and C++ libraries die when an allocation fails under RLIMIT_AS, where
+# Python would raise MemoryError: abort() (std::bad_alloc, pdfium inflating a
+# huge stream), a trap (PartitionAlloc's OOM_CRASH, GLib's g_error) or a
+# write through the NULL it got back.
+NATIVE_ABORTS = frozenset(
+    {signal.SIGABRT, signal.SIGTRAP, signal.SIGILL, signal.SIGSEGV, signal.SIGBUS}
+)
+# Such a death is an OOM when the attempt had taken at least this share of
+# the room its limit left it (sampled every POLL, so the last sample lags).
+FILLED = 0.5
 
 
 class Flag:
@@ -237,6 +247,9 @@ class Slot:
         }
         net = self._sandbox is not None and registry.needs_network(job.job_type, job.params)
         child = self._child_for(message, net)
+        # Its address space before and at most during the attempt (sampled
+        # each POLL): how a native library's abort is told to be an OOM.
+        vm_start = vm_peak = child.vm_mb()
         deadline = t0 + job.timeout_seconds
         while True:
             elapsed_ms = int((time.monotonic() - t0) * 1000)
@@ -280,10 +293,12 @@ class Slot:
                 ), []
             ready, msg = child.poll(min(remaining, POLL))
             if not ready:
+                vm_peak = max(vm_peak, child.vm_mb())
                 continue
             elapsed_ms = int((time.monotonic() - t0) * 1000)
+            grew = (vm_start, vm_peak)
             if msg is None:
-                return self._died(rj, child, mem, elapsed_ms), []
+                return self._died(rj, child, mem, elapsed_ms, grew), []
             if msg["op"] == "progress":
                 self.flusher.progress(
                     job.job_id, job.attempt, {"percent": msg["percent"], "step": msg["step"]}
@@ -293,7 +308,7 @@ class Slot:
                 continue
             if msg["op"] != "done":
                 child.refuse("a report out of turn")
-                return self._died(rj, child, mem, elapsed_ms), []
+                return self._died(rj, child, mem, elapsed_ms, grew), []
             return self._done(rj, child, msg, elapsed_ms)
 
     def _child_for(self, message: dict[str, object], net: bool) -> Child:
@@ -364,7 +379,9 @@ class Slot:
         if self._job_types:
             self._spawn()
 
-    def _died(self, rj: Running, child: Child, mem: int, elapsed_ms: int) -> AttemptResult:
+    def _died(
+        self, rj: Running, child: Child, mem: int, elapsed_ms: int, vm: tuple[int, int]
+    ) -> AttemptResult:
         ex = child.reap()
         self.child = None
         if child.violation is not None:
@@ -374,6 +391,8 @@ class Slot:
             code, status, why = "TIMEOUT", "timeout", "the attempt used up its CPU time"
         elif ex.signal == signal.SIGKILL and ex.peak_mb >= mem * 0.9:
             code, status, why = "OOM", "failed", "the attempt was killed for using too much memory"
+        elif ex.signal in NATIVE_ABORTS and _filled(vm, mem):
+            code, status, why = "OOM", "failed", "the attempt ran out of memory in a native library"
         else:
             code, status = "CRASHED", "crashed"
             why = f"the processing child died ({_signame(ex.signal)})"
@@ -427,6 +446,12 @@ def _empty(directory: Path) -> None:
             else:
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
+
+
+def _filled(vm: tuple[int, int], mem: int) -> bool:
+    """Whether the attempt's address space grew through most of its room."""
+    start, peak = vm
+    return start > 0 and peak - start >= FILLED * max(1, mem - start)
 
 
 def _signame(sig: int | None) -> str:

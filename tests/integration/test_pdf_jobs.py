@@ -181,3 +181,19 @@ def test_hostile_pdfs_fail_cleanly_and_the_worker_carries_on(
     assert done["result"]["rendered"][0]["width"] == 1280
     # Only the seven inputs and the one page preview are in the ledger.
     assert len(storage.list()) == 8
+
+
+def test_a_stream_that_inflates_past_the_limit_is_an_oom(
+    driver: Driver, live: Engine, storage: Storage, procs: Procs
+) -> None:
+    """pdfium inflates a content stream in memory and aborts the child when
+    RLIMIT_AS refuses it more (no MemoryError to catch): the attempt is an
+    OOM, retried with twice the memory, not a CRASHED retried as it was."""
+    src = storage.put(io.BytesIO(pdfs.inflating(300)), filename="inflating.pdf")
+    job_id = live.enqueue(NewJob("pdf.preview", object_id=src["object_id"], max_attempts=1))
+    _burst(procs)
+
+    row = wait_job(driver, job_id, timeout=5)
+    assert (row["status"], row["error_code"]) == ("failed", "OOM"), row["safe_reason"]
+    assert row["safe_reason"] == "the attempt ran out of memory in a native library"
+    assert _outputs(driver, job_id) == []

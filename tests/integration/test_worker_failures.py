@@ -228,3 +228,25 @@ def test_an_attempt_writing_past_its_file_limit_fails_and_the_worker_carries_on(
     assert "over its 2 MB limit" in row["safe_reason"]
     assert w.alive()
     assert run_one(driver, live, {"write_mb": 1})["slept_ms"] == 0
+
+
+def test_a_native_abort_near_the_memory_limit_is_an_oom(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """A C/C++ library whose allocation fails under RLIMIT_AS aborts the child
+    (pdfium inflating a huge stream does) instead of raising MemoryError: an
+    abort after the attempt's address space grew through most of its room is
+    an OOM (retried with twice the memory); one without that growth is a crash."""
+    w = procs.worker("--concurrency", "1", "--no-maintenance", HYPERMEDIA_CHILD_MEMORY_MB="512")
+    run_one(driver, live, {"ms": 0})  # a warm child, its libraries loaded
+    near = submit(live, {"abort": True, "alloc_mb": 400, "ms": 400}, max_attempts=1)
+    bare = submit(live, {"abort": True, "ms": 400}, max_attempts=1)
+    near_row, bare_row = wait_job(driver, near, timeout=30), wait_job(driver, bare, timeout=30)
+
+    assert (near_row["status"], near_row["error_code"]) == ("failed", "OOM")
+    (a,) = attempts(driver, near)
+    assert a["error_message"] == "the attempt ran out of memory in a native library"
+    assert (bare_row["status"], bare_row["error_code"]) == ("failed", "CRASHED")
+    (b,) = attempts(driver, bare)
+    assert "SIGABRT" in b["error_message"]
+    assert w.alive()
