@@ -188,6 +188,11 @@ def _finish(ctx: FinishContext) -> dict[str, Any]:
     mine = _checked(ctx.result)
     max_distance = int(job.params.get("max_distance", 8))
     try:
+        # The hash is stored in a short write transaction, and the project's
+        # hashes read after its commit in a read-only one: on SQLite a write
+        # transaction holds the database's one writer lock, which every claim
+        # and result of every worker waits for while it lasts.  Of two near
+        # duplicates checked at once, the later commit still sees the other.
         with ctx.storage.db.tx() as tx:
             obj = tx.object(job.object_id)
             if obj is None or obj["state"] != "ready":
@@ -198,10 +203,6 @@ def _finish(ctx: FinishContext) -> dict[str, Any]:
             if same_kind and obj["checksum"] != mine["checksum"]:
                 raise JobError("CORRUPT_INPUT", "the input does not match its checksum")
             project = obj["project_id"]
-            exact = tx.same_checksum(
-                project, {obj["checksum"], mine["checksum"]}, job.object_id, MAX_LISTED + 1
-            )
-            others: list[tuple[int, str]] = []
             if mine["hash"] is not None:
                 tx.store_object_hash(
                     {
@@ -212,6 +213,12 @@ def _finish(ctx: FinishContext) -> dict[str, Any]:
                         "project_id": project,
                     }
                 )
+        with ctx.storage.db.read() as tx:
+            exact = tx.same_checksum(
+                project, {obj["checksum"], mine["checksum"]}, job.object_id, MAX_LISTED + 1
+            )
+            others: list[tuple[int, str]] = []
+            if mine["hash"] is not None:
                 others = tx.project_hashes(
                     project, mine["algorithm"], mine["version"], job.object_id
                 )
