@@ -223,13 +223,30 @@ def _percent(job: Row) -> float:
     return float(snap.get("percent") or 0) if isinstance(snap, dict) else 0.0
 
 
+# The most bytes of an input's stem an output's name keeps.  A file name is at
+# most 255 bytes (NAME_MAX), and the output's is the stem plus
+# ".<output type>[.<n>].<ext>" (".page_preview_50.webp"...), downloaded first
+# as ".<name>.<8 hex>.part": a 250-byte input name, valid itself, made an
+# output name too long to write (OUTPUT_NOT_WRITTEN, exit 1).
+MAX_STEM_BYTES = 160
+
+
+def _short(stem: str) -> str:
+    """``stem`` cut to MAX_STEM_BYTES bytes of the file system's encoding, on a
+    whole character."""
+    while len(os.fsencode(stem)) > MAX_STEM_BYTES:
+        stem = stem[:-1]
+    return stem
+
+
 def _stems(files: list[Path]) -> list[str]:
-    """Input stems, made unique (a/x.png and b/x.png give x and x-2)."""
+    """Input stems, shortened, made unique (a/x.png and b/x.png give x and x-2)."""
     seen: dict[str, int] = {}
     out = []
     for f in files:
-        n = seen[f.stem] = seen.get(f.stem, 0) + 1
-        out.append(f.stem if n == 1 else f"{f.stem}-{n}")
+        stem = _short(f.stem)
+        n = seen[stem] = seen.get(stem, 0) + 1
+        out.append(stem if n == 1 else f"{stem}-{n}")
     return out
 
 

@@ -43,7 +43,7 @@ import re
 from typing import Any
 
 from hypermedia.errors import JobError
-from hypermedia.pipelines import image
+from hypermedia.pipelines import image, imaging
 from hypermedia.pipelines import schema as S
 from hypermedia.pipelines.registry import Context, FinishContext, Pipeline, register
 from hypermedia.storage import checksum as cs
@@ -140,6 +140,7 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     else:
         ctx.progress(40, "perceptual hash")
         vips = image._pyvips()  # DEPENDENCY_FAILED (retryable) without libvips
+        imaging.temp_in(ctx.scratch)
         try:
             max_pixels = int(params.get("max_pixels", image.DEFAULT_MAX_PIXELS))
             out["hash"] = dhash(vips, ctx.input_path, max_pixels)

@@ -150,6 +150,7 @@ def _runner(job_type: str, schema: Schema, output_type: str) -> Runner:
         # in what a job queued by an older version of this module lacks.
         p = clean_settings(schema, {k: v for k, v in params.items() if k in schema})
         vips = imaging.load()
+        imaging.temp_in(ctx.scratch)
         header = imaging.check_input(vips, ctx.input_path, p["max_pixels"])
         fmt = p["format"]
         ext, mime = FORMATS[fmt]

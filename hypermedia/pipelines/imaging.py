@@ -93,6 +93,21 @@ def load() -> Any:
     return pyvips
 
 
+def temp_in(scratch: str) -> None:
+    """Make libvips write its temporary files into the attempt's scratch directory.
+
+    libvips decodes an image it cannot stream into a temporary file once the
+    pixels are over 100 MB (an animated WebP's canvas of 5,200 x 5,200 and up:
+    its frames are composited there), in ``$TMPDIR``, else ``/tmp``.  The
+    child runs with an empty environment and its sandbox lets it write in its
+    scratch directory only: ``/tmp`` was refused, and a valid image failed as
+    CORRUPT_INPUT.  libvips reads ``TMPDIR`` each time it makes a file (so
+    per attempt, not once per child); the file is unlinked when the image is
+    freed, and the worker empties the scratch directory after the attempt.
+    """
+    os.environ["TMPDIR"] = scratch
+
+
 def warm() -> Any:
     """``load``, then one tiny JPEG to WebP thumbnail in memory (a child's
     warm-up, before its first job): the first attempt then finds libjpeg,
@@ -196,15 +211,32 @@ def check_input(vips: Any, path: str, max_pixels: int) -> Header:
     return Header(width, height, loader, mime, size, icc, compression, turned)
 
 
+_NO_MEMORY = (
+    "out of memory",
+    "allocat",
+    "insufficient memory",
+    "bufferpool",
+    "webpsave: unable to encode",
+)
+
+
 def failure(exc: Any, header: Header) -> BaseException:
     """What a libvips error while decoding or saving means for the job."""
     text = f"{getattr(exc, 'message', '')} {getattr(exc, 'detail', '')}".lower()
     # libvips says "out of memory"; its encoders' libraries (aom: "Failed to
     # allocate context buffers") speak of allocating: a retry with more helps.
-    if "out of memory" in text or "allocat" in text:
+    # So do libjpeg ("Insufficient memory", decoding or encoding), aom when it
+    # cannot set up ("av1_create_context_and_bufferpool() failed") and
+    # libwebp, whose failure libvips reports as "unable to encode" only: its
+    # pixels were all decoded by then, so the input is not what is wrong.
+    if any(words in text for words in _NO_MEMORY):
         return MemoryError()
     if "no space left" in text:
         return JobError("STORAGE_UNAVAILABLE", SCRATCH_FULL)
+    if "permission denied" in text:
+        # The sandbox refused a file libvips wanted (see temp_in): the
+        # attempt's doing, not the input's (PERMISSION_DENIED in the child).
+        return PermissionError()
     if header.loader == "heifload" and ("not been built in" in text or "plugin" in text):
         kind = (header.compression or "this").upper()
         return JobError(

@@ -163,3 +163,41 @@ def test_hostile_files_fail_cleanly_and_the_worker_carries_on(
         assert (done["result"]["width"], done["result"]["height"]) == size
     # The inputs and the two outputs are in the ledger, nothing else.
     assert len(storage.list()) == len(HOSTILE) + 2 + 2
+
+
+def _animated_webp(side: int) -> bytes:
+    """A valid animated WebP: a side x side canvas and one 1 x 1 lossless frame."""
+    still = bytes(pyvips.Image.black(1, 1, bands=3).webpsave_buffer(lossless=True, keep="none"))
+    at = still.index(b"VP8L")
+    vp8l = still[at:]
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return kind + len(data).to_bytes(4, "little") + data + b"\0" * (len(data) & 1)
+
+    canvas = (side - 1).to_bytes(3, "little") * 2
+    frame = b"\0" * 12 + (100).to_bytes(3, "little") + b"\0" + vp8l  # at 0,0, 1x1, 100 ms
+    body = b"WEBP" + chunk(b"VP8X", b"\x02\0\0\0" + canvas) + chunk(b"ANIM", b"\0" * 6)
+    body += chunk(b"ANMF", frame)
+    return b"RIFF" + len(body).to_bytes(4, "little") + body
+
+
+def test_an_image_libvips_decodes_through_a_temporary_file_is_read_in_the_sandbox(
+    driver: Driver, live: Engine, storage: Storage, procs: Procs, landlock: int
+) -> None:
+    """libvips composites an animated WebP's frames on a canvas it cannot
+    stream; over 100 MB of pixels (5,200 x 5,200 RGBA here) that canvas is a
+    temporary file.  It went to /tmp, which the child's sandbox refuses, and
+    the job failed as CORRUPT_INPUT; it is made in the attempt's scratch now."""
+    data = _animated_webp(5_200)
+    assert pyvips.Image.new_from_buffer(data, "").width == 5_200  # a valid file
+    obj = storage.put(io.BytesIO(data), filename="banner.webp")
+    thumb = live.enqueue(NewJob("image.thumbnail", object_id=obj["object_id"]))
+    preview = live.enqueue(NewJob("image.preview", object_id=obj["object_id"]))
+    _burst(procs)
+
+    for job_id, size in ((thumb, (200, 200)), (preview, (1280, 1280))):
+        row = wait_job(driver, job_id, timeout=5)
+        assert row["status"] == "completed", (row["error_code"], row["safe_reason"])
+        assert (row["result"]["width"], row["result"]["height"]) == size
+        _peak_mb(driver, job_id)
+    assert [p for p in (procs.home / "scratch").rglob("*") if p.is_file()] == []

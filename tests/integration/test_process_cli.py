@@ -224,6 +224,29 @@ def test_a_data_only_job_shows_its_result(tmp_path: Path) -> None:
     assert '→ {"exact": [' in plain.stdout and "no output files" not in plain.stdout
 
 
+def test_inputs_with_names_near_the_longest_get_their_outputs(tmp_path: Path) -> None:
+    """A 250-byte file name is valid, but "<stem>.<type>.<ext>" (and its
+    ".….part" while downloading) was not: OUTPUT_NOT_WRITTEN, exit 1.  The
+    stem is shortened now, and two names alike in their first bytes stay apart."""
+    home, out = tmp_path / "home", tmp_path / "out"
+    files = [tmp_path / ("é" * 100 + "x" * 45 + end + ".bin") for end in ("a", "b")]
+    for f in files:
+        assert len(f.name.encode()) == 250
+        f.write_bytes(f.name.encode())
+    done = hypermedia(
+        "process", *map(str, files), "--profile", "debug-copy", "--out", str(out), "--json",
+        url="", home=home, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["error_code"] for r in records] == [None, None], records
+    written = [Path(r["outputs"][0]) for r in records]
+    assert len(set(written)) == 2
+    for src, dst in zip(files, written, strict=True):
+        assert dst.read_bytes() == src.read_bytes()
+        assert dst.name.startswith("é" * 80) and len(dst.name.encode()) < 200
+
+
 @sqlite_only
 def test_process_leaves_its_jobs_to_a_worker_that_serves_their_queue(
     procs: Procs, tmp_path: Path

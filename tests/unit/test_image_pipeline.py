@@ -762,16 +762,62 @@ def test_a_panorama_cover_keeps_shrink_on_load(
     assert cut == [str(strip)]
 
 
-def test_an_encoder_that_cannot_allocate_is_oom() -> None:
+@pytest.mark.parametrize(
+    "words",
+    [
+        "heifsave: Failed to allocate context buffers",
+        # aom when it cannot even set up, and libwebp, whose failure libvips
+        # reports without a cause: the frame's pixels were all decoded by then.
+        "heif: Encoder plugin generated an error: Initialization problem: "
+        "av1_create_context_and_bufferpool() failed (8.5001)",
+        "webpsave: unable to encode",
+    ],
+)
+def test_an_encoder_that_cannot_allocate_is_oom(words: str) -> None:
     """aom (AVIF) says "Failed to allocate context buffers" under the attempt's
     address-space limit: more memory helps, so OOM (retried), not CORRUPT_INPUT."""
 
     class Err(Exception):
-        message = "heifsave: Failed to allocate context buffers"
-        detail = ""
+        message = "unable to call heifsave"
+        detail = words
 
     header = imaging.Header(10, 10, "jpegload", "image/jpeg", 1, False)
     assert isinstance(imaging.failure(Err(), header), MemoryError)
+
+
+_TIGHT = """
+import json, resource, sys
+from hypermedia.pipelines import imaging
+
+vips = imaging.load()
+image = vips.Image.xyz(4096, 4096)[0].cast("uchar").bandjoin([128, 200]).copy_memory()
+header = imaging.Header(4096, 4096, "pngload", "image/png", 1, False)
+size = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize"))
+_, hard = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, ((size // 1024 + 64) * 2**20, hard))
+try:
+    imaging.save(vips, image, sys.argv[1] + "/out.jpg", "jpeg", 80, False)
+    print(json.dumps("saved"))
+except vips.Error as exc:
+    print(json.dumps(type(imaging.failure(exc, header)).__name__))
+"""
+
+
+def test_libjpeg_out_of_memory_is_oom(tmp_path: Path) -> None:
+    """libjpeg says "Insufficient memory" when it cannot allocate (encoding
+    here; decoding a large progressive JPEG too): OOM, retried with more
+    memory, not CORRUPT_INPUT, which blamed the file for good."""
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _TIGHT, str(tmp_path)],
+        env={},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == '"MemoryError"'
+    assert not (tmp_path / "out.jpg").exists()  # nothing half-written left
 
 
 def test_heic_is_read_where_libvips_can(scratch: Path) -> None:
