@@ -225,11 +225,7 @@ def _claim_mysql(conn, worker_id, queues, n, now, lease_until):
     ids = _ready_ids(conn, queues, n, now, lock=True)
     if not ids:
         return []
-    conn.execute(
-        sa.update(J)
-        .where(J.c.job_id.in_(ids), J.c.status == "queued")
-        .values(_claim_values(worker_id, now, lease_until))
-    )
+    conn.execute(mysql_claim_update(ids).values(_claim_values(worker_id, now, lease_until)))
     return [
         dict(r._mapping)
         for r in conn.execute(
@@ -238,6 +234,18 @@ def _claim_mysql(conn, worker_id, queues, n, now, lease_until):
             )
         )
     ]
+
+
+def mysql_claim_update(ids: list[int]) -> sa.Update:
+    """The claim's UPDATE of the rows it locked, by primary key.  Forced: when
+    it estimates fewer queued rows than ids, InnoDB walks idx_available
+    (status, available_at) instead, locking queued rows outside the list,
+    other claimers' among them, and two claiming workers deadlocked."""
+    return (
+        sa.update(J)
+        .with_hint("FORCE INDEX (PRIMARY)", dialect_name="mysql")
+        .where(J.c.job_id.in_(ids), J.c.status == "queued")
+    )
 
 
 def _claim_sqlite(conn, worker_id, queues, n, now, lease_until):
