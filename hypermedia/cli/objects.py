@@ -184,24 +184,30 @@ def verify(
             report = scrub.scrub(st, pool_id=pool_id, after=after, limit=limit)
         except scrub.ScrubStopped as exc:
             # What was found before still counts: printed, then why it stopped.
-            _print_scrub(exc.report, as_json)
+            _print_scrub(exc.report, as_json, _pool_names(st))
             if as_json:  # the report's "error" says it; stdout stays one JSON document
                 raise typer.Exit(1) from None
             last = exc.report.last_object_id
             raise StorageUnavailable(
                 f"{exc}; checked up to object {last}: go on with --after {last}"
             ) from exc
-        _print_scrub(report, as_json)
+        _print_scrub(report, as_json, _pool_names(st))
     if report.findings:
         raise typer.Exit(1)
 
 
-def _print_scrub(report: Any, as_json: bool) -> None:
+def _pool_names(st: Any) -> dict[int, str]:
+    return {p["pool_id"]: p["name"] for p in st.pools()}
+
+
+def _print_scrub(report: Any, as_json: bool, pools: dict[int, str]) -> None:
     if as_json:
         print_json(report.as_json())
         return
     for f in report.findings:
-        console.print(f"object {f.object_id}: {f.problem}: {f.detail}", highlight=False)
+        # The pool and key as --json gives them: what a restore from backup needs.
+        where = f"pool {pools.get(f.pool_id, f.pool_id)}, key {f.storage_key}"
+        console.print(f"object {f.object_id}: {f.problem}: {f.detail} ({where})", highlight=False)
     console.print(
         f"checked {report.checked} objects ({report.bytes:,} bytes) up to object "
         f"{report.last_object_id}: {len(report.findings)} with a problem",

@@ -119,13 +119,22 @@ class Storage:
             close()
 
     def pool(self, name: str | None = None) -> Row:
-        """The named pool, or the default one (created on first use)."""
-        name = name or DEFAULT_POOL
+        """The named pool, or the default one: HYPERMEDIA_DEFAULT_POOL, by
+        default ``local`` (HOME/storage, created on first use)."""
+        named = bool(name)
+        name = name or self.settings.default_pool
         with self.db.read() as tx:
             row = tx.pool(name=name)
         if row is not None:
             return row
         if name != DEFAULT_POOL:
+            if not named:
+                # The service's setting, not the request, is wrong: no 404 or
+                # exit 2 for the caller, and the way out for the operator.
+                raise StorageUnavailable(
+                    f"the default pool {name!r} (HYPERMEDIA_DEFAULT_POOL) does not exist:"
+                    " add it with `hypermedia pools add`"
+                )
             raise NotFound(f"no pool named {name!r}")
         try:
             # Unchecked: HOME/storage is made by the first upload, as always.

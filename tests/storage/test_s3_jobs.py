@@ -8,19 +8,22 @@ completes once the store is back, with one output.
 from __future__ import annotations
 
 import io
+import json
 import os
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from hypermedia.config import Settings
 from hypermedia.db.driver import Driver
+from hypermedia.errors import NotFound
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 from hypermedia.storage.base import StorageUnavailable
 from hypermedia.storage.gc import GarbageCollector
 from hypermedia.storage.ledger import Storage
-from tests.harness import checksum_of
+from tests.harness import checksum_of, hypermedia
 from tests.integration._procs import Procs, wait_job
 from tests.storage.conftest import SeaweedServer
 
@@ -90,3 +93,57 @@ def test_a_job_waits_out_an_s3_outage_and_completes(
     assert len(outputs) == 1
     with s3_storage.open(outputs[0]["object_id"]) as f:
         assert f.read() == data
+
+
+def test_uploads_naming_no_pool_go_to_the_default_pool(
+    driver: Driver, s3_storage: Storage, s3_settings: Settings, tmp_path: Path
+) -> None:
+    """Scaled out, the API and the workers have HOMEs of their own: an upload
+    that names no pool (the API, photos, process) went to ``local``, the API
+    machine's HOME/storage, and every job on it failed on a worker elsewhere
+    with CORRUPT_INPUT ("the input object's bytes are missing").
+    HYPERMEDIA_DEFAULT_POOL names the pool such uploads go to."""
+    s3_id = s3_storage.pool("s3")["pool_id"]
+    api_home = tmp_path / "api-machine"
+    api = Storage(driver, s3_settings.with_(home=api_home, default_pool="s3"))
+    data = os.urandom(50_000)
+    row = api.put(io.BytesIO(data), filename="a.bin")  # as POST /v1/objects does
+    assert row["pool_id"] == s3_id
+    assert not (api_home / "storage").exists()
+    creds = {
+        "HYPERMEDIA_S3_ACCESS_KEY_ID": s3_settings.s3_access_key_id,
+        "HYPERMEDIA_S3_SECRET_ACCESS_KEY": s3_settings.s3_secret_access_key,
+        "HYPERMEDIA_DEFAULT_POOL": "s3",
+    }
+    # The CLI reads the setting too.
+    src = tmp_path / "b.bin"
+    src.write_bytes(data)
+    put = hypermedia("objects", "put", str(src), "--json", url=driver.url, home=api_home, **creds)
+    assert put.returncode == 0, put.stderr
+    assert json.loads(put.stdout)["pool_id"] == s3_id
+    # A worker on another machine (another HOME) reads the input from S3.
+    worker_machine = Procs(driver, tmp_path / "worker-machine")
+    try:
+        worker_machine.worker("--concurrency", "1", **creds)
+        job_id = Engine(driver, s3_settings).enqueue(
+            NewJob("debug.copy", object_id=row["object_id"])
+        )
+        done = wait_job(driver, job_id, timeout=60)
+    finally:
+        worker_machine.close()
+    assert done["status"] == "completed", (done["error_code"], done["safe_reason"])
+    # A default pool that does not exist is the service's fault, said as such.
+    nowhere = Storage(driver, s3_settings.with_(default_pool="nope"))
+    with pytest.raises(StorageUnavailable, match="HYPERMEDIA_DEFAULT_POOL"):
+        nowhere.put(io.BytesIO(b"x"))
+    with pytest.raises(NotFound):  # a pool the caller names is still the caller's
+        nowhere.put(io.BytesIO(b"x"), pool="nope")
+    bad = hypermedia(
+        "objects",
+        "put",
+        str(src),
+        url=driver.url,
+        home=api_home,
+        **{**creds, "HYPERMEDIA_DEFAULT_POOL": "nope"},
+    )
+    assert bad.returncode == 1 and "HYPERMEDIA_DEFAULT_POOL" in bad.stderr, bad.stderr
