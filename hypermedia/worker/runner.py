@@ -34,6 +34,7 @@ from hypermedia.worker import sandbox as landlock
 from hypermedia.worker import seccomp
 from hypermedia.worker.flusher import Flusher
 from hypermedia.worker.monitor import Monitor, Stats, worker_row
+from hypermedia.worker.pace import Pace
 from hypermedia.worker.slot import Running, Slot, SlotConfig, scratch_root
 from hypermedia.worker.transfer import Stager, Storer
 
@@ -89,9 +90,10 @@ class Worker:
         self._warming = threading.Semaphore(0)  # one release per slot once its child is warm
         self.stager: Stager | None = None
         self.storer: Storer | None = None
-        # Jobs one worker may hold at once: running, buffered, or finished
-        # with the result not yet written.
-        self._max_held = self.concurrency + 4 * self.batch
+        # Jobs one worker may hold at once (running, buffered, or finished
+        # with the result not yet written): its slots' and, for short jobs,
+        # some ahead (pace.py).
+        self.pace = Pace(self.batch)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -219,11 +221,13 @@ class Worker:
             # instead of hoarding jobs other workers could run.
             with self._lock:
                 held = len(self._running)
-            # Refill once the buffer is half empty, always asking for a whole
-            # batch: a claim costs the same round trip for 5 jobs or for 10.
-            room = min(self.batch, self._max_held - held)
+            # Refill once the buffer is half empty, asking for a whole batch
+            # (a claim costs the same round trip for 5 jobs or for 10), or
+            # for what there is room for once it is empty.
+            room = min(self.batch, self.concurrency + self.pace.ahead(held) - held)
             got, tried = 0, False
-            if self.buffer.qsize() <= self.batch // 2 and room >= max(1, self.batch // 2):
+            half = self.buffer.qsize() <= self.batch // 2
+            if half and (room >= max(1, self.batch // 2) or (room >= 1 and self.buffer.empty())):
                 try:
                     got, tried = self._claim(room), True
                     delay = 0.1
@@ -368,6 +372,7 @@ class Worker:
         # waking it for every result cost a context switch per job.
         if self.buffer.qsize() <= self.batch // 2:
             self.wake.set()
+        self.pace.finished(result.duration_ms)
         if accepted:
             self.stats.record(result.status == "completed", result.duration_ms)
 

@@ -208,3 +208,34 @@ def test_the_worker_threads_carry_their_names_for_the_kernel(
 
     want = {"flusher", "monitor", "listener", "stager", "slot-0", "slot-1", "leader"}
     eventually(lambda: want <= names(), 5, f"threads named {sorted(want)}")
+
+
+def test_long_jobs_are_shared_between_idle_workers_not_hoarded(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """A worker holds ahead of its slots only about a second of work (worker/
+    pace.py): four 1.5 s jobs queued at once go two to each of two one-slot
+    workers, not all four to whichever claimed first (which then ran them one
+    after another while the other idled)."""
+    a = procs.worker("--concurrency", "1", "--no-maintenance")
+    b = procs.worker("--concurrency", "1", "--no-maintenance")
+    for w in (a, b):  # each has run a job: its child is warm, its claim loop running
+        eventually(lambda w=w: _ran_one(procs, live, driver, w.worker_id), 30, "a warm worker")
+    # Each now knows its jobs are short: holding ahead is fine for those.
+    jobs = [submit(live, {"ms": 1500}, priority=1) for _ in range(4)]
+    rows = [wait_job(driver, j, timeout=30) for j in jobs]
+    assert all(r["status"] == "completed" for r in rows)
+    ran = [attempts(driver, j)[-1]["worker_id"] for j in jobs]
+    assert sorted(ran.count(w.worker_id) for w in (a, b)) == [2, 2], ran
+
+
+def _ran_one(procs: Procs, live: Engine, driver: Driver, worker_id: str) -> bool:
+    """Submit quick jobs until ``worker_id`` has run one."""
+    job_id = submit(live, {"ms": 0})
+    wait_job(driver, job_id, timeout=10)
+    return bool(
+        procs.query(
+            "SELECT 1 FROM job_attempts WHERE worker_id = :w AND status = 'completed'",
+            w=worker_id,
+        )
+    )
