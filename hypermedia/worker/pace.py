@@ -7,8 +7,8 @@ runs them two at a time while other workers idle (the jobs sit ``claimed``
 meanwhile).  So a worker holds ahead about ``AHEAD_SECONDS`` of work, judged
 by the longest of its last ``RECENT`` attempts (one long job stops the
 claiming ahead at once; it takes a run of short ones to start it again), and
-nothing ahead after a claim made idle until a result comes back: jobs queued
-while it idled may be of another kind than the ones it ran before.
+nothing ahead once a claim has found the queues empty, until a result comes
+back: jobs queued while it idled may be of another kind than it ran before.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class Pace:
     def __init__(self, batch: int) -> None:
         self.batch = batch
         self._recent: deque[int] = deque(maxlen=RECENT)
-        self._fresh = False  # a result came back since the last claim made idle
+        self._fresh = False  # a result came back since a claim last found nothing
         self._lock = threading.Lock()
 
     def finished(self, duration_ms: int | None) -> None:
@@ -35,12 +35,15 @@ class Pace:
             self._recent.append(duration_ms)
             self._fresh = True
 
-    def ahead(self, held: int) -> int:
-        """Jobs to hold beyond the slots, for a worker now holding ``held``:
-        none for long jobs or an idle worker, up to four batches of short ones."""
+    def idle(self) -> None:
+        """A claim found nothing to take."""
         with self._lock:
-            if held == 0:
-                self._fresh = False
+            self._fresh = False
+
+    def ahead(self) -> int:
+        """Jobs to hold beyond the slots: none for long jobs or after idling,
+        up to four batches of short ones."""
+        with self._lock:
             if not self._fresh or not self._recent:
                 return 0
             longest = max(self._recent)

@@ -224,7 +224,7 @@ class Worker:
             # Refill once the buffer is half empty, asking for a whole batch
             # (a claim costs the same round trip for 5 jobs or for 10), or
             # for what there is room for once it is empty.
-            room = min(self.batch, self.concurrency + self.pace.ahead(held) - held)
+            room = min(self.batch, self.concurrency + self.pace.ahead() - held)
             got, tried = 0, False
             half = self.buffer.qsize() <= self.batch // 2
             if half and (room >= max(1, self.batch // 2) or (room >= 1 and self.buffer.empty())):
@@ -238,6 +238,8 @@ class Worker:
                     continue
             if got:
                 continue
+            if tried:
+                self.pace.idle()
             # Only after a claim that found nothing: the jobs held when no
             # claim was tried may all have finished since (more are queued).
             if self.burst and tried and self._idle():

@@ -26,7 +26,8 @@ def test_a_burst_worker_that_was_full_claims_again_before_exiting(engine: Engine
     jobs = [new_job(engine) for _ in range(3)]
     w = _FinishesMeanwhile(engine, ["bulk"], concurrency=1, batch=2, burst=True)
     with w._lock:  # full: the first round tries no claim
-        w._running.update({-i: None for i in range(1, w._max_held + 1)})  # type: ignore[misc]
+        full = w.concurrency + 4 * w.batch  # the most a worker holds (worker/pace.py)
+        w._running.update({-i: None for i in range(1, full + 1)})  # type: ignore[misc]
     for _ in range(w.concurrency):
         w._warming.release()  # no slots here: their children count as warm
     w.flusher.start()  # SQLite claims in the flusher's transaction

@@ -73,9 +73,12 @@ def test_sigterm_drains_finishes_the_running_job_and_hands_back_the_rest(
     driver: Driver, live: Engine, procs: Procs, tmp_path: Path
 ) -> None:
     w = procs.worker("--concurrency", "1", "--no-maintenance")
-    running = submit(live, {"ms": 3000})
+    # Short jobs first: a worker busy with short jobs claims ahead of its one
+    # slot (worker/pace.py), so the long one's batch brings the waiting ones.
+    short = [NewJob("debug.sleep", {"ms": 0}, priority=1)] * 20
+    *_, running = live.enqueue_many([*short, NewJob("debug.sleep", {"ms": 3000}, priority=5)])
+    waiting = live.enqueue_many([NewJob("debug.sleep", {"ms": 0}, priority=9)] * 3)
     wait_job(driver, running, {"processing"}, 20)
-    waiting = live.enqueue_many([NewJob("debug.sleep", {"ms": 0})] * 3)
     # The worker claims them into its buffer while its one slot is busy.
     eventually(
         lambda: all(job(driver, j)["status"] == "claimed" for j in waiting),
