@@ -49,6 +49,9 @@ class Settings:
     child_max_attempts: int = 10000
     child_recycle_rss_mb: int = 512
     child_memory_mb: int = 2048
+    # The most an OOM's retries may double an attempt's memory to (0: four
+    # times child_memory_mb): a render bomb must not take the machine's RAM.
+    child_memory_max_mb: int = 0
     # The largest file an attempt may write (RLIMIT_FSIZE): a hostile input
     # must not fill the disk the database and the blobs live on.
     child_max_file_mb: int = 4096
@@ -98,6 +101,11 @@ class Settings:
             return self.database_url
         return f"sqlite:///{(self.home / 'hypermedia.db').resolve()}"
 
+    @property
+    def memory_ceiling_mb(self) -> int:
+        """The most memory an attempt may get, after OOM retries."""
+        return max(self.child_memory_mb, self.child_memory_max_mb or 4 * self.child_memory_mb)
+
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes)
 
@@ -123,6 +131,7 @@ _ENV_NAMES = {
     "child_max_attempts": "CHILD_MAX_ATTEMPTS",
     "child_recycle_rss_mb": "CHILD_RECYCLE_RSS_MB",
     "child_memory_mb": "CHILD_MEMORY_MB",
+    "child_memory_max_mb": "CHILD_MEMORY_MAX_MB",
     "child_max_file_mb": "CHILD_MAX_FILE_MB",
     "child_sandbox": "CHILD_SANDBOX",
     "child_connect_ports": "CHILD_CONNECT_PORTS",
@@ -175,6 +184,10 @@ def load_settings() -> Settings:
         raise InvalidRequest("HYPERMEDIA_SESSION_HOURS must be more than 0")
     if not settings.s3_timeout_seconds > 0:
         raise InvalidRequest("HYPERMEDIA_S3_TIMEOUT_SECONDS must be more than 0")
+    if settings.child_memory_max_mb < 0:
+        raise InvalidRequest(
+            "HYPERMEDIA_CHILD_MEMORY_MAX_MB must be 0 (four times the memory) or more"
+        )
     if not 0 <= settings.watch_interval_seconds <= 3600:  # a negative wait spins
         raise InvalidRequest("HYPERMEDIA_WATCH_INTERVAL_SECONDS must be from 0 to 3600")
     if not 1 <= len(settings.default_pool) <= 64:

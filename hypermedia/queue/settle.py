@@ -152,7 +152,12 @@ def _failure(
     pol = policy_for(code)
     safe = reason or code.lower().replace("_", " ")
     common = {"category": pol.category, "safe_reason": safe}
-    if pol.retryable and job["attempt_count"] < job["max_attempts"]:
+    memory = job.get("memory_limit_mb") or settings.child_memory_mb
+    # An attempt that ran out of memory is retried with more, up to the
+    # ceiling: one that had the most a retry may get would fail the same way.
+    grows = pol.memory_factor != 1.0
+    spent = grows and memory >= settings.memory_ceiling_mb
+    if pol.retryable and job["attempt_count"] < job["max_attempts"] and not spent:
         base = settings.backoff_base_seconds * pol.backoff_factor
         delay = retry_delay(job["attempt_count"], base, settings.backoff_max_seconds, rng)
         values: Row = {
@@ -161,9 +166,9 @@ def _failure(
             "available_at": now + timedelta(seconds=delay),
             "retryable": True,
         }
-        if pol.memory_factor != 1.0:
-            current = job.get("memory_limit_mb") or settings.child_memory_mb
-            values["memory_limit_mb"] = int(current * pol.memory_factor)
+        if grows:
+            grown = int(memory * pol.memory_factor)
+            values["memory_limit_mb"] = min(grown, settings.memory_ceiling_mb)
         return "retry_later", values, f"{code}: {safe}; retry in {delay:.1f}s"
     values = {
         **common,
@@ -172,5 +177,8 @@ def _failure(
         "retryable": pol.retryable,
         "completed_at": now,
     }
-    why = "no attempts left" if pol.retryable else "permanent error"
+    if spent:
+        why = f"it had {memory} MB, the most an attempt may get"
+    else:
+        why = "no attempts left" if pol.retryable else "permanent error"
     return "fail", values, f"{code}: {safe} ({why})"

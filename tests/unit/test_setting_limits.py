@@ -56,3 +56,17 @@ def test_the_mariadb_watch_is_a_wait_not_a_spin(monkeypatch: pytest.MonkeyPatch)
     for good, value in (("0", 0.0), ("0.2", 0.2)):
         monkeypatch.setenv("HYPERMEDIA_WATCH_INTERVAL_SECONDS", good)
         assert load_settings().watch_interval_seconds == value
+
+
+def test_the_memory_ceiling_is_four_times_the_memory_unless_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HYPERMEDIA_CHILD_MEMORY_MB", "1024")
+    assert load_settings().memory_ceiling_mb == 4096
+    monkeypatch.setenv("HYPERMEDIA_CHILD_MEMORY_MAX_MB", "1536")
+    assert load_settings().memory_ceiling_mb == 1536
+    monkeypatch.setenv("HYPERMEDIA_CHILD_MEMORY_MAX_MB", "512")  # under the memory: no growth
+    assert load_settings().memory_ceiling_mb == 1024
+    monkeypatch.setenv("HYPERMEDIA_CHILD_MEMORY_MAX_MB", "-1")
+    with pytest.raises(InvalidRequest, match="CHILD_MEMORY_MAX_MB must be 0"):
+        load_settings()

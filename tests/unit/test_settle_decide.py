@@ -37,8 +37,8 @@ def result(status: str = "failed", code: str | None = None, **kw) -> AttemptResu
     return AttemptResult(job_id=7, attempt=kw.pop("attempt", 1), status=status, code=code, **kw)
 
 
-def run(j: dict, r: AttemptResult, seed: int = 1):
-    return decide(j, r, NOW, SETTINGS, random.Random(seed))
+def run(j: dict, r: AttemptResult, seed: int = 1, settings: Settings = SETTINGS):
+    return decide(j, r, NOW, settings, random.Random(seed))
 
 
 # -- the policy table ------------------------------------------------------------------
@@ -197,10 +197,21 @@ def test_orphaned_last_attempt_has_outcome_orphaned():
     assert d.job_values["outcome"] == "orphaned"
 
 
-@pytest.mark.parametrize(("current", "expected"), [(None, 2000), (1500, 3000), (4096, 8192)])
-def test_oom_doubles_memory(current, expected):
+@pytest.mark.parametrize(("current", "expected"), [(None, 2000), (1500, 3000), (2500, 4000)])
+def test_oom_doubles_memory_up_to_the_ceiling(current, expected):
+    # The ceiling: four times child_memory_mb (1000) unless set.
     d = run(job(memory_limit_mb=current), result("failed", "OOM"))
+    assert d.job_values["status"] == "retry_wait"
     assert d.job_values["memory_limit_mb"] == expected
+
+
+def test_an_oom_at_the_ceiling_fails_with_attempts_left():
+    d = run(job(memory_limit_mb=4000, attempt_count=1, max_attempts=5), result("failed", "OOM"))
+    assert (d.job_values["status"], d.job_values["outcome"]) == ("failed", "failed")
+    assert "4000 MB, the most an attempt may get" in d.event["message"]
+    settings = SETTINGS.with_(child_memory_max_mb=16000)
+    d = run(job(memory_limit_mb=4000), result("failed", "OOM"), settings=settings)
+    assert d.job_values["memory_limit_mb"] == 8000
 
 
 def test_other_codes_leave_memory_alone():
