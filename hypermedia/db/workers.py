@@ -78,7 +78,8 @@ class WorkerQueries:
             self.conn.execute(
                 sa.update(W)
                 .where(W.c.worker_id.in_(ids), W.c.status.in_(LIVE))
-                .values(status="unhealthy")
+                # Its jobs are released with it: it holds none any more.
+                .values(status="unhealthy", current_jobs=0)
             )
         return ids
 

@@ -37,6 +37,7 @@ def _worker(driver: Driver, worker_id: str, heartbeat, status: str = "active") -
                 "status": status,
                 "queues": ["bulk"],
                 "max_concurrency": 2,
+                "current_jobs": 2,
                 "cpu_cores": 1,
                 "memory_mb": 1024,
                 "disk_mb": 1000,
@@ -155,6 +156,10 @@ def test_stale_worker_becomes_unhealthy_and_its_jobs_are_released(engine, driver
     assert _worker_status(driver, "ghost") == "unhealthy"
     assert _worker_status(driver, "alive") == "active"
     assert _worker_status(driver, "gone") == "terminated"
+    # Its jobs are released: the row no longer says it holds any.
+    with driver.read() as tx:
+        held = {w: tx.worker(w)["current_jobs"] for w in ("ghost", "alive")}
+    assert held == {"ghost": 0, "alive": 2}
     for job_id in (lost_a, lost_b):
         assert status_of(driver, job_id) == "retry_wait"
         assert attempts(driver, job_id)[0]["status"] == "orphaned"
