@@ -199,6 +199,27 @@ def inflating(megabytes: int) -> bytes:
     return w.build(catalog)
 
 
+def render_bomb(paths: int) -> bytes:
+    """One page of ``paths`` separately stroked dashed curves: a small file
+    (Flate) that takes pdfium seconds per hundred thousand to draw."""
+    w = Writer()
+    catalog, tree, page = w.reserve(), w.reserve(), w.reserve()
+    ops = b"[1 1] 0 d 0.1 w " + b"".join(
+        b"%d %d m %d %d %d %d %d %d c S\n"
+        % (k % 600, k % 780, k % 610, 5 + k % 770, 3 + k % 590, k % 700, 7 + k % 580, k % 790)
+        for k in range(paths)
+    )
+    content = w.add(Writer.stream(zlib.compress(ops, 1), b"/Filter /FlateDecode "))
+    w.set(
+        page,
+        b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Contents %d 0 R >>"
+        % (tree, content),
+    )
+    w.set(tree, b"<< /Type /Pages /Kids [%d 0 R] /Count 1 >>" % page)
+    w.set(catalog, b"<< /Type /Catalog /Pages %d 0 R >>" % tree)
+    return w.build(catalog)
+
+
 # -- the standard security handler (PDF 1.7, 7.6.3: RC4, revision 3) ------------------
 
 _PAD = bytes.fromhex("28BF4E5E4E758A4164004E56FFFA01082E2E00B6D0683E802F0CA9FE6453697A")

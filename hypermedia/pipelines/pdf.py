@@ -42,6 +42,7 @@ import errno
 import importlib.util
 import math
 import os
+import time
 from importlib import metadata
 from typing import Any
 
@@ -83,6 +84,14 @@ SCHEMA = {
     ),
     "max_rendered_pages": Field(
         int, 50, 1, 10_000, overridable=False, doc="the most pages one job may render"
+    ),
+    "max_page_seconds": Field(
+        int,
+        30,
+        1,
+        3600,
+        overridable=False,
+        doc="refuse a page that takes pdfium longer than this to draw (a render bomb)",
     ),
 }
 
@@ -247,8 +256,9 @@ def _target_size(page: int, points: tuple[float, float], params: dict[str, Any])
     return width, height
 
 
-def _render(pdfium: Any, doc: Any, index: int, width: int, height: int) -> Any:
-    """Page ``index`` as an RGB buffer of ``width`` x ``height`` pixels on white (RGBx)."""
+def _render(pdfium: Any, doc: Any, index: int, width: int, height: int, seconds: int) -> Any:
+    """Page ``index`` as an RGB buffer of ``width`` x ``height`` pixels on white
+    (RGBx), drawn in at most ``seconds``."""
     raw = pdfium.raw
     stride = width * 4
     buf = (ctypes.c_ubyte * (stride * height))()  # MemoryError under the attempt's limit
@@ -267,7 +277,12 @@ def _render(pdfium: Any, doc: Any, index: int, width: int, height: int) -> Any:
         try:
             raw.FPDFBitmap_FillRect(bitmap, 0, 0, width, height, 0xFFFFFFFF)
             flags = raw.FPDF_ANNOT | raw.FPDF_REVERSE_BYTE_ORDER  # RGBx, not BGRx
-            raw.FPDF_RenderPageBitmap(bitmap, page, 0, 0, width, height, 0, flags)
+            if not _draw(raw, bitmap, page, width, height, flags, seconds):
+                raise JobError(
+                    "LIMIT_EXCEEDED",
+                    f"page {index + 1} takes longer than this profile's limit of "
+                    f"{seconds} s to draw",
+                )
             if form:
                 raw.FPDF_FFLDraw(form, bitmap, page, 0, 0, width, height, 0, flags)
         finally:
@@ -277,6 +292,31 @@ def _render(pdfium: Any, doc: Any, index: int, width: int, height: int) -> Any:
             raw.FORM_OnBeforeClosePage(page, form)
         raw.FPDF_ClosePage(page)
     return buf
+
+
+def _draw(
+    raw: Any, bitmap: Any, page: Any, width: int, height: int, flags: int, seconds: int
+) -> bool:
+    """Draw ``page`` into ``bitmap``; False if that took longer than ``seconds``.
+
+    Through pdfium's progressive renderer, which asks whether to pause
+    between every hundred page objects: a content stream of millions of
+    paths (a render bomb) is stopped at its budget, a permanent
+    LIMIT_EXCEEDED, instead of holding the attempt to its timeout, which is
+    retried, and every retry again to its timeout.
+    """
+    deadline = time.monotonic() + seconds
+    pause = raw.IFSDK_PAUSE(version=1)
+    # Kept referenced until the render is closed: pdfium holds the pointer.
+    late = type(pause.NeedToPauseNow)(lambda _: time.monotonic() > deadline)
+    pause.NeedToPauseNow = late
+    try:
+        status = raw.FPDF_RenderPageBitmap_Start(bitmap, page, 0, 0, width, height, 0, flags, pause)
+        while status == raw.FPDF_RENDER_TOBECONTINUED and time.monotonic() <= deadline:
+            status = raw.FPDF_RenderPage_Continue(page, pause)
+    finally:
+        raw.FPDF_RenderPage_Close(page)
+    return bool(status != raw.FPDF_RENDER_TOBECONTINUED)
 
 
 def _encode(
@@ -375,7 +415,7 @@ def run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         count = len(sizes)
         for i, (n, (width, height)) in enumerate(sizes.items()):
             ctx.progress(5 + 95 * i / count, f"rendering page {n} of {total}")
-            buf = _render(pdfium, doc, n - 1, width, height)
+            buf = _render(pdfium, doc, n - 1, width, height, p["max_page_seconds"])
             name = f"page-{n}.{ext}"
             _encode(vips, buf, width, height, os.path.join(ctx.scratch, name), p)
             del buf

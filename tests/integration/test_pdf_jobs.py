@@ -75,6 +75,7 @@ def test_a_pdf_gets_page_previews(
         "max_pages": 5000,
         "max_page_pixels": 50_000_000,
         "max_rendered_pages": 50,
+        "max_page_seconds": 30,
     }
     _burst(procs)
 

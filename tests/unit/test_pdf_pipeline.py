@@ -126,7 +126,7 @@ def test_registered_on_import_with_its_schema() -> None:
     assert PREVIEW.available() is None
     assert (pdf.versions() or "").startswith("pypdfium2 ")
     fixed = {k for k, f in pdf.SCHEMA.items() if not f.overridable}
-    assert fixed == {"max_pages", "max_page_pixels", "max_rendered_pages"}
+    assert fixed == {"max_pages", "max_page_pixels", "max_rendered_pages", "max_page_seconds"}
 
 
 def test_the_migration_profile_is_valid_and_completed_by_defaults() -> None:
@@ -141,6 +141,7 @@ def test_the_migration_profile_is_valid_and_completed_by_defaults() -> None:
         "max_pages": 5000,
         "max_page_pixels": 50_000_000,
         "max_rendered_pages": 50,
+        "max_page_seconds": 30,
     }
     assert PREVIEW.validate({}, SETTINGS) == settings
     assert PREVIEW.validate({"last_page": 3, "format": "png"}, SETTINGS)["last_page"] == 3
@@ -377,6 +378,19 @@ def test_the_profile_pixel_cap_applies(scratch: Path) -> None:
     assert failure(scratch, src, settings=settings).code == "LIMIT_EXCEEDED"
     ok = run(scratch, src, settings={**settings, "max_page_pixels": 2_119_680})
     assert ok.result["usage"] == {"pages": 1}
+
+
+def test_a_page_that_draws_past_its_budget_is_stopped_there(scratch: Path) -> None:
+    """A render bomb (tens of thousands of dashed curves: seconds to draw) is
+    stopped at the profile's max_page_seconds, a permanent LIMIT_EXCEEDED,
+    not drawn on to the attempt's timeout (retried, to its timeout again)."""
+    src = put(scratch, pdfs.render_bomb(40_000))
+    settings = {**SETTINGS, "max_page_seconds": 1}
+    t0 = time.monotonic()
+    err = failure(scratch, src, settings=settings)
+    assert time.monotonic() - t0 < 4
+    assert err.code == "LIMIT_EXCEEDED"
+    assert err.reason == "page 1 takes longer than this profile's limit of 1 s to draw"
 
 
 def test_a_password_protected_pdf_is_unsupported(scratch: Path) -> None:
