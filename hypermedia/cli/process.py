@@ -45,7 +45,7 @@ from hypermedia.queue.models import NewJob
 from hypermedia.queue.profiles import Profiles
 from hypermedia.queue.states import TERMINAL
 from hypermedia.redact import redact
-from hypermedia.storage.keys import extension_for
+from hypermedia.storage.keys import display_name, extension_for
 from hypermedia.storage.ledger import Storage
 from hypermedia.worker.fleet import Fleet
 from hypermedia.worker.local import LocalWorker
@@ -244,7 +244,9 @@ def _stems(files: list[Path]) -> list[str]:
     seen: dict[str, int] = {}
     out = []
     for f in files:
-        stem = _short(f.stem)
+        # Without controls: a right-to-left override in "x\u202egnp.exe"
+        # would show "<stem>.thumb.webp" as another type of file.
+        stem = _short(display_name(f.stem) or "file")
         n = seen[stem] = seen.get(stem, 0) + 1
         out.append(stem if n == 1 else f"{stem}-{n}")
     return out

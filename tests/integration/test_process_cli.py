@@ -247,6 +247,22 @@ def test_inputs_with_names_near_the_longest_get_their_outputs(tmp_path: Path) ->
         assert dst.name.startswith("é" * 80) and len(dst.name.encode()) < 200
 
 
+def test_output_names_carry_no_control_characters(tmp_path: Path) -> None:
+    """A right-to-left override would show "photo\u202egnp.exe.copy.bin" as
+    a file of another type; a newline would break a listing."""
+    home, out = tmp_path / "home", tmp_path / "out"
+    files = [tmp_path / "photo\u202egnp.exe.bin", tmp_path / "two\nlines.bin"]
+    for f in files:
+        f.write_bytes(b"x")
+    done = hypermedia(
+        "process", *map(str, files), "--profile", "debug-copy", "--out", str(out), "--json",
+        url="", home=home, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    names = sorted(Path(json.loads(line)["outputs"][0]).name for line in done.stdout.splitlines())
+    assert [n.split(".")[0] for n in names] == ["photognp", "twolines"], names
+
+
 @sqlite_only
 def test_process_leaves_its_jobs_to_a_worker_that_serves_their_queue(
     procs: Procs, tmp_path: Path
