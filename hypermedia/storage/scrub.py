@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hypermedia.db.dialects import is_transient
+from hypermedia.redact import brief
 from hypermedia.storage import checksum
 from hypermedia.storage.base import BlobGrown, BlobMissing, ChecksumMismatch, StorageUnavailable
 from hypermedia.storage.ledger import Storage
@@ -37,7 +39,8 @@ class Report:
     bytes: int = 0
     last_object_id: int = 0  # pass as ``after`` to go on from here
     findings: list[Finding] = field(default_factory=list)
-    # Why the scrub stopped short (the store went away), or None: see ScrubStopped.
+    # Why the scrub stopped short (the store or the database went away), or
+    # None: see ScrubStopped.
     error: Row | None = None
 
     def as_json(self) -> Row:
@@ -45,18 +48,21 @@ class Report:
 
 
 class ScrubStopped(StorageUnavailable):
-    """The store went away mid-scrub.  ``report`` holds what was checked
-    before, and its ``error`` says which object's read failed and where to
-    go on from (``resume_after``): a report for programs even then."""
+    """The store or the database went away mid-scrub.  ``report`` holds what
+    was checked before, and its ``error`` says why, which object's read
+    failed (None when the database did) and where to go on from
+    (``resume_after``): a report for programs even then."""
 
-    def __init__(self, cause: StorageUnavailable, report: Report, row: Row) -> None:
-        super().__init__(str(cause))
+    def __init__(
+        self, message: str, report: Report, row: Row | None, code: str = "STORAGE_UNAVAILABLE"
+    ) -> None:
+        super().__init__(message)
         self.report = report
         report.error = {
-            "code": "STORAGE_UNAVAILABLE",
-            "message": str(cause),  # storage errors name no secret and no path
-            "object_id": int(row["object_id"]),
-            "pool_id": int(row["pool_id"]),
+            "code": code,
+            "message": message,  # storage errors and brief() name no secret and no path
+            "object_id": int(row["object_id"]) if row else None,
+            "pool_id": int(row["pool_id"]) if row else None,
             "resume_after": report.last_object_id,
         }
 
@@ -70,10 +76,30 @@ def scrub(
     on_checked: Callable[[Row], None] | None = None,
 ) -> Report:
     """Check up to ``limit`` ready objects with ids above ``after``, oldest
-    first; ``on_checked(row)`` after each.  A store that is away raises
-    ScrubStopped (a StorageUnavailable) with the report so far: the objects
-    are not at fault."""
+    first; ``on_checked(row)`` after each.  A store or a database that is
+    away raises ScrubStopped (a StorageUnavailable) with the report so far:
+    the objects are not at fault."""
     report = Report(last_object_id=after)
+    try:
+        _scrub(storage, report, pool_id, limit, on_checked)
+    except ScrubStopped:
+        raise
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        # The database went away: what was checked still stands (--json).
+        why = f"the database is unavailable ({brief(exc)})"
+        raise ScrubStopped(why, report, None, "DATABASE_UNAVAILABLE") from exc
+    return report
+
+
+def _scrub(
+    storage: Storage,
+    report: Report,
+    pool_id: int | None,
+    limit: int | None,
+    on_checked: Callable[[Row], None] | None,
+) -> None:
     buf = bytearray(checksum.READ_CHUNK)  # one for the run: hashed while in the CPU's cache
     while limit is None or report.checked < limit:
         want = PAGE if limit is None else min(PAGE, limit - report.checked)
@@ -85,7 +111,7 @@ def scrub(
             try:
                 finding = check(storage, row, buf)
             except StorageUnavailable as exc:  # the objects are not at fault
-                raise ScrubStopped(exc, report, row) from exc
+                raise ScrubStopped(str(exc), report, row) from exc
             report.checked += 1
             report.bytes += int(row["size"])
             report.last_object_id = int(row["object_id"])
@@ -93,7 +119,6 @@ def scrub(
                 report.findings.append(finding)
             if on_checked is not None:
                 on_checked(row)
-    return report
 
 
 def check(storage: Storage, row: Row, buf: bytearray | None = None) -> Finding | None:

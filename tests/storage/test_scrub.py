@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hypermedia.config import Settings
+from hypermedia.db.driver import Driver
 from hypermedia.storage import scrub
 from hypermedia.storage.base import StorageUnavailable
 from hypermedia.storage.ledger import Storage
@@ -120,3 +121,41 @@ def test_a_store_that_is_away_stops_the_scrub(s3_storage: Storage, seaweed: Seaw
     seaweed.stop()
     with pytest.raises(StorageUnavailable):
         scrub.scrub(s3_storage, pool_id=s3_storage.pool("s3")["pool_id"])
+
+
+@pytest.mark.parametrize("database_url", ["postgresql", "mariadb"], indirect=True)
+def test_a_database_that_goes_away_mid_scrub_still_gets_a_report(
+    driver: Driver, settings: Settings
+) -> None:
+    """The scrub's database session is killed after its first object (a
+    server restart, a failover): the report so far comes back with an error
+    saying so and where to go on from, as when the store goes away."""
+    own = Driver(settings.url)  # a pool of its own: only its session is killed
+    storage = Storage(own, settings)
+    first, second = _put(storage, [100, 100])
+
+    def kill_my_session(row: dict) -> None:  # type: ignore[type-arg]
+        if row["object_id"] != first["object_id"]:
+            return  # the second is checked from the page already read
+        with own.read() as tx:  # the scrub's one pooled connection
+            me = tx.conn.exec_driver_sql(_WHO_AM_I[driver.name]).scalar()
+        with driver.tx() as tx:
+            tx.conn.exec_driver_sql(_KILL[driver.name].format(me))
+
+    try:
+        with pytest.raises(scrub.ScrubStopped) as info:
+            scrub.scrub(storage, on_checked=kill_my_session)
+    finally:
+        own.dispose()
+    report = info.value.report
+    # Both were checked; the next page's read found the database gone.
+    assert (report.checked, report.last_object_id) == (2, second["object_id"])
+    error = report.error or {}
+    assert error["code"] == "DATABASE_UNAVAILABLE"
+    assert error["message"].startswith("the database is unavailable (")
+    assert (error["object_id"], error["resume_after"]) == (None, second["object_id"])
+    assert settings.url not in error["message"]
+
+
+_WHO_AM_I = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
+_KILL = {"postgresql": "SELECT pg_terminate_backend({})", "mysql": "KILL {}"}
