@@ -449,7 +449,7 @@ def _empty(directory: Path) -> None:
 
 
 def _filled(vm: tuple[int, int], mem: int) -> bool:
-    """Whether the attempt's address space grew through most of its room."""
+    """Whether the attempt's address space grew through at least FILLED of its room."""
     start, peak = vm
     return start > 0 and peak - start >= FILLED * max(1, mem - start)
 
