@@ -183,33 +183,27 @@ def many_pages(count: int, size: tuple[float, float] = LETTER) -> bytes:
 def inflating(megabytes: int) -> bytes:
     """One page whose Flate content stream inflates to ``megabytes`` MB of
     path operators: about a megabyte of file that pdfium inflates in memory."""
-    w = Writer()
-    catalog, tree, page = w.reserve(), w.reserve(), w.reserve()
     chunk = b"0 0 m 1 1 l S\n" * 75_000  # ~1 MB
     deflate = zlib.compressobj(1)
-    data = b"".join(deflate.compress(chunk) for _ in range(megabytes)) + deflate.flush()
-    content = w.add(Writer.stream(data, b"/Filter /FlateDecode "))
-    w.set(
-        page,
-        b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Contents %d 0 R >>"
-        % (tree, content),
-    )
-    w.set(tree, b"<< /Type /Pages /Kids [%d 0 R] /Count 1 >>" % page)
-    w.set(catalog, b"<< /Type /Catalog /Pages %d 0 R >>" % tree)
-    return w.build(catalog)
+    return _one_page(b"".join(deflate.compress(chunk) for _ in range(megabytes)) + deflate.flush())
 
 
 def render_bomb(paths: int) -> bytes:
     """One page of ``paths`` separately stroked dashed curves: a small file
     (Flate) that takes pdfium seconds per hundred thousand to draw."""
-    w = Writer()
-    catalog, tree, page = w.reserve(), w.reserve(), w.reserve()
     ops = b"[1 1] 0 d 0.1 w " + b"".join(
         b"%d %d m %d %d %d %d %d %d c S\n"
         % (k % 600, k % 780, k % 610, 5 + k % 770, 3 + k % 590, k % 700, 7 + k % 580, k % 790)
         for k in range(paths)
     )
-    content = w.add(Writer.stream(zlib.compress(ops, 1), b"/Filter /FlateDecode "))
+    return _one_page(zlib.compress(ops, 1))
+
+
+def _one_page(flated: bytes) -> bytes:
+    """A one-page Letter PDF whose content stream is ``flated`` (Flate-coded)."""
+    w = Writer()
+    catalog, tree, page = w.reserve(), w.reserve(), w.reserve()
+    content = w.add(Writer.stream(flated, b"/Filter /FlateDecode "))
     w.set(
         page,
         b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Contents %d 0 R >>"
