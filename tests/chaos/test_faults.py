@@ -767,7 +767,23 @@ MARIADBD = "/usr/sbin/mariadbd"
 
 
 def _mariadbd_pids() -> list[int]:
-    return [p.pid for p in psutil.process_iter(["exe", "name"]) if p.info["name"] == "mariadbd"]
+    """Live servers only: this machine's init does not reap orphans, so a stopped
+    mariadbd can linger as a zombie under its old name."""
+    return [
+        p.pid
+        for p in psutil.process_iter(["name", "status"])
+        if p.info["name"] == "mariadbd" and p.info["status"] != psutil.STATUS_ZOMBIE
+    ]
+
+
+def _wait_gone(server: psutil.Process, timeout: float) -> None:
+    """psutil's wait() on a process that is not our child counts a zombie as
+    alive; a zombie has closed its files and sockets, so it is gone for us."""
+    deadline = time.monotonic() + timeout
+    while server.pid in _mariadbd_pids():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"mariadbd {server.pid} did not stop within {timeout}s")
+        time.sleep(0.2)
 
 
 def _start_mariadb() -> None:
@@ -806,7 +822,7 @@ def test_mariadb_restart_mid_run_workers_reconnect(
         try:
             server = psutil.Process(pids[0])
             server.terminate()  # a clean shutdown: connections dropped, data flushed
-            server.wait(60)
+            _wait_gone(server, 60)
             _start_mariadb()
         finally:
             _ensure_mariadb_up(database_url)
