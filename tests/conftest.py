@@ -120,6 +120,19 @@ def _session_driver(database_url: str) -> Iterator[Driver]:
     drv.dispose()
 
 
+@pytest.fixture(autouse=True)
+def _tmpdir_kept() -> Iterator[None]:
+    """A pipeline run in the test process points ``TMPDIR`` at its scratch (for
+    libvips, as a child would); the folder goes with the test, and every process
+    started later (a database server restarted by a fault test) inherited it."""
+    before = os.environ.get("TMPDIR")
+    yield
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+
+
 @pytest.fixture
 def settings(tmp_path: Path, database_url: str) -> Settings:
     return Settings(

@@ -673,6 +673,12 @@ def _pg_cluster() -> tuple[str, str]:
     return version, "main"
 
 
+def _server_env() -> dict[str, str]:
+    """A database server started here inherits this environment: a TMPDIR it
+    cannot write in (another user's test folder) stops InnoDB from starting."""
+    return {k: v for k, v in os.environ.items() if k != "TMPDIR"}
+
+
 def _pg_ctl(action: str) -> subprocess.CompletedProcess[str]:
     version, name = _pg_cluster()
     return subprocess.run(
@@ -680,6 +686,7 @@ def _pg_ctl(action: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=60,
+        env=_server_env(),
     )
 
 
@@ -793,6 +800,7 @@ def _start_mariadb() -> None:
         ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec", MARIADBD],
         check=True,
         timeout=30,
+        env=_server_env(),
     )
 
 
