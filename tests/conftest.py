@@ -21,6 +21,12 @@ from hypermedia.db.migrate import upgrade
 from hypermedia.db.schema import metadata
 from hypermedia.queue.engine import Engine
 
+# The CLI wraps its output at $COLUMNS when it has one, as on a terminal, and
+# pytest-xdist's workers run with COLUMNS=80: the commands the tests start are
+# piped, so they must not inherit it.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 IN_CI = os.environ.get("CI", "").lower() == "true"
 PG_ADMIN = os.environ.get("HYPERMEDIA_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 MY_ADMIN = os.environ.get("HYPERMEDIA_TEST_MARIADB", "mysql://root@127.0.0.1:3306/test")
