@@ -246,10 +246,10 @@ class Slot:
             "input": f"{self.inbox}/{input_name}" if input_name else None,
         }
         net = self._sandbox is not None and registry.needs_network(job.job_type, job.params)
-        child = self._child_for(message, net)
         # Its address space before and at most during the attempt (sampled
         # each POLL): how a native library's abort is told to be an OOM.
-        vm_start = vm_peak = child.vm_mb()
+        child, vm_start = self._child_for(message, net)
+        vm_peak = vm_start
         deadline = t0 + job.timeout_seconds
         while True:
             elapsed_ms = int((time.monotonic() - t0) * 1000)
@@ -311,19 +311,22 @@ class Slot:
                 return self._died(rj, child, mem, elapsed_ms, grew), []
             return self._done(rj, child, msg, elapsed_ms)
 
-    def _child_for(self, message: dict[str, object], net: bool) -> Child:
+    def _child_for(self, message: dict[str, object], net: bool) -> tuple[Child, int]:
         """Our warm child of that kind, or a new one if there is none or it has
-        died since."""
+        died since, with its address space (MB) read before it got the job: a
+        quick child could have grown already if read after."""
         if net != self._net:
             self.child, self._parked, self._net = self._parked, self.child, net
-        if self.child is not None and self.child.send(message):
-            return self.child
         if self.child is not None:
+            vm = self.child.vm_mb()
+            if self.child.send(message):
+                return self.child, vm
             self.child.kill()
         self.child = self._new_child()
+        vm = self.child.vm_mb()
         if not self.child.send(message):
             raise RuntimeError("a fresh child process refused its first job")
-        return self.child
+        return self.child, vm
 
     def _done(
         self, rj: Running, child: Child, msg: dict, elapsed_ms: int
