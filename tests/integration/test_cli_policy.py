@@ -98,7 +98,8 @@ def test_one_exit_code_policy(
     url = extra.pop("HYPERMEDIA_DATABASE_URL", "")
     proc = hypermedia(*(fill(a) for a in args), url=url, home=home, **extra)
     assert proc.returncode == code, proc.stderr
-    assert said in " ".join(proc.stderr.split()), proc.stderr
+    # Typer's usage box is 80 columns wide: a long path wraps inside its borders.
+    assert said in " ".join(proc.stderr.replace("\u2502", " ").split()), proc.stderr
     assert "Traceback" not in proc.stderr
 
 
