@@ -183,7 +183,7 @@ def test_put_file_and_download_verify(storage: Storage, tmp_path) -> None:  # ty
     storage.download(row, dst)
     assert dst.read_bytes() == data
     blob = storage.settings.home / "storage" / row["storage_key"]
-    blob.write_bytes(data[:-1] + b"!")
+    blob.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))  # "!" was the last byte 1 in 256
     again = tmp_path / "again.bin"
     with pytest.raises(ChecksumMismatch):
         storage.download(row, again)
