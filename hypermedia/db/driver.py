@@ -8,7 +8,9 @@ SQL the rest of the code can reach.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -57,6 +59,7 @@ class Driver:
         self.name = make_url(self.url).get_backend_name()
         if self.name == "mariadb":
             self.name = "mysql"
+        self._file: _SqliteFile | None = None  # set by _make_engines on SQLite
         self._engines = self._make_engines(echo)
         # SQLite allows one writer at a time. Threads of one process queue on
         # this lock (an instant hand-over) instead of on SQLite's busy handler,
@@ -98,9 +101,11 @@ class Driver:
         # Two engines on SQLite: writers take the database lock up front with
         # BEGIN IMMEDIATE (no deadlocked upgrades); readers stay deferred so
         # they never wait on writers under WAL.
+        self._file = _SqliteFile(database) if database and database != ":memory:" else None
+        opened = self._file.opened if self._file is not None else None
         return {
-            "write": _sqlite_engine(self.url, "BEGIN IMMEDIATE", echo),
-            "read": _sqlite_engine(self.url, "BEGIN", echo),
+            "write": _sqlite_engine(self.url, "BEGIN IMMEDIATE", echo, opened),
+            "read": _sqlite_engine(self.url, "BEGIN", echo, opened),
         }
 
     @property
@@ -118,7 +123,7 @@ class Driver:
     @contextmanager
     def tx(self) -> Iterator[Tx]:
         """A write transaction, committed on success, rolled back on error."""
-        with _refusals(), self._sqlite_writer, self._engines["write"].begin() as conn:
+        with self._refusals(), self._sqlite_writer, self._engines["write"].begin() as conn:
             tx = Tx(conn, self.name)
             yield tx
         if tx.woken:  # committed: idle workers may claim now
@@ -164,12 +169,12 @@ class Driver:
             with self.tx() as tx:
                 yield tx
             return
-        with _refusals(), self._engines["auto"].connect() as conn:
+        with self._refusals(), self._engines["auto"].connect() as conn:
             yield Tx(conn, self.name, autocommit=True)
 
     @contextmanager
     def read(self) -> Iterator[Tx]:
-        with _refusals(), self._engines["read"].begin() as conn:
+        with self._refusals(), self._engines["read"].begin() as conn:
             yield Tx(conn, self.name)
 
     @contextmanager
@@ -178,8 +183,15 @@ class Driver:
         first one (REPEATABLE READ; on SQLite every read transaction does):
         for figures read in several statements that a concurrent commit must
         not split, such as a counter moved from one table to another."""
-        with _refusals(), self._engines.get("snapshot", self._engines["read"]).begin() as conn:
+        with self._refusals(), self._engines.get("snapshot", self._engines["read"]).begin() as conn:
             yield Tx(conn, self.name)
+
+    def _refusals(self) -> AbstractContextManager[None]:
+        """Every transaction's entrance: the SQLite file is still the one
+        opened, and a value the database refuses is told as the caller's."""
+        if self._file is not None:
+            self._file.check()
+        return _refusals()
 
     def server_now(self) -> datetime:
         """The server's clock (PostgreSQL, MariaDB): one round trip, no BEGIN
@@ -277,7 +289,47 @@ def _refusals() -> Iterator[None]:
         raise ValueRefused() from exc
 
 
-def _sqlite_engine(url: str, begin: str, echo: bool) -> sa.Engine:
+class _SqliteFile:
+    """The file a SQLite driver's connections opened, told apart from a file
+    put at its path later.  Deleted (or replaced by a restore) under a running
+    service, the open connections would go on reading and writing the old
+    inode: jobs accepted with a 201 and lost at the next start, and a new
+    connection would create an empty database in its place.  So every
+    transaction first checks the path (one stat, ~2 us) and is refused as the
+    database being unavailable: the API answers 503, /readyz too, workers wait.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.identity: tuple[int, int] | None = None
+
+    def opened(self) -> None:
+        """A connection opened the file: the first one says which file it is."""
+        if self.identity is None:
+            st = os.stat(self.path)
+            self.identity = (st.st_dev, st.st_ino)
+
+    def check(self) -> None:
+        if self.identity is None:
+            return
+        try:
+            st = os.stat(self.path)
+            what = "replaced" if (st.st_dev, st.st_ino) != self.identity else None
+        except FileNotFoundError:
+            what = "deleted"
+        if what is not None:
+            why = (
+                f"the database file {self.path} was {what} while this process had it "
+                "open: restart hypermedia (what it wrote since went to the old file)"
+            )
+            raise sa.exc.OperationalError(
+                "(database file check)", None, sqlite3.OperationalError(why)
+            )
+
+
+def _sqlite_engine(
+    url: str, begin: str, echo: bool, opened: Callable[[], None] | None = None
+) -> sa.Engine:
     eng = sa.create_engine(url, echo=echo, pool_size=5, max_overflow=10)
 
     @event.listens_for(eng, "connect")
@@ -292,6 +344,8 @@ def _sqlite_engine(url: str, begin: str, echo: bool) -> sa.Engine:
         cur.execute("PRAGMA busy_timeout=30000")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
+        if opened is not None:
+            opened()
 
     @event.listens_for(eng, "begin")
     def _on_begin(conn: sa.Connection) -> None:

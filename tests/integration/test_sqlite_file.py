@@ -1,0 +1,55 @@
+"""The embedded SQLite file deleted (or restored over) while `serve` runs: the
+old file stayed open, /readyz said ok, and jobs were accepted with a 201 into
+the deleted file, gone at the next start.  Now every transaction checks that
+the file at the path is the one opened.  A real `serve` process."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import start_serve, stop
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_sqlite_file_gone_under_serve_is_refused_not_written(tmp_path: Path, how: str) -> None:
+    home = tmp_path / "home"
+    server, base = start_serve(tmp_path, home)
+    try:
+        token = (home / "admin-token").read_text().strip()
+        db = home / "hypermedia.db"
+        for name in ("hypermedia.db", "hypermedia.db-wal", "hypermedia.db-shm"):
+            (home / name).unlink(missing_ok=True)
+        if how == "replaced":
+            db.write_bytes(b"")  # another file at the path: a restore, say
+        status, body = _http(f"{base}/readyz")
+        assert (status, body["database"]) == (503, "unreachable"), body
+        status, body = _http(f"{base}/v1/jobs", {"job_type": "debug.noop"}, token=token)
+        assert (status, body["code"]) == (503, "database_unavailable"), body
+        # No new empty database made in its place by a fresh connection.
+        assert db.exists() == (how == "replaced")
+        assert db.exists() is False or db.stat().st_size == 0
+        log = (tmp_path / "serve.log").read_text()
+        assert f"was {how} while this process had it open" in log, log[-3000:]
+        assert server.poll() is None
+    finally:
+        assert stop(server) == 0
+
+
+def _http(url: str, body: dict[str, Any] | None = None, token: str = "") -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data)
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
