@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -370,3 +371,29 @@ def test_profiles_and_credits_commands(procs: Procs) -> None:
     assert "unlimited" in procs.cli("credits", "show", "--project", "acme")
     bad = hypermedia("credits", "set-budget", "acme", "lots", url=procs.url, home=procs.home)
     assert bad.returncode == 2 and "whole number" in bad.stderr
+
+
+@sqlite_only
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_ends_the_wait_and_hands_its_jobs_back(
+    procs: Procs, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """SIGTERM (timeout(1), systemd) as Ctrl-C: the job its own worker runs goes
+    back for retry and the input is reported.  At SIGTERM's default the process
+    died at once, its job left `processing` and its worker row `active`."""
+    procs.cli("profiles", "create", "nap", "--type", "debug.sleep", "--settings", "{}")
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"some bytes")
+    run = Run(procs, str(src), "--profile", "nap", "--params", '{"ms": 60000}', "--json")
+    eventually(
+        lambda: procs.query("SELECT status FROM processing_jobs") == [("processing",)],
+        60,
+        "the job running in process's own worker",
+    )
+    run.proc.send_signal(sig)
+    assert run.wait(30) == 1, tail(run.err)
+    [record] = run.records()
+    assert (record["status"], record["error_code"]) == ("retry_wait", "ORPHANED"), record
+    assert "the wait was interrupted" in record["safe_reason"]
+    assert procs.query("SELECT status FROM processing_jobs") == [("retry_wait",)]
+    assert procs.query("SELECT status FROM workers") == [("terminated",)]
