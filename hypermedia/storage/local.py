@@ -255,8 +255,16 @@ class LocalBackend:
         return self._path(key).is_file()
 
     def ping(self) -> None:
-        """A look into the pool's folder (/readyz): raises only if it cannot be read."""
+        """A look into the pool's folder (/readyz): raises if it cannot be read,
+        or written (a read-only mount answered ready while every upload got a
+        503).  Before the first upload the folder may not exist yet: the
+        nearest folder above it, where it will be made, is asked instead."""
         self.exists("objects/readyz-probe")
+        where = self.root
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        if not os.access(where, os.W_OK):
+            raise StorageUnavailable("local storage cannot be written (a read-only file system?)")
 
     def check_writable(self) -> None:
         """Store and delete a probe blob: the folder can be made and written

@@ -10,6 +10,7 @@ import hashlib
 import io
 import os
 import random
+import subprocess
 import time
 import traceback
 import tracemalloc
@@ -34,7 +35,7 @@ from hypermedia.storage.base import (
 )
 from hypermedia.storage.local import LocalBackend
 from hypermedia.storage.s3 import SMALL_BODY, S3Backend
-from tests.harness import checksum_of
+from tests.harness import checksum_of, small_tmpfs
 from tests.storage.conftest import SeaweedServer, drop_bucket
 
 MiB = 1024 * 1024
@@ -950,3 +951,22 @@ def test_s3_unfinished_multipart_uploads_are_aborted(s3_backend: S3Backend) -> N
     time.sleep(1.1)
     assert s3_backend.sweep_incomplete(1) >= 1
     assert up["UploadId"] not in unfinished()
+
+
+def test_a_read_only_local_pool_is_not_ready(tmp_path: Path) -> None:
+    """/readyz asks ``ping``: a pool on a file system remounted read-only
+    answered ready while every upload was refused."""
+    with small_tmpfs(tmp_path / "disk", 8) as disk:
+        fresh = LocalBackend(disk / "storage")
+        fresh.ping()  # no folder yet: where it will be made is writable
+        fresh.put("objects/1/original.bin", io.BytesIO(b"x"))
+        fresh.ping()
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        try:
+            with pytest.raises(StorageUnavailable, match="cannot be written"):
+                fresh.ping()
+            with pytest.raises(StorageUnavailable, match="cannot be written"):
+                LocalBackend(disk / "elsewhere").ping()  # nor can it be made
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+        fresh.ping()
