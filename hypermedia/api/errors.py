@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hypermedia.db import dialects
 from hypermedia.db.dialects import is_schema_missing, is_transient
 from hypermedia.errors import (
     Conflict,
@@ -157,6 +158,10 @@ def install(app: FastAPI) -> None:
         headers = dict(exc.headers or {})
         return error_response(request, exc.status_code, code, message, headers=headers)
 
+    # Starlette hands a handler of Exception itself the error and then raises
+    # it again for the server to log: a traceback (with the SQL statement) on
+    # every request while the database is away.  Handlers of the kinds that
+    # may pass are called without that; Exception stays for real bugs.
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         away = _away(exc)
@@ -168,6 +173,9 @@ def install(app: FastAPI) -> None:
             )
         log.exception("request %s failed", request_id(request))
         return error_response(request, 500, "internal", "internal error; quote the request id")
+
+    for kind in (*dialects.ERRORS, OSError):
+        app.add_exception_handler(kind, _unexpected)
 
 
 def _away(exc: Exception) -> tuple[int, str, str] | None:

@@ -400,6 +400,10 @@ def is_schema_missing(exc: BaseException) -> bool:
     return isinstance(first, str) and first.startswith(_NO_SCHEMA_SQLITE)
 
 
+# What the database layer raises, for handlers above the seam (the API's).
+ERRORS: tuple[type[Exception], ...] = (sa.exc.SQLAlchemyError,)
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether the same statements may go through later: the database was
     away, busy or locked (or chose us as a deadlock's victim), as opposed to
