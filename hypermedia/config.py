@@ -156,6 +156,30 @@ _ENV_NAMES = {
 }
 
 
+# Intervals and sizes that 0 or less breaks: a lease that expires as it is
+# taken ran every job again and again; a zero interval spins; a batch of 0
+# claims nothing.
+_ABOVE_ZERO = (
+    "lease_seconds",
+    "worker_heartbeat_seconds",
+    "worker_metrics_seconds",
+    "worker_stale_seconds",
+    "reaper_interval_seconds",
+    "promoter_interval_seconds",
+    "retention_interval_seconds",
+    "fold_interval_seconds",
+    "leader_lease_seconds",
+    "poll_interval_seconds",
+    "cancel_poll_seconds",
+    "claim_batch",
+    "child_max_attempts",
+    "child_memory_mb",
+    "child_max_file_mb",
+    "gc_interval_seconds",
+    "photo_bridge_interval_seconds",
+)
+
+
 def load_settings() -> Settings:
     """Build settings from the environment, converting each value to its field's type."""
     defaults = Settings()
@@ -180,6 +204,9 @@ def load_settings() -> Settings:
                 raise InvalidRequest(f"HYPERMEDIA_{env_name} must be {kind}") from None
     settings = replace(defaults, **values)
     _check_signed_url_seconds(settings.signed_url_seconds)
+    for name in _ABOVE_ZERO:
+        if not getattr(settings, name) > 0:
+            raise InvalidRequest(f"HYPERMEDIA_{_ENV_NAMES[name]} must be more than 0")
     if not settings.session_hours > 0:  # a login would end as it began
         raise InvalidRequest("HYPERMEDIA_SESSION_HOURS must be more than 0")
     if not settings.s3_timeout_seconds > 0:

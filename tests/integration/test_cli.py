@@ -254,6 +254,10 @@ def test_the_default_worker_serves_a_queue_a_profile_names_later(
         ("foo://bar", {}, "names no database hypermedia runs on"),
         ("", {"HYPERMEDIA_JOB_RETENTION_DAYS": "abc"}, "HYPERMEDIA_JOB_RETENTION_DAYS must be a"),
         ("", {"HYPERMEDIA_CLAIM_BATCH": "1.5"}, "HYPERMEDIA_CLAIM_BATCH must be an integer"),
+        # A lease of 0 expired as it was taken: every job ran again and again.
+        ("", {"HYPERMEDIA_LEASE_SECONDS": "0"}, "HYPERMEDIA_LEASE_SECONDS must be more than 0"),
+        ("", {"HYPERMEDIA_HEARTBEAT_SECONDS": "-5"}, "HEARTBEAT_SECONDS must be more than 0"),
+        ("", {"HYPERMEDIA_CLAIM_BATCH": "0"}, "HYPERMEDIA_CLAIM_BATCH must be more than 0"),
     ],
 )
 def test_bad_settings_are_named(tmp_path: Path, url: str, env: dict[str, str], said: str) -> None:
