@@ -677,7 +677,10 @@ class S3Backend:
         except botocore.exceptions.ClientError as exc:
             _raise_for_client_error(exc, action, self.bucket, self._where)
         except botocore.exceptions.NoCredentialsError as exc:
-            raise StorageUnavailable(f"no S3 credentials to {action} {self._where}") from exc
+            raise StorageUnavailable(
+                f"no S3 credentials to {action} {self._where} (set HYPERMEDIA_S3_ACCESS_KEY_ID "
+                "and HYPERMEDIA_S3_SECRET_ACCESS_KEY)"
+            ) from exc
         except boto3.exceptions.S3UploadFailedError as exc:
             # s3transfer wraps the ClientError of a multipart upload (a bad
             # secret, a missing bucket): say what S3 said, as for a small one.
