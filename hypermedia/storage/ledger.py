@@ -510,9 +510,15 @@ class Storage:
         return f"{base_url}/v1/objects/{object_id}/content?expires={expires}&sig={quote(sig)}"
 
     def reachable(self) -> bool:
-        """Whether every pool's backend answers (for /readyz)."""
+        """Whether every pool's backend answers, and the default pool exists
+        (for /readyz: a node whose HYPERMEDIA_DEFAULT_POOL names no pool
+        refuses every upload, so it is not ready for them)."""
         try:
-            for row in self.pools():
+            rows = self.pools()
+            wanted = self.settings.default_pool
+            if wanted != DEFAULT_POOL and wanted not in {r["name"] for r in rows}:
+                return False
+            for row in rows:
                 self.backend(row["pool_id"]).ping()
         except (HypermediaError, OSError):
             return False

@@ -136,6 +136,7 @@ def test_uploads_naming_no_pool_go_to_the_default_pool(
     nowhere = Storage(driver, s3_settings.with_(default_pool="nope"))
     with pytest.raises(StorageUnavailable, match="HYPERMEDIA_DEFAULT_POOL"):
         nowhere.put(io.BytesIO(b"x"))
+    assert api.reachable() and not nowhere.reachable()  # /readyz: not ready for uploads
     with pytest.raises(NotFound):  # a pool the caller names is still the caller's
         nowhere.put(io.BytesIO(b"x"), pool="nope")
     bad = hypermedia(
