@@ -6,9 +6,15 @@ from ``Services``, shape the answer.  Errors all leave through ``errors``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hypermedia import __version__
@@ -134,6 +140,33 @@ async def _no_receive() -> Message:
     return {"type": "http.disconnect"}
 
 
+log = logging.getLogger(__name__)
+SWEEP_SECONDS = 60.0  # how often a server removes the temp files of dead uploads
+
+
+async def _sweep_uploads_every(home: Path) -> None:
+    """A server restarted within seconds of one killed mid-upload finds its
+    temp file too young to judge (leftovers.py) at start: looked at again
+    every minute, not only at the next start, which may be weeks away."""
+    while True:
+        await asyncio.sleep(SWEEP_SECONDS)
+        try:
+            await run_in_threadpool(objects.sweep_uploads, home)
+        except OSError as exc:  # the disk away: said, tried again next time
+            log.warning("could not sweep upload leftovers: %s", exc.strerror)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    sweeper = asyncio.create_task(_sweep_uploads_every(app.state.services.settings.home))
+    try:
+        yield
+    finally:
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
+
+
 def create_app(svc: Services) -> FastAPI:
     app = FastAPI(
         title="hypermedia",
@@ -141,6 +174,7 @@ def create_app(svc: Services) -> FastAPI:
         description=DESCRIPTION,
         docs_url="/docs",
         redoc_url=None,
+        lifespan=_lifespan,
     )
     app.state.services = svc
     app.state.rate_limiter = RateLimiter(
