@@ -27,6 +27,10 @@ pytestmark = pytest.mark.timeout(180)
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Run:
     """A ``hypermedia process`` running in the background, its stdout and stderr kept apart."""
 
@@ -41,6 +45,9 @@ class Run:
                 stdout=out,
                 stderr=err,
                 start_new_session=True,
+                # As from a terminal: pytest-xdist's workers ignore SIGINT, a
+                # child inherits that, and Python then installs no Ctrl-C handler.
+                preexec_fn=_sigint_default,
             )
 
     def wait(self, timeout: float = 60) -> int:
