@@ -117,6 +117,8 @@ class Driver:
             self._job_watch.close()
         for eng in {id(e): e for e in self._engines.values()}.values():
             eng.dispose()
+        if self._file is not None:  # no connection holds the old file now
+            self._file.identity = None
 
     # -- transactions ----------------------------------------------------------
 

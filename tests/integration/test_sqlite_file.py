@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
+from hypermedia.db.dialects import is_transient
+from hypermedia.db.driver import Driver
+from hypermedia.db.migrate import upgrade
 from tests.harness import start_serve, stop
 
 
@@ -53,3 +57,25 @@ def _http(url: str, body: dict[str, Any] | None = None, token: str = "") -> tupl
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def test_the_driver_refuses_a_file_gone_until_disposed(tmp_path: Path) -> None:
+    db = tmp_path / "hm.db"
+    url = f"sqlite:///{db}"
+    upgrade(url)
+    driver = Driver(url)
+    try:
+        with driver.read() as tx:
+            tx.ping()
+        db.unlink()
+        for enter in (driver.read, driver.tx):
+            with pytest.raises(sa.exc.OperationalError, match="was deleted") as got, enter():
+                pass
+            assert is_transient(got.value)  # the API's 503, a worker's wait
+        assert not db.exists()  # no new empty database made in its place
+        driver.dispose()  # its connections to the old file are closed
+        upgrade(url)
+        with driver.read() as tx:
+            tx.ping()
+    finally:
+        driver.dispose()
