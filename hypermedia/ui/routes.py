@@ -9,6 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.routing import Match
 
 from hypermedia.api.deps import COOKIE, Id, authenticate, may_submit, services, shown
 from hypermedia.api.routes.jobs import check_owner, owned_job, public_job, sse_response
@@ -363,7 +364,18 @@ async def profiles_page(request: Request) -> Response:
     )
 
 
-# Anything else under /ui: a page, not the API's JSON 404.
+# Anything else under /ui: a page, not the API's JSON 404; or, for a page
+# that exists with other methods (`GET /ui/logout`), the 405 it is elsewhere.
 @router.api_route("/{rest:path}", methods=["GET", "POST"])
 async def not_found(request: Request, rest: str) -> Response:
-    return error_page(request, 404, "no such page")
+    allowed: set[str] = set()
+    for route in router.routes:
+        if getattr(route, "endpoint", None) is not not_found:
+            match, _ = route.matches(request.scope)
+            if match is Match.PARTIAL:  # the path, not the method
+                allowed |= getattr(route, "methods", None) or set()
+    if not allowed:
+        return error_page(request, 404, "no such page")
+    answer = error_page(request, 405, "this page does not take that method")
+    answer.headers["Allow"] = ", ".join(sorted(allowed))
+    return answer

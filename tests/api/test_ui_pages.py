@@ -295,6 +295,17 @@ def test_errors_before_a_route_runs_are_pages_under_ui(client: TestClient, a: Pr
         assert r.headers["content-type"].startswith("text/html")
         assert "Method not allowed" in r.text and "GET" in r.headers["allow"]
         assert 'id="project">proj-a<' not in r.text  # no principal: a bare page
+    # Pages that exist with another method, which the catch-all 404 page took.
+    for method, path, allow in (
+        ("GET", "/ui/logout", "POST"),
+        ("POST", "/ui/jobs", "GET, HEAD"),
+        ("GET", "/ui/jobs/1/cancel", "POST"),
+    ):
+        r = client.request(method, path, headers=HTML)
+        assert (r.status_code, r.headers.get("allow")) == (405, allow), (method, path)
+        assert "Method not allowed" in r.text
+    assert client.get("/ui/no-such-page", headers=HTML).status_code == 404
+    assert client.get("/ui").status_code == 200  # GET /ui/logout logged nobody out
     r = client.put("/ui/jobs", headers={"Accept": "application/json"})
     assert r.status_code == 405 and r.json()["code"] == "method_not_allowed"
     r = client.put("/v1/jobs", headers={**bearer(a.admin), **HTML})
