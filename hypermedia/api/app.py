@@ -32,6 +32,7 @@ from hypermedia.api.routes import (
     v0,
     workers,
 )
+from hypermedia.redact import brief
 from hypermedia.services import Services
 from hypermedia.ui import routes as ui
 from hypermedia.ui.web import dashboard_error
@@ -152,8 +153,8 @@ async def _sweep_uploads_every(home: Path) -> None:
         await asyncio.sleep(SWEEP_SECONDS)
         try:
             await run_in_threadpool(objects.sweep_uploads, home)
-        except OSError as exc:  # the disk away: said, tried again next time
-            log.warning("could not sweep upload leftovers: %s", exc.strerror)
+        except Exception as exc:  # the disk away: said, tried again next time
+            log.warning("could not sweep upload leftovers: %s", brief(exc))
 
 
 @contextlib.asynccontextmanager
