@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -141,6 +143,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def http_json(url: str, body: Any = None, token: str = "") -> tuple[int, Any]:
+    """GET ``url`` (POST ``body`` as JSON if given) on a real server, with a
+    bearer token if given; returns the status and the decoded JSON answer."""
+    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode())
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def answers_ready(base: str) -> bool:

@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hypermedia.db import dialects
+from hypermedia.db.dialects import ERRORS as DATABASE_ERRORS
 from hypermedia.db.dialects import is_schema_missing, is_transient
 from hypermedia.errors import (
     Conflict,
@@ -174,7 +174,7 @@ def install(app: FastAPI) -> None:
         log.exception("request %s failed", request_id(request))
         return error_response(request, 500, "internal", "internal error; quote the request id")
 
-    for kind in (*dialects.ERRORS, OSError):
+    for kind in (*DATABASE_ERRORS, OSError):
         app.add_exception_handler(kind, _unexpected)
 
 

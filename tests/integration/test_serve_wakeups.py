@@ -12,22 +12,9 @@ from __future__ import annotations
 import json
 import signal
 import time
-import urllib.request
 from pathlib import Path
-from typing import Any
 
-from tests.harness import hypermedia, start_serve, stop, wait_for
-
-
-def _call(base: str, token: str, method: str, path: str, body: Any = None) -> Any:
-    req = urllib.request.Request(
-        base + path,
-        method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
+from tests.harness import http_json, hypermedia, start_serve, stop, wait_for
 
 
 def test_a_job_submitted_to_the_api_starts_without_waiting_for_a_poll(tmp_path: Path) -> None:
@@ -38,10 +25,12 @@ def test_a_job_submitted_to_the_api_starts_without_waiting_for_a_poll(tmp_path: 
         time.sleep(1.5)  # past the worker's first claim: it now waits for its next poll
         for _ in range(2):  # the second after the worker went idle again
             t0 = time.monotonic()
-            job = _call(base, token, "POST", "/v1/jobs", {"job_type": "debug.noop"})
+            job = http_json(f"{base}/v1/jobs", {"job_type": "debug.noop"}, token)[1]
 
             def done(job_id: int = job["job_id"]) -> bool:
-                return _call(base, token, "GET", f"/v1/jobs/{job_id}")["status"] == "completed"
+                return (
+                    http_json(f"{base}/v1/jobs/{job_id}", token=token)[1]["status"] == "completed"
+                )
 
             wait_for(done, 10, interval=0.05, what="the job completes")
             assert time.monotonic() - t0 < 5, "the job waited for the worker's poll"

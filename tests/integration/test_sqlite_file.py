@@ -5,11 +5,7 @@ the file at the path is the one opened.  A real `serve` process."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -17,7 +13,7 @@ import sqlalchemy as sa
 from hypermedia.db.dialects import is_transient
 from hypermedia.db.driver import Driver
 from hypermedia.db.migrate import upgrade
-from tests.harness import start_serve, stop
+from tests.harness import http_json, start_serve, stop
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
@@ -31,9 +27,9 @@ def test_a_sqlite_file_gone_under_serve_is_refused_not_written(tmp_path: Path, h
             (home / name).unlink(missing_ok=True)
         if how == "replaced":
             db.write_bytes(b"")  # another file at the path: a restore, say
-        status, body = _http(f"{base}/readyz")
+        status, body = http_json(f"{base}/readyz")
         assert (status, body["database"]) == (503, "unreachable"), body
-        status, body = _http(f"{base}/v1/jobs", {"job_type": "debug.noop"}, token=token)
+        status, body = http_json(f"{base}/v1/jobs", {"job_type": "debug.noop"}, token=token)
         assert (status, body["code"]) == (503, "database_unavailable"), body
         # No new empty database made in its place by a fresh connection.
         assert db.exists() == (how == "replaced")
@@ -43,20 +39,6 @@ def test_a_sqlite_file_gone_under_serve_is_refused_not_written(tmp_path: Path, h
         assert server.poll() is None
     finally:
         assert stop(server) == 0
-
-
-def _http(url: str, body: dict[str, Any] | None = None, token: str = "") -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data)
-    if body is not None:
-        req.add_header("Content-Type", "application/json")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def test_the_driver_refuses_a_file_gone_until_disposed(tmp_path: Path) -> None:
