@@ -90,13 +90,14 @@ def require_database(url: str) -> None:
         )
 
 
-def engine(s: Settings | None = None, *, read_only: bool = False) -> Engine:
-    """The engine over the settings' database.  ``read_only``: for commands
-    that only look (``jobs ls``, ``objects show``…): a SQLite database that
-    does not exist is refused (NoDatabase, exit 1) instead of created empty.
-    Commands that write (``db upgrade``, ``serve``, ``jobs submit``…) create it."""
+def engine(s: Settings | None = None, *, create: bool = False) -> Engine:
+    """The engine over the settings' database.  A SQLite database that does
+    not exist is refused (NoDatabase, exit 1) instead of created empty, where
+    the command would only fail on the empty file ("no such table").
+    ``create``: for the commands that wait for a migration (``worker``,
+    ``scheduler``) or run one (``process``)."""
     s = s or settings()
-    if read_only:
+    if not create:
         require_database(s.url)
     db = connect(s.url)
     return Engine(db, s, clock=clock_for(db))

@@ -26,7 +26,7 @@ def show(
 ) -> None:
     """Budget, used and remaining credits (used = completed jobs + jobs under way)."""
     with user_errors():
-        rows = Credits(engine(read_only=True)).show(project)
+        rows = Credits(engine()).show(project)
         if as_json:
             print_json(rows[0] if project is not None else rows)
             return

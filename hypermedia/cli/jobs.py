@@ -160,7 +160,7 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first."""
     with user_errors():
-        rows = engine(read_only=True).list(
+        rows = engine().list(
             status=status, job_type=job_type, queue=queue, limit=limit
         )
         if as_json:
@@ -176,7 +176,7 @@ def list_jobs(
 def show(job_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
     """One job with its attempts, outputs and events."""
     with user_errors():
-        job = engine(read_only=True).get(job_id)
+        job = engine().get(job_id)
         if as_json:
             print_json(job)
             return
@@ -375,7 +375,7 @@ def tail(
     follower = _Follower(job_id, as_json)
     try:
         with user_errors():
-            eng = engine(read_only=True)
+            eng = engine()
             after = 0
             while True:
                 # Status first: if terminal, the events read with it include

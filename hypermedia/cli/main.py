@@ -129,7 +129,7 @@ def worker(
 
     setup_logging(verbose)
     with user_errors():
-        eng = engine()
+        eng = engine(create=True)
         w = Worker(eng, _queues(queues), concurrency=concurrency, batch=batch, burst=burst)
     leader = _start_leader(eng, w.worker_id, w.stopped) if maintenance else None
     w.run()
@@ -149,7 +149,7 @@ def scheduler(verbose: bool = typer.Option(False, "--verbose", "-v")) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     with user_errors():
-        leader = _start_leader(engine(), "scheduler-" + new_worker_id(), stop)
+        leader = _start_leader(engine(create=True), "scheduler-" + new_worker_id(), stop)
     while not stop.wait(0.5):
         pass
     leader.join(5)

@@ -32,9 +32,9 @@ gc_app = typer.Typer(help="Garbage collection of unreferenced objects.", no_args
 OBJECT_COLUMNS = ("object_id", "state", "mime_type", "size", "width", "height", "filename")
 
 
-def storage(read_only: bool = False) -> Storage:
+def storage() -> Storage:
     s = settings()
-    eng = engine(s, read_only=read_only)  # read_only: for the commands that only look
+    eng = engine(s)
     return Storage(eng.db, s, clock=eng.clock)
 
 
@@ -80,7 +80,7 @@ def get(
 ) -> None:
     """Download an object, verifying its checksum."""
     with user_errors():
-        st = storage(read_only=True)
+        st = storage()
         if output is None:
             with st.open(object_id) as src:
                 while chunk := src.read(1024 * 1024):
@@ -128,7 +128,7 @@ def download_target(output: Path) -> Path | None:
 @objects_app.command("show")
 def show(object_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
     with user_errors():
-        row = public(storage(read_only=True).get(object_id))
+        row = public(storage().get(object_id))
         if as_json:
             print_json(row)
         else:
@@ -140,7 +140,7 @@ def show(object_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
 def url(object_id: int, base_url: str = typer.Option("", "--base-url")) -> None:
     """A signed download URL that expires (HYPERMEDIA_SIGNED_URL_SECONDS)."""
     with user_errors():
-        link = storage(read_only=True).signed_url(object_id, base_url)
+        link = storage().signed_url(object_id, base_url)
         console.print(link, soft_wrap=True)
         if link.startswith("/"):  # a local pool's link, served by serve/api
             err_console.print("relative to the server that serves it: give --base-url URL")
@@ -153,7 +153,7 @@ def ls(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     with user_errors():
-        rows = [public(r) for r in storage(read_only=True).list(state=state, limit=limit)]
+        rows = [public(r) for r in storage().list(state=state, limit=limit)]
         if as_json:
             print_json(rows)
             return
@@ -178,7 +178,7 @@ def verify(
     from hypermedia.storage.base import StorageUnavailable
 
     with user_errors():
-        st = storage(read_only=True)
+        st = storage()
         pool_id = st.pool(pool)["pool_id"] if pool else None
         try:
             report = scrub.scrub(st, pool_id=pool_id, after=after, limit=limit)
@@ -246,7 +246,7 @@ def pools_rm(name: str) -> None:
 @pools_app.command("ls")
 def pools_ls(as_json: bool = typer.Option(False, "--json")) -> None:
     with user_errors():
-        rows = storage(read_only=True).pools()
+        rows = storage().pools()
         if as_json:
             print_json(rows)
             return

@@ -27,9 +27,9 @@ app = typer.Typer(
 COLUMNS = ("id", "album", "title", "mime_type", "size", "width", "height", "created_at")
 
 
-def photos(read_only: bool = False) -> Photos:
+def photos() -> Photos:
     s = settings()
-    eng = engine(s, read_only=read_only)
+    eng = engine(s)
     return Photos(eng, Storage(eng.db, s, clock=eng.clock))
 
 
@@ -69,7 +69,7 @@ def ls(
 ) -> None:
     """Photos of a project, newest first."""
     with user_errors():
-        page = photos(read_only=True).list(project, album=album, limit=limit, cursor=cursor)
+        page = photos().list(project, album=album, limit=limit, cursor=cursor)
         if as_json:
             print_json(page)
             return
@@ -89,7 +89,7 @@ def show(
 ) -> None:
     """A photo with its objects, signed URLs and the status of its variants."""
     with user_errors():
-        row = photos(read_only=True).get(photo_id, base_url=base_url)
+        row = photos().get(photo_id, base_url=base_url)
         if as_json:
             print_json(row)
             return

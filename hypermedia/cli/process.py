@@ -83,7 +83,7 @@ def run(
         overrides = _object(params)
         s = settings()
         _migrated(s)
-        eng = engine(s)
+        eng = engine(s, create=True)
         prof = Profiles(eng).show(profile)
         if not prof["is_active"]:
             raise InvalidRequest(f"profile {prof['ref']} is deactivated: new jobs cannot use it")

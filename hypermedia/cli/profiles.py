@@ -21,8 +21,8 @@ app = typer.Typer(
 COLUMNS = ("ref", "job_type", "queue", "active", "credits", "timeout")
 
 
-def profiles(read_only: bool = False) -> Profiles:
-    return Profiles(engine(read_only=read_only))
+def profiles() -> Profiles:
+    return Profiles(engine())
 
 
 def prices(p: dict[str, Any]) -> str:
@@ -76,7 +76,7 @@ def ls(
 ) -> None:
     """List profile versions (active ones unless --all)."""
     with user_errors():
-        rows = profiles(read_only=True).list(job_type, include_inactive)
+        rows = profiles().list(job_type, include_inactive)
         if as_json:
             print_json(rows)
             return
@@ -95,7 +95,7 @@ def show(
 ) -> None:
     """One profile version, with the settings schema of its job type."""
     with user_errors():
-        p = profiles(read_only=True).show(ref)
+        p = profiles().show(ref)
         p["settings_schema"] = _settings_schema(p["job_type"])
         if as_json:
             print_json(p)

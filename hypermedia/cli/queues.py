@@ -17,7 +17,7 @@ COLUMNS = ("queue_name", "paused", "queued", "running", "retry_wait", "completed
 def ls(as_json: bool = typer.Option(False, "--json")) -> None:
     """Every known queue with its switch and job counts."""
     with user_errors():
-        rows = Services.from_engine(engine(read_only=True)).queues.summary()
+        rows = Services.from_engine(engine()).queues.summary()
     if as_json:
         print_json(rows)
         return

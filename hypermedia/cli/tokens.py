@@ -45,8 +45,8 @@ PUBLIC_FIELDS = (
 )
 
 
-def tokens(read_only: bool = False) -> Tokens:
-    eng = engine(read_only=read_only)
+def tokens() -> Tokens:
+    eng = engine()
     return Tokens(eng.db, clock=eng.clock)
 
 
@@ -111,7 +111,7 @@ def list_tokens(
 ) -> None:
     """List tokens (public prefix only: never the secret)."""
     with user_errors():
-        t = tokens(read_only=True)
+        t = tokens()
         now = t.clock()
         rows = [_public(r, now) for r in t.list(project)]
         if as_json:
@@ -146,7 +146,7 @@ def list_projects(as_json: bool = typer.Option(False, "--json")) -> None:
     """List projects."""
     columns = ("project_id", "name", "owner_id", "created_at")
     with user_errors():
-        rows = [{c: r.get(c) for c in columns} for r in tokens(read_only=True).projects()]
+        rows = [{c: r.get(c) for c in columns} for r in tokens().projects()]
         if as_json:
             print_json(rows)
             return

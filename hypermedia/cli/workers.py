@@ -36,7 +36,7 @@ def ls(
 ) -> None:
     """Workers, newest first, with health and their latest metrics."""
     with user_errors():
-        rows = Services.from_engine(engine(read_only=True)).fleet.list(include_terminated=all_)
+        rows = Services.from_engine(engine()).fleet.list(include_terminated=all_)
     if as_json:
         print_json(rows)
         return
