@@ -219,7 +219,26 @@ def load_settings() -> Settings:
         raise InvalidRequest("HYPERMEDIA_WATCH_INTERVAL_SECONDS must be from 0 to 3600")
     if not 1 <= len(settings.default_pool) <= 64:
         raise InvalidRequest("HYPERMEDIA_DEFAULT_POOL must name a pool (1 to 64 characters)")
+    _check_durations(settings)
     return settings
+
+
+# A century in each unit a duration setting is given in.  "inf", "nan" and
+# 1e300 parse as floats; as a lease or a retention they overflowed the
+# date arithmetic deep inside a running worker instead of failing at start.
+# A negative age is never meant: GC_PENDING_SECONDS=-1 swept uploads in flight.
+_CENTURY = {"_seconds": 100 * 365 * 86400, "_hours": 100 * 365 * 24, "_days": 100 * 365}
+
+
+def _check_durations(settings: Settings) -> None:
+    for f in fields(Settings):
+        unit = next((u for u in _CENTURY if f.name.endswith(u)), None)
+        value = getattr(settings, f.name)
+        if unit and isinstance(value, int | float) and not 0 <= value <= _CENTURY[unit]:
+            raise InvalidRequest(
+                f"HYPERMEDIA_{_ENV_NAMES[f.name]} must be a number of {unit[1:]} "
+                f"from 0 to {_CENTURY[unit]:,} (a century)"
+            )
 
 
 # SigV4 presigned URLs live at most 7 days.  A longer TTL was silently cut

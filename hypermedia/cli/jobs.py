@@ -160,9 +160,7 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first."""
     with user_errors():
-        rows = engine().list(
-            status=status, job_type=job_type, queue=queue, limit=limit
-        )
+        rows = engine().list(status=status, job_type=job_type, queue=queue, limit=limit)
         if as_json:
             print_json([{k: r[k] for k in (*LIST_COLUMNS, "job_uuid", "outcome")} for r in rows])
             return
@@ -259,8 +257,8 @@ def prune(
     older_than_days: float | None = typer.Option(
         None,
         "--older-than-days",
-        min=0.0,
-        help="default: HYPERMEDIA_JOB_RETENTION_DAYS (the leader prunes every hour)",
+        metavar="DAYS",  # above 0, checked below: Typer has no open minimum to show
+        help="above 0; default: HYPERMEDIA_JOB_RETENTION_DAYS (the leader prunes every hour)",
     ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -272,12 +270,13 @@ def prune(
     from hypermedia.scheduler.retention import JobRetention
 
     with user_errors():
+        if older_than_days is not None and not 0 < older_than_days <= 36_500:
+            raise InvalidRequest(
+                "--older-than-days must be above 0 (0 would delete every ended job) "
+                "and at most 36,500"
+            )
         eng = engine()
         days = eng.settings.job_retention_days if older_than_days is None else older_than_days
-        if days <= 0 and older_than_days is not None:
-            raise InvalidRequest(
-                "--older-than-days must be above 0 (0 would delete every ended job)"
-            )
         if days <= 0:
             raise InvalidRequest(
                 "job retention is off (HYPERMEDIA_JOB_RETENTION_DAYS=0): "

@@ -70,6 +70,8 @@ def _case(args: list[str], code: int, said: str, **env: str) -> object:
         _case(["credits", "set-budget", "p", "1_000"], USAGE, "whole number"),
         _case(["tokens", "create", "-p", "p", "--scopes", "root"], USAGE, "scopes must be"),
         _case(["db", "upgrade", "nope"], USAGE, "Can't locate revision"),
+        _case(["jobs", "prune", "--older-than-days", "0"], USAGE, "must be above 0"),
+        _case(["jobs", "prune", "--older-than-days", "nan"], USAGE, "must be above 0"),
         _case(["jobs", "ls"], USAGE, "HYPERMEDIA_CLAIM_BATCH", HYPERMEDIA_CLAIM_BATCH="1.5"),
         # Well-formed; it ran, or tried to, and failed.
         _case(

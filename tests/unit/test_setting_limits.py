@@ -70,3 +70,32 @@ def test_the_memory_ceiling_is_four_times_the_memory_unless_set(
     monkeypatch.setenv("HYPERMEDIA_CHILD_MEMORY_MAX_MB", "-1")
     with pytest.raises(InvalidRequest, match="CHILD_MEMORY_MAX_MB must be 0"):
         load_settings()
+
+
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [
+        ("HYPERMEDIA_JOB_RETENTION_DAYS", "inf"),
+        ("HYPERMEDIA_JOB_RETENTION_DAYS", "nan"),
+        ("HYPERMEDIA_JOB_RETENTION_DAYS", "-1"),
+        ("HYPERMEDIA_JOB_RETENTION_DAYS", "36501"),
+        ("HYPERMEDIA_LEASE_SECONDS", "1e300"),
+        ("HYPERMEDIA_GC_PENDING_SECONDS", "-1"),
+        ("HYPERMEDIA_BACKOFF_MAX_SECONDS", "inf"),
+        ("HYPERMEDIA_METRICS_RAW_DAYS", "99999999"),
+    ],
+)
+def test_a_duration_is_a_finite_age(monkeypatch: pytest.MonkeyPatch, name: str, bad: str) -> None:
+    """ "inf" and 1e300 parse as floats: as a lease or a retention they
+    overflowed the date arithmetic inside a running worker; a negative
+    pending age swept uploads in flight."""
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(InvalidRequest, match=rf"{name} must be (a number of|more than 0)"):
+        load_settings()
+
+
+def test_a_century_is_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HYPERMEDIA_JOB_RETENTION_DAYS", "36500")
+    monkeypatch.setenv("HYPERMEDIA_GC_PENDING_SECONDS", "0")
+    s = load_settings()
+    assert (s.job_retention_days, s.gc_pending_seconds) == (36500, 0)
