@@ -17,9 +17,12 @@ _PATTERNS = [
     (re.compile(r"([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@", re.I), r"\1[redacted]@"),
     # Bearer tokens, API keys, secrets given as key=value.
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [redacted]"),
+    # Not MySQL's "(using password: YES)", a flag: eating it to the next space
+    # cut the message short with its brackets open.
     (
         re.compile(
-            r"(?i)\b(password|passwd|secret|token|api[_-]?key|access[_-]?key)\b\s*[=:]\s*\S+"
+            r"(?i)\b(password|passwd|secret|token|api[_-]?key|access[_-]?key)\b"
+            r"(?!: (?:YES|NO)\)(?!\w))\s*[=:]\s*\S+"
         ),
         r"\1=[redacted]",
     ),

@@ -19,6 +19,7 @@ from hypermedia.redact import MAX_REASON, brief, redact
         ("postgresql://hm:hunter2@db:5432/hm refused", "hunter2", "[redacted]@"),
         ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.abc.def", "eyJhbGci", "Bearer [redacted]"),
         ("password=hunter2 rejected", "hunter2", "password=[redacted]"),
+        ("password: YES)hunter2 ok", "hunter2", "password=[redacted]"),
         ("API_KEY: abcd1234efgh", "abcd1234efgh", "=[redacted]"),
         ("secret=xyz token=qqq", "xyz", "secret=[redacted]"),
         ("used hm_AbCdEf1234567890 for auth", "AbCdEf1234567890", "[token]"),
@@ -28,6 +29,12 @@ def test_secrets_and_paths_are_replaced(text, secret, marker):
     out = redact(text)
     assert secret not in out
     assert marker in out
+
+
+def test_mysql_says_whether_a_password_was_used_and_that_is_kept() -> None:
+    said = """(1045, "Access denied for user 'hm'@'10.0.0.2' (using password: YES)")"""
+    assert redact(said) == said
+    assert redact(said.replace("YES", "NO")) == said.replace("YES", "NO")
 
 
 def test_tracebacks_are_cut():
