@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from hypermedia.api.app import create_app
 from hypermedia.api.deps import COOKIE
-from hypermedia.queue.models import NewJob
+from hypermedia.queue.models import AttemptResult, NewJob
 from hypermedia.services import Services
 from tests.api.conftest import Project, bearer
 from tests.media import png
@@ -139,6 +139,27 @@ def test_another_projects_job_is_a_404_page(
     # A bearer header for the API is not what the pages need either way.
     r = client.get(f"/ui/jobs/{job_id}", headers=bearer(a.admin))
     assert r.status_code == 200
+
+
+def test_the_progress_bar_stays_while_it_means_something(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    done, stopped = sleep_job(svc, a.id), sleep_job(svc, a.id)
+    eng = svc.engine
+    queue = eng.get(done)["queue_name"]
+    claimed = [(c.job_id, c.attempt) for c in eng.claim("w-ui", [queue], 2)]
+    assert eng.start("w-ui", claimed) == {done, stopped}
+    eng.report_progress("w-ui", {k: {"percent": 90, "step": "hashed"} for k in claimed})
+    login(client, a.admin)
+    assert 'id="progress" max="100" value="90.0"' in client.get(f"/ui/jobs/{done}").text
+    finished = [
+        AttemptResult(job_id=j, attempt=n, status=s, code=c, worker_id="w-ui")
+        for (j, n), (s, c) in zip(claimed, [("completed", None), ("failed", "CORRUPT_INPUT")])
+    ]
+    assert eng.settle("w-ui", finished) == {done, stopped}
+    assert 'id="progress"' not in client.get(f"/ui/jobs/{done}").text
+    page = client.get(f"/ui/jobs/{stopped}").text
+    assert 'value="90.0"' in page and "90.0% hashed" in page
 
 
 def test_cancel_and_retry_forms(client: TestClient, svc: Services, a: Project) -> None:
