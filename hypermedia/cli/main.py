@@ -148,11 +148,14 @@ def scheduler(verbose: bool = typer.Option(False, "--verbose", "-v")) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    node = "scheduler-" + new_worker_id()
     with user_errors():
-        leader = _start_leader(engine(create=True), "scheduler-" + new_worker_id(), stop)
+        leader = _start_leader(engine(create=True), node, stop)
+    logging.getLogger("hypermedia.scheduler").info("%s started: standing for leader", node)
     while not stop.wait(0.5):
         pass
     leader.join(5)
+    logging.getLogger("hypermedia.scheduler").info("%s stopped", node)
 
 
 def _base_url(host: str, port: int) -> str:

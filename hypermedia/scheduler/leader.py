@@ -41,8 +41,12 @@ class Leader(threading.Thread):
     def try_lead(self) -> bool:
         now = self.engine.clock()
         ttl = timedelta(seconds=self.engine.settings.leader_lease_seconds)
+        was = self.is_leader
         with self.engine.db.tx() as tx:
             self.is_leader = tx.take_lease(LEASE_NAME, self.node_id, now, now + ttl)
+        if self.is_leader != was:  # an operator asks "who runs maintenance?"
+            said = "leads maintenance now" if self.is_leader else "no longer leads maintenance"
+            log.info("%s %s", self.node_id, said)
         return self.is_leader
 
     def run(self) -> None:
@@ -59,6 +63,8 @@ class Leader(threading.Thread):
                     self.try_lead()
                 except Exception as exc:
                     log.warning("leader lease check failed (%s)", brief(exc))
+                    if self.is_leader:
+                        log.info("%s no longer leads maintenance", self.node_id)
                     self.is_leader = False
                 next_renew = now + renew_every
             if self.is_leader:

@@ -64,6 +64,15 @@ def test_one_leader_fails_over_and_the_new_one_reaps(
     assert _holder_pid(new.holder) == other.pid
     assert time.monotonic() - killed < LEASE * 4
     assert other.poll() is None
+    # Said without -v: an operator asks "who runs maintenance?".
+    logs = {proc.pid: path for proc, path in procs._procs}
+    said = eventually(
+        lambda: "leads maintenance now" in (text := logs[other.pid].read_text()) and text,
+        10,
+        "the new leader says so",
+    )
+    assert f"{new.holder} started: standing for leader" in said
+    assert f"{new.holder} leads maintenance now" in said
 
     # The new leader's reaper works: a job claimed two minutes ago by a worker
     # that never renewed (its lease expired a minute ago) is reclaimed.
@@ -88,3 +97,4 @@ def test_one_leader_fails_over_and_the_new_one_reaps(
     other.send_signal(signal.SIGTERM)
     assert other.wait(15) == 0
     assert _leases(procs) == []
+    assert f"{new.holder} stopped" in logs[other.pid].read_text()
