@@ -44,6 +44,7 @@ from hypermedia.errors import InvalidRequest
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 from hypermedia.queue.profiles import Profiles
+from hypermedia.queue.queues import Queues
 from hypermedia.queue.states import TERMINAL
 from hypermedia.redact import redact
 from hypermedia.storage.keys import display_name, extension_for
@@ -151,14 +152,14 @@ def _local_worker(
     """A worker in this process for the jobs' queues that no worker serves
     (all of them with ``--run-here``), started; None when not needed."""
     queues = {r["queue_name"] for r in _rows(eng, ids).values()}
+    for name in sorted(queues & Queues(eng).paused()):  # no worker claims from it
+        _warn(f"queue {name} is paused: its jobs wait until `hypermedia queues resume {name}`")
     unserved = queues - Fleet(eng).serving(queues)
     if run_here is False:
         if unserved:
-            err_console.print(
-                f"warning: no worker serves queue {', '.join(sorted(unserved))}: the jobs "
-                "wait for one (`hypermedia serve` or `hypermedia worker`)",
-                markup=False,
-                highlight=False,
+            _warn(
+                f"no worker serves queue {', '.join(sorted(unserved))}: the jobs "
+                "wait for one (`hypermedia serve` or `hypermedia worker`)"
             )
         return None
     chosen = queues if run_here else unserved
@@ -167,6 +168,10 @@ def _local_worker(
     local = LocalWorker(eng, sorted(chosen), concurrency)
     local.start()
     return local
+
+
+def _warn(text: str) -> None:
+    err_console.print(f"warning: {text}", markup=False, highlight=False)
 
 
 def _object(text: str) -> Row:

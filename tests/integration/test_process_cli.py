@@ -188,6 +188,27 @@ def test_without_a_worker_the_timeout_ends_the_wait(procs: Procs, tmp_path: Path
     assert plain.returncode == 1 and "queued" in plain.stdout and "Traceback" not in plain.stderr
 
 
+@sqlite_only
+def test_a_paused_queue_is_said_not_waited_on_silently(procs: Procs, tmp_path: Path) -> None:
+    (src := tmp_path / "a.bin").write_bytes(b"x" * 100)
+    assert "paused" in procs.cli("queues", "pause", "bulk")
+    done = hypermedia(
+        "process", str(src), "--profile", "debug-copy", "--timeout", "1", "--json",
+        "--out", str(tmp_path / "out"), url=procs.url, home=procs.home, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    said = "queue bulk is paused: its jobs wait until `hypermedia queues resume bulk`"
+    assert said in " ".join(done.stderr.split()), done.stderr
+    [r] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert r["status"] == "queued"  # its own worker did not claim from the paused queue
+    procs.cli("queues", "resume", "bulk")
+    again = hypermedia(
+        "process", str(src), "--profile", "debug-copy", "--timeout", "60", "--json",
+        "--out", str(tmp_path / "out2"), url=procs.url, home=procs.home, timeout=90,
+    )  # fmt: skip
+    assert again.returncode == 0 and "paused" not in again.stderr, again.stderr
+
+
 def test_on_a_fresh_home_process_migrates_and_runs_the_jobs_itself(tmp_path: Path) -> None:
     """The embedded default, one command: no `db upgrade`, no `serve` beside it."""
     home = tmp_path / "fresh"
