@@ -152,9 +152,10 @@ def test_the_progress_bar_stays_while_it_means_something(
     eng.report_progress("w-ui", {k: {"percent": 90, "step": "hashed"} for k in claimed})
     login(client, a.admin)
     assert 'id="progress" max="100" value="90.0"' in client.get(f"/ui/jobs/{done}").text
+    ends = {done: ("completed", None), stopped: ("failed", "CORRUPT_INPUT")}
     finished = [
-        AttemptResult(job_id=j, attempt=n, status=s, code=c, worker_id="w-ui")
-        for (j, n), (s, c) in zip(claimed, [("completed", None), ("failed", "CORRUPT_INPUT")])
+        AttemptResult(job_id=j, attempt=n, status=ends[j][0], code=ends[j][1], worker_id="w-ui")
+        for j, n in claimed
     ]
     assert eng.settle("w-ui", finished) == {done, stopped}
     assert 'id="progress"' not in client.get(f"/ui/jobs/{done}").text
