@@ -14,8 +14,9 @@ sRGB (through its ICC profile when it has one); read the first frame of an
 animated image; and strip the metadata (EXIF, XMP, GPS, IPTC, ICC) unless the
 profile sets ``keep_metadata`` (then EXIF, XMP and IPTC are kept, with the
 orientation reset since the pixels are upright).  An output's metadata and the
-job's result are ``{width, height, format, bytes}``; the result adds
-``usage.mb``, the input's size, for credits.
+job's result are ``{width, height, format, bytes}``.  They report no
+``usage``: credits charge the input's exact size, which the engine knows (a
+rounded ``usage.mb`` charged a 69-byte file nothing at 1,000 credits/MB).
 
 The settings are data (``SCHEMAS``): a profile version is checked against them
 when it is created, and a job's params override the profile's, except
@@ -173,7 +174,7 @@ def _runner(job_type: str, schema: Schema, output_type: str) -> Runner:
             raise imaging.failure(exc, header) from None
         meta = {"width": width, "height": height, "format": fmt, "bytes": os.path.getsize(path)}
         ctx.output(output_type, mime, dict(meta), path=name)
-        return {**meta, "usage": {"mb": round(header.size / 1_048_576, 3)}}
+        return meta
 
     return run
 

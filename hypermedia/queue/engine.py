@@ -387,6 +387,8 @@ class Engine(Enqueuing, UserActions):
                     "size": o["output_size_bytes"],
                     "checksum": o.get("checksum", ""),
                     "storage_key": o["output_key"],
+                    # Its download name: thumb.webp, preview.jpg (the key's last part).
+                    "filename": o["output_key"].rpartition("/")[2],
                     "mime_type": o["mime_type"],
                     "width": o.get("width") or 0,
                     "height": o.get("height") or 0,

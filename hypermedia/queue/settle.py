@@ -108,7 +108,8 @@ def decide(
         values = {**base, **values}
     ev = {
         "job_id": res.job_id,
-        "kind": "event" if action == "complete" else "error",
+        # A cancel the user asked for is no error, however the attempt ended.
+        "kind": "error" if action in ("fail", "retry_later") else "event",
         "from_status": job["status"],
         "to_status": values["status"],
         "attempt_number": res.attempt,
@@ -130,14 +131,22 @@ def decide(
             "created_at": now,
             # For the object, not job_outputs columns:
             "checksum": o.checksum,
-            "width": o.width,
-            "height": o.height,
+            "width": o.width or _dimension(o.metadata, "width"),
+            "height": o.height or _dimension(o.metadata, "height"),
         }
         for o in (res.outputs if action == "complete" else [])
     ]
     return Decision(
         res.job_id, res.attempt, job["status"], action, values, attempt_values, ev, outputs
     )
+
+
+def _dimension(metadata: Any, key: str) -> int:
+    """An output's size as its pipeline reported it, where sniffing its header
+    found none (AVIF, TIFF): checked, since a child's word is not trusted."""
+    value = metadata.get(key) if isinstance(metadata, dict) else None
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**31
+    return int(value) if ok else 0  # type: ignore[arg-type]
 
 
 def _failure(

@@ -126,6 +126,7 @@ def test_cancel_requested_ends_cancelled(kind):
     assert d.job_values["completed_at"] == NOW
     assert d.outputs == []
     assert d.attempt_values["status"] == kind
+    assert d.event["kind"] == "event"  # the user's cancel is not an error (SSE: event: event)
 
 
 # -- failures --------------------------------------------------------------------------------
