@@ -40,9 +40,10 @@ from hypermedia.cli.common import (
     user_errors,
 )
 from hypermedia.config import Settings
-from hypermedia.errors import InvalidRequest
+from hypermedia.errors import HypermediaError, InvalidRequest, JobError
+from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
-from hypermedia.queue.models import NewJob
+from hypermedia.queue.models import NewJob, check_params
 from hypermedia.queue.profiles import Profiles
 from hypermedia.queue.queues import Queues
 from hypermedia.queue.states import TERMINAL
@@ -91,24 +92,28 @@ def run(
         _writable(out)  # before anything is uploaded or run
         store = Storage(eng.db, s, clock=eng.clock)
         with as_regular_files(list(files)) as paths:
+            _acceptable(prof, overrides, paths, files)  # before anything is uploaded
             if len(paths) == 1:
                 objects = [store.put_file(paths[0], project_id=project)]
             else:
                 objects = store.put_files(paths, project_id=project)
-        ids = eng.enqueue_many(
-            [
-                NewJob(
-                    prof["job_type"],
-                    dict(overrides),
-                    profile=prof["ref"],
-                    object_id=o["object_id"],
-                    project_id=project,
-                    priority=priority,
-                    created_by="cli",
-                )
-                for o in objects
-            ]
-        )
+        new = [
+            NewJob(
+                prof["job_type"],
+                dict(overrides),
+                profile=prof["ref"],
+                object_id=o["object_id"],
+                project_id=project,
+                priority=priority,
+                created_by="cli",
+            )
+            for o in objects
+        ]
+        try:
+            ids = eng.enqueue_many(new)
+        except HypermediaError:  # a budget, say: the uploads are of no use now
+            store.discard([o["object_id"] for o in objects])
+            raise
         local = _local_worker(eng, ids, run_here, concurrency or os.cpu_count() or 1)
         try:
             jobs, why = _wait(eng, ids, [f.name for f in files], timeout)
@@ -131,6 +136,25 @@ def run(
 
 
 INTERRUPTED = "the wait was interrupted"
+
+
+def _acceptable(prof: Row, overrides: Row, paths: list[Path], names: list[Path]) -> None:
+    """What enqueue would refuse that can be told before the upload: the
+    params, and an input larger than the profile takes (named).  The rest
+    (a budget, which needs the inputs' pages) is told after, and the uploads
+    are then discarded."""
+    check_params(overrides)
+    try:
+        registry.get(prof["job_type"]).validate(dict(overrides), dict(prof["settings"] or {}))
+    except JobError as exc:
+        raise InvalidRequest(exc.reason) from None
+    for path, name in zip(paths, names, strict=True):
+        size = path.stat().st_size
+        if size > prof["max_input_bytes"]:
+            raise InvalidRequest(
+                f"{display_name(name.name)} is larger than profile {prof['ref']} accepts "
+                f"({size} bytes; at most {prof['max_input_bytes']})"
+            )
 
 
 def _migrated(s: Settings) -> None:

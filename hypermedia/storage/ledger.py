@@ -440,6 +440,20 @@ class Storage:
                 self.backend(pool_id).delete(key)
         raise StorageUnavailable("the upload took too long and was swept; try again")
 
+    def discard(self, object_ids: list[int]) -> int:
+        """Hand uploads nothing came to use to GC at once (``process`` whose
+        jobs were refused), rather than after ``gc_unreferenced_seconds``.
+
+        As GC marks: each row locked (a binding locks it too), references
+        checked again under the lock, the referenced ones kept.
+        """
+        with self.db.tx() as tx:
+            for object_id in object_ids:
+                tx.object(object_id, lock=True)
+            keep = tx.referenced(object_ids)
+            chosen = [i for i in object_ids if i not in keep]
+            return int(tx.mark_deleting(chosen, "ready", self.clock()))
+
     def _abandon(self, object_id: int) -> None:
         try:
             with self.db.tx() as tx:

@@ -318,12 +318,23 @@ def test_process_refusals_exit_nonzero_with_a_clear_message(procs: Procs, tmp_pa
     def process(*args: str) -> subprocess.CompletedProcess[str]:
         return hypermedia("process", str(src), *args, url=procs.url, home=procs.home)
 
+    def objects() -> list[dict[str, Any]]:
+        return json.loads(procs.cli("objects", "ls", "--json"))
+
+    before = objects()
     missing = process("--profile", "no-such-profile")
     assert missing.returncode == 2 and "no profile no-such-profile" in missing.stderr
     bad_params = process("--profile", "debug-copy", "--params", "[1]")
     assert bad_params.returncode == 2 and "JSON object" in bad_params.stderr
     wrong = process("--profile", "debug-copy", "--params", '{"bogus": 1}')
     assert wrong.returncode == 2 and "unknown parameters: bogus" in wrong.stderr
+    small = f"small-{uuid.uuid4().hex[:8]}"
+    procs.cli("profiles", "create", small, "--type", "debug.copy", "--max-input-bytes", "99")
+    big = process("--profile", small)
+    assert big.returncode == 2, big.stderr
+    assert f"a.bin is larger than profile {small}:v1 accepts (100 bytes; at most 99)" in big.stderr
+    # Refused before the upload: not an object more.
+    assert objects() == before
     # A budget the request does not fit in: refused before any job exists.
     key = f"paid-{uuid.uuid4().hex[:8]}"
     procs.cli("profiles", "create", key, "--type", "debug.copy", "--credits-base", "5")
@@ -332,13 +343,16 @@ def test_process_refusals_exit_nonzero_with_a_clear_message(procs: Procs, tmp_pa
     assert broke.returncode == 1  # well-formed, refused by the state of the budget
     assert "credit budget exceeded: 0 of 4 used, this request needs 5" in broke.stderr
     assert _jobs(procs) == 0
+    # Told only after the upload (the estimate needs it): handed to GC at once.
+    (upload,) = [o for o in objects() if o not in before]
+    assert (upload["filename"], upload["state"]) == ("a.bin", "deleting")
     assert "Traceback" not in missing.stderr + wrong.stderr + broke.stderr
     # An --out that cannot be written: said so, before anything is uploaded.
-    objects = procs.cli("objects", "ls", "--json")
+    listed = objects()
     unwritable = process("--profile", "debug-copy", "--out", str(src / "sub"))
     assert unwritable.returncode == 2, unwritable.stderr
     assert "--out cannot be written to: Not a directory" in unwritable.stderr
-    assert procs.cli("objects", "ls", "--json") == objects and _jobs(procs) == 0
+    assert objects() == listed and _jobs(procs) == 0
 
 
 @sqlite_only
