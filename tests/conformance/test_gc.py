@@ -50,6 +50,19 @@ def test_young_unreferenced_objects_stay(storage: Storage) -> None:
     assert _state(storage, row["object_id"]) == "ready" and _blob(storage, row)
 
 
+def test_discarded_uploads_are_marked_unless_something_uses_them(storage: Storage, engine) -> None:  # type: ignore[no-untyped-def]
+    """Storage.discard (process, refused after its upload): the unused ones
+    are handed to GC now; one a job took meanwhile stays ready."""
+    unused = storage.put(io.BytesIO(b"refused input"))
+    taken = storage.put(io.BytesIO(b"someone's input"))
+    engine.enqueue(NewJob("debug.noop", object_id=taken["object_id"]))
+    assert storage.discard([unused["object_id"], taken["object_id"]]) == 1
+    assert _state(storage, unused["object_id"]) == "deleting"
+    assert _state(storage, taken["object_id"]) == "ready"
+    _gc(storage, unreferenced=3600).run_once()  # swept, however young
+    assert _state(storage, unused["object_id"]) is None and not _blob(storage, unused)
+
+
 def test_referenced_objects_stay(storage: Storage, engine) -> None:  # type: ignore[no-untyped-def]
     bound = storage.put(io.BytesIO(b"bound to a photo"))
     live_input = storage.put(io.BytesIO(b"input of a queued job"))
