@@ -90,6 +90,9 @@ def run(
         if not prof["is_active"]:
             raise InvalidRequest(f"profile {prof['ref']} is deactivated: new jobs cannot use it")
         _writable(out)  # before anything is uploaded or run
+        missing = registry.readiness([prof])[prof["ref"]]
+        if missing is not None:  # a worker elsewhere may have what this machine lacks
+            _warn(f"profile {prof['ref']} cannot run on this machine: {missing}")
         store = Storage(eng.db, s, clock=eng.clock)
         with as_regular_files(list(files)) as paths:
             _acceptable(prof, overrides, paths, files)  # before anything is uploaded
@@ -302,7 +305,11 @@ def _record(
         "result": job.get("result"),
     }
     if job["status"] not in TERMINAL:
-        record["safe_reason"] = f"{why}; the job goes on (hypermedia jobs show {job['job_id']})"
+        # The last attempt's reason stays: "clamd is away" is why it waits.
+        last = f" (its last attempt: {job['safe_reason']})" if job["safe_reason"] else ""
+        record["safe_reason"] = (
+            f"{why}; the job goes on{last} (hypermedia jobs show {job['job_id']})"
+        )
         return record
     if job["status"] != "completed":
         return record

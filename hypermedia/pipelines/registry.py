@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from hypermedia.errors import JobError
@@ -108,6 +109,9 @@ class Pipeline:
     run: Runner
     schema: Schema | None = None
     available: Callable[[], str | None] = _always_available
+    # ``available`` for one profile's settings, where they name what is probed
+    # (the virus scan's clamd socket); unset: ``available`` for every profile.
+    available_with: Callable[[Mapping[str, Any]], str | None] | None = None
     doc: str = ""
     finish: Finisher | None = None
     # The profile a job uses when it names none; "" means the job type with
@@ -174,16 +178,40 @@ def known() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def availability() -> dict[str, str | None]:
+def availability(job_types: Iterable[str] | None = None) -> dict[str, str | None]:
     """Each job type's missing-tool reason (None: ready to run here)."""
     _load_builtin()
+    wanted = sorted(_REGISTRY) if job_types is None else sorted(set(job_types) & set(_REGISTRY))
+    return {t: _probe(_REGISTRY[t].available) for t in wanted}
+
+
+def readiness(profiles: Iterable[Mapping[str, Any]]) -> dict[str, str | None]:
+    """Each profile version's missing-tool reason by ``ref``: its job type's,
+    or the one its settings name (a virus scan's own clamd socket)."""
+    _load_builtin()
+    probed: dict[tuple[str, str], str | None] = {}
     out: dict[str, str | None] = {}
-    for job_type, p in sorted(_REGISTRY.items()):
-        try:
-            out[job_type] = p.available()
-        except Exception:  # a probe that breaks means "not available", never a crash
-            out[job_type] = "its tools could not be checked"
+    for p in profiles:
+        pipeline = _REGISTRY.get(p["job_type"])
+        if pipeline is None:
+            out[p["ref"]] = "unknown job type"
+            continue
+        with_settings = pipeline.available_with
+        settings = dict(p.get("settings") or {})
+        key = (p["job_type"], repr(sorted(settings.items())) if with_settings else "")
+        if key not in probed:
+            probed[key] = _probe(
+                pipeline.available if with_settings is None else partial(with_settings, settings)
+            )
+        out[p["ref"]] = probed[key]
     return out
+
+
+def _probe(available: Callable[[], str | None]) -> str | None:
+    try:
+        return available()
+    except Exception:  # a probe that breaks means "not available", never a crash
+        return "its tools could not be checked"
 
 
 def queues() -> set[str]:

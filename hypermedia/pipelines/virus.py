@@ -38,7 +38,7 @@ import socket
 import struct
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -348,13 +348,19 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
 
 
 def available() -> str | None:
-    """Whether clamd answers PING on the default socket (a profile may name another)."""
+    """Whether clamd answers PING on the default socket."""
+    return available_with({})
+
+
+def available_with(settings: Mapping[str, Any]) -> str | None:
+    """Whether clamd answers PING on the socket a profile names (else the default)."""
+    address = str(settings.get("clamd") or DEFAULT_CLAMD)
     try:
-        answer = command(parse_address(DEFAULT_CLAMD), "PING", PING_TIMEOUT)
+        answer = command(parse_address(address), "PING", PING_TIMEOUT)
     except JobError:
         answer = ""
     if answer != "PONG":
-        return f"clamd does not answer on {DEFAULT_CLAMD}"
+        return f"clamd does not answer on {address}"
     return None
 
 
@@ -366,6 +372,7 @@ VIRUS_SCAN = register(
         _run,
         schema=SCHEMA,
         available=available,
+        available_with=available_with,
         default_profile="virus-scan",
         network=True,  # clamd, by Unix socket or TCP
         needs_input=True,

@@ -279,15 +279,9 @@ async def retry(request: Request, job_id: Id) -> Response:
 
 def upload_profiles(svc: Services, principal: Principal) -> list[Row]:
     """Active profiles whose pipeline can run here and this token may use."""
-    ready = registry.availability()
-    return [
-        p
-        for p in svc.profiles.list()
-        if p.get("is_active")
-        and p["job_type"] in ready
-        and ready[p["job_type"]] is None
-        and may_submit(principal, p["job_type"])
-    ]
+    rows = [p for p in svc.profiles.list() if p.get("is_active")]
+    ready = registry.readiness(rows)
+    return [p for p in rows if ready[p["ref"]] is None and may_submit(principal, p["job_type"])]
 
 
 @router.get("/upload")
@@ -296,7 +290,16 @@ async def upload_form(request: Request) -> Response:
     need(principal, "objects:write")
     need(principal, "jobs:write")
     profiles = await run_in_threadpool(upload_profiles, services(request), principal)
-    return page(request, "upload.html", title="Upload", nav="upload", profiles=profiles)
+    # Preselected: what image-thumbnail means, its newest version (listed last).
+    thumbs = [p["ref"] for p in profiles if p["profile_key"] == "image-thumbnail"]
+    return page(
+        request,
+        "upload.html",
+        title="Upload",
+        nav="upload",
+        profiles=profiles,
+        chosen=thumbs[-1] if thumbs else None,
+    )
 
 
 @router.post("/upload")
@@ -351,7 +354,7 @@ async def profiles_page(request: Request) -> Response:
     principal = await login_required(request)
     svc = services(request)
     rows = await run_in_threadpool(lambda: svc.profiles.list(include_inactive=True))
-    ready = registry.availability()
+    ready = await run_in_threadpool(registry.readiness, rows)  # probes: clamd may be slow
     if not principal.allows("admin"):
         # Where clamd listens, and why a tool is missing here, are the
         # operator's business: other tokens see only whether a profile runs.

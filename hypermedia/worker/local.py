@@ -22,7 +22,9 @@ DRAIN_SECONDS = 30.0
 
 class LocalWorker:
     def __init__(self, engine: Engine, queues: list[str], concurrency: int) -> None:
-        self.worker = Worker(engine, queues, concurrency=concurrency)
+        # No availability report: its command says what matters to it (process
+        # warns about its profile), not every job type of the queues it serves.
+        self.worker = Worker(engine, queues, concurrency=concurrency, job_types=[])
         self._thread = threading.Thread(
             target=self.worker.run,
             kwargs={"install_signals": False},  # the command owns its signals

@@ -56,6 +56,7 @@ class Worker:
         batch: int | None = None,
         burst: bool = False,
         worker_id: str | None = None,
+        job_types: Sequence[str] | None = None,
     ) -> None:
         self.engine = engine
         self.settings = engine.settings
@@ -65,6 +66,8 @@ class Worker:
         self.concurrency = max(1, concurrency)
         self.batch = max(1, batch or self.settings.claim_batch)
         self.burst = burst
+        # Those whose availability it reports at start (default: its queues').
+        self.job_types = list(job_types) if job_types is not None else None
         self.worker_id = worker_id or new_worker_id()
         self.sandbox, self.connect_ports = sandbox_settings(self.settings)
         self.stats = Stats()
@@ -147,6 +150,11 @@ class Worker:
             ("every queue: " if self.every_queue else "") + ",".join(self.queues),
             self.concurrency,
         )
+        # Off the claim loop's way: a clamd probe may wait a second.
+        reported = registry.job_types_for(self.queues) if self.job_types is None else self.job_types
+        threading.Thread(
+            target=report_availability, args=(reported,), daemon=True, name="availability"
+        ).start()
         try:
             self._claim_loop()
         finally:
@@ -448,3 +456,11 @@ def sandbox_settings(settings: Any) -> tuple[str, list[int] | None]:
             )
         log.warning("attempt children's files are not confined: this kernel has no Landlock")
     return mode, ports
+
+
+def report_availability(job_types: list[str]) -> None:
+    """Say which of this worker's job types cannot run on this machine, and why
+    (a missing library, clamd away): their jobs will fail here, or retry."""
+    for job_type, why in registry.availability(job_types).items():
+        if why is not None:
+            log.warning("%s cannot run on this machine: %s", job_type, why)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import re
+import uuid
 
 from fastapi.testclient import TestClient
 
@@ -426,3 +427,37 @@ def test_the_clamd_socket_is_shown_to_admins_only(
     login(client, a.admin)
     for path in ("/ui/profiles", f"/ui/jobs/{job_id}"):
         assert "unix:///run/clamav/clamd.ctl" in client.get(path).text, path
+
+
+def test_a_profile_runs_here_by_the_clamd_it_names(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    """Not by the default socket: a virus-scan profile naming a clamd that
+    does not answer is said not to run here, and is not offered for upload."""
+    key = f"scan-{uuid.uuid4().hex[:8]}"
+    svc.profiles.create(key, "security.virus_scan", {"clamd": "tcp://127.0.0.1:9"})
+    login(client, a.admin)
+    row = _profile_row(client.get("/ui/profiles").text, f"{key}:v1")
+    assert "no: clamd does not answer on tcp://127.0.0.1:9" in row
+    assert f'value="{key}:v1"' not in client.get("/ui/upload").text
+
+
+def test_the_upload_form_preselects_one_profile(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    """image-thumbnail as a job naming it gets it: its newest active version
+    (every version was marked selected, and browsers took the last)."""
+    v2 = svc.profiles.create("image-thumbnail", "image.thumbnail", {"width": 300})
+    try:
+        login(client, a.admin)
+        form = client.get("/ui/upload").text
+        selected = re.findall(r'<option value="([^"]+)" selected', form)
+        assert selected == [v2["ref"]], selected
+        assert 'value="image-thumbnail:v1"' in form
+    finally:
+        svc.profiles.deactivate(v2["ref"])
+
+
+def _profile_row(page: str, ref: str) -> str:
+    (row,) = [r for r in page.split("<tr") if f"<td>{ref}</td>" in r]
+    return row

@@ -189,6 +189,33 @@ def test_without_a_worker_the_timeout_ends_the_wait(procs: Procs, tmp_path: Path
 
 
 @sqlite_only
+def test_a_profile_that_cannot_run_here_is_said_and_its_reason_kept(
+    procs: Procs, tmp_path: Path
+) -> None:
+    """A virus scan naming a clamd that does not answer: warned up front (by
+    the profile's own socket), and when the wait ends the job's own reason
+    (why it waits in retry_wait) is kept beside the timeout's."""
+    (src := tmp_path / "a.txt").write_bytes(b"hello")
+    key = f"scan-{uuid.uuid4().hex[:8]}"
+    procs.cli("profiles", "create", key, "--type", "security.virus_scan",
+              "--settings", '{"clamd": "tcp://127.0.0.1:9"}')  # fmt: skip
+    done = hypermedia(
+        "process", str(src), "--profile", key, "--timeout", "6", "--json",
+        "--out", str(tmp_path / "out"), url=procs.url, home=procs.home, timeout=60,
+        HYPERMEDIA_BACKOFF_MAX_SECONDS="60",  # the retry waits past the wait's end
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert (
+        f"warning: profile {key}:v1 cannot run on this machine: "
+        "clamd does not answer on tcp://127.0.0.1:9"
+    ) in done.stderr
+    [r] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert (r["status"], r["error_code"]) == ("retry_wait", "PROVIDER_UNAVAILABLE"), r
+    assert "not finished within 6s; the job goes on (its last attempt: " in r["safe_reason"]
+    assert "clamd" in r["safe_reason"].partition("its last attempt: ")[2], r
+
+
+@sqlite_only
 def test_a_paused_queue_is_said_not_waited_on_silently(procs: Procs, tmp_path: Path) -> None:
     (src := tmp_path / "a.bin").write_bytes(b"x" * 100)
     assert "paused" in procs.cli("queues", "pause", "bulk")

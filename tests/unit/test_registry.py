@@ -34,3 +34,48 @@ def test_first_lookups_from_many_threads_all_find_the_built_ins() -> None:
         )
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.startswith("0 "), out.stdout
+
+
+REPORT = """
+import logging, sys
+from hypermedia.pipelines import registry
+from hypermedia.worker.runner import report_availability
+
+def run(params, ctx):
+    return {}
+
+def broken():
+    raise RuntimeError("probe crashed")
+
+for name, probe in (("t.missing", lambda: "the frobnicator is not installed"),
+                    ("t.broken", broken), ("t.fine", lambda: None)):
+    registry.register(registry.Pipeline(name, "tq", lambda p, s: p, run, available=probe))
+logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(levelname)s %(message)s")
+report_availability(["t.missing", "t.broken", "t.fine", "not.registered"])
+ready = registry.readiness([
+    {"ref": "a:v1", "job_type": "security.virus_scan", "settings": {"clamd": "tcp://127.0.0.1:9"}},
+    {"ref": "b:v1", "job_type": "t.fine", "settings": {}},
+    {"ref": "c:v1", "job_type": "gone.type", "settings": {}},
+])
+print(sorted(ready.items()))
+"""
+
+
+def test_a_worker_says_which_job_types_cannot_run_here() -> None:
+    """At start, each of its job types whose tools are missing, with why; a
+    probe that breaks is "not available", never a crash; a profile is probed
+    with its own settings (the clamd it names)."""
+    out = subprocess.run([sys.executable, "-c", REPORT], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[:2] == [
+        "WARNING t.broken cannot run on this machine: its tools could not be checked",
+        "WARNING t.missing cannot run on this machine: the frobnicator is not installed",
+    ]
+    assert lines[2] == str(
+        [
+            ("a:v1", "clamd does not answer on tcp://127.0.0.1:9"),
+            ("b:v1", None),
+            ("c:v1", "unknown job type"),
+        ]
+    )
