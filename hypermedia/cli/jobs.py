@@ -186,7 +186,8 @@ def show(job_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
             markup=True,
         )
         if job["safe_reason"]:
-            console.print(f"reason: {job['error_code']}: {job['safe_reason']}")
+            code = f"{job['error_code']}: " if job["error_code"] else ""  # none for a cancel
+            console.print(f"reason: {code}{job['safe_reason']}", markup=False, highlight=False)
         if job["result"] is not None:
             console.print(f"result: {json.dumps(job['result'])}")
         attempts = Table(

@@ -40,7 +40,7 @@ from hypermedia.cli.common import (
     user_errors,
 )
 from hypermedia.config import Settings
-from hypermedia.errors import HypermediaError, InvalidRequest, JobError
+from hypermedia.errors import HypermediaError, InvalidRequest, JobError, NotFound
 from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob, check_params
@@ -86,7 +86,10 @@ def run(
         s = settings()
         _migrated(s)
         eng = engine(s, create=True)
-        prof = Profiles(eng).show(profile)
+        try:
+            prof = Profiles(eng).show(profile)
+        except NotFound as exc:  # a bad argument, as `jobs submit --profile nope` says it
+            raise InvalidRequest(str(exc)) from None
         if not prof["is_active"]:
             raise InvalidRequest(f"profile {prof['ref']} is deactivated: new jobs cannot use it")
         _writable(out)  # before anything is uploaded or run

@@ -230,7 +230,7 @@ class Enqueuing:
                 raise InvalidRequest(
                     f"profile {key} has no active version: every version is deactivated"
                 )
-            raise InvalidRequest(f"no active profile {ref!r}")
+            raise InvalidRequest(f"no profile {ref}")  # the words of Profiles.show
         seen[ref] = dict(profile)
         return seen[ref]
 

@@ -65,6 +65,8 @@ def test_submit_ls_show_cancel_retry(driver: Driver, tmp_path: Path) -> None:
     again = _run("jobs", "cancel", str(ids[1]), url=url, home=tmp_path)
     assert again.returncode == 1 and "cannot cancel" in again.stderr
     assert "Traceback" not in again.stderr
+    human = _run("jobs", "show", str(ids[1]), url=url, home=tmp_path).stdout
+    assert "reason: cancelled by request\n" in human  # no code to name ("None: …")
 
 
 def test_jobs_prune_deletes_jobs_that_ended_long_ago(driver: Driver, tmp_path: Path) -> None:
@@ -161,7 +163,10 @@ def embedded_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["jobs", "submit", "nope.nothing"], "unknown job type"),
         (["jobs", "submit", "debug.sleep", "--params", "{bad"], "not valid JSON"),
         (["jobs", "submit", "debug.sleep", "--params", '{"ms": -1}'], "ms must be"),
-        (["jobs", "submit", "debug.noop", "--profile", "missing-profile"], "no active profile"),
+        (
+            ["jobs", "submit", "debug.noop", "--profile", "missing-profile"],
+            "no profile missing-profile",
+        ),
         (["jobs", "show", "999999"], "not found"),
         # Filters that match nothing by their spelling: said, not an empty table.
         (["jobs", "ls", "--status", "bogus"], "status must be one of created, queued"),

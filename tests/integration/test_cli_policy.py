@@ -49,8 +49,10 @@ def _case(args: list[str], code: int, said: str, **env: str) -> object:
     ("args", "code", "said", "env"),
     [
         # Wrong in itself: refused before anything is done.
-        _case(["jobs", "submit", "debug.noop", "--profile", "nope"], USAGE, "no active profile"),
-        _case(["process", "{in}", "--profile", "nope"], USAGE, "no profile nope"),
+        _case(
+            ["jobs", "submit", "debug.noop", "--profile", "nope"], USAGE, "error: no profile nope"
+        ),
+        _case(["process", "{in}", "--profile", "nope"], USAGE, "error: no profile nope"),
         _case(["jobs", "submit", "nope.nothing"], USAGE, "unknown job type"),
         _case(["jobs", "submit", "debug.noop", "--queue", "Bad Q"], USAGE, "queue name"),
         _case(["worker", "--burst", "--queues", "Bad Q"], USAGE, "queue name"),
