@@ -39,10 +39,16 @@ def normalise_url(url: str) -> str:
     """Pick the drivers we ship: psycopg 3 for PostgreSQL, PyMySQL for MariaDB/MySQL."""
     try:
         u = make_url(url)
-    except sa.exc.ArgumentError:  # its message quotes the URL, password and all
+        u.port  # noqa: B018  (parsed lazily: "host:notaport" fails here)
+    except (sa.exc.ArgumentError, ValueError):  # its message quotes the URL, password and all
         raise InvalidRequest(f"the database URL is not a URL: {BACKENDS}") from None
     if u.get_backend_name() not in ("sqlite", "postgresql", "postgres", "mysql", "mariadb"):
         raise InvalidRequest(f"the database URL names no database hypermedia runs on: {BACKENDS}")
+    driver = u.get_driver_name()
+    if "+" in u.drivername and driver not in SHIPPED_DRIVERS:  # asyncpg: not installed
+        raise InvalidRequest(
+            f"the database URL names a driver hypermedia does not ship ({driver}): {BACKENDS}"
+        )
     if u.drivername in {"postgresql", "postgres"}:
         u = u.set(drivername="postgresql+psycopg")
     elif u.drivername in {"mysql", "mariadb"}:
@@ -50,6 +56,7 @@ def normalise_url(url: str) -> str:
     return u.render_as_string(hide_password=False)
 
 
+SHIPPED_DRIVERS = ("pysqlite", "psycopg", "pymysql")
 BACKENDS = "sqlite:///PATH, postgresql://USER@HOST/DB or mariadb://USER@HOST/DB"
 
 

@@ -15,6 +15,7 @@ from hypermedia.errors import Conflict, InvalidRequest, NotFound, StaleTransitio
 from hypermedia.queue import states
 from hypermedia.queue.enqueue import check_budgets
 from hypermedia.queue.events import event
+from hypermedia.queue.models import QUEUE_NAME, check_queue_name
 
 Row = dict[str, Any]
 
@@ -135,6 +136,12 @@ class UserActions:
         status = filters.get("status")
         if status is not None and status not in states.STATUSES:
             raise InvalidRequest(f"status must be one of {', '.join(states.STATUSES)}")
+        # A filter no job could match is a mistake in it, said (the API's 422).
+        if filters.get("queue") is not None:
+            check_queue_name(filters["queue"])
+        job_type = filters.get("job_type")
+        if job_type is not None and not QUEUE_NAME.fullmatch(job_type):  # the same characters
+            raise InvalidRequest(f"{job_type!r} is not a job type (like image.thumbnail)")
         with self.db.read() as tx:
             return list(tx.jobs(**filters))
 

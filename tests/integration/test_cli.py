@@ -257,6 +257,10 @@ def test_the_default_worker_serves_a_queue_a_profile_names_later(
     [
         ("garbage", {}, "the database URL is not a URL: sqlite:///PATH"),
         ("foo://bar", {}, "names no database hypermedia runs on"),
+        # ValueError and ModuleNotFoundError (exit 1, a traceback's words) before:
+        ("postgresql://s3cret@localhost:notaport/db", {}, "the database URL is not a URL"),
+        ("postgresql://[::1/db", {}, "the database URL is not a URL"),
+        ("postgresql+asyncpg://localhost/db", {}, "a driver hypermedia does not ship (asyncpg)"),
         ("", {"HYPERMEDIA_JOB_RETENTION_DAYS": "abc"}, "HYPERMEDIA_JOB_RETENTION_DAYS must be a"),
         ("", {"HYPERMEDIA_CLAIM_BATCH": "1.5"}, "HYPERMEDIA_CLAIM_BATCH must be an integer"),
         # A lease of 0 expired as it was taken: every job ran again and again.
@@ -270,7 +274,17 @@ def test_bad_settings_are_named(tmp_path: Path, url: str, env: dict[str, str], s
     SQLAlchemy's words with the URL quoted in them."""
     proc = hypermedia("jobs", "ls", url=url, home=tmp_path, **env)
     assert proc.returncode == 2 and said in proc.stderr, proc.stderr  # a bad setting: usage
-    assert proc.stderr.count("\n") == 1
+    assert proc.stderr.count("\n") == 1 and "s3cret" not in proc.stderr
+
+
+def test_a_job_filter_no_job_could_match_is_refused(embedded_home: Path) -> None:
+    for flag, value, said in (
+        ("--queue", "Bad Q", "a queue name has 1 to 50 characters"),
+        ("--type", "Image Thumbnail", "'Image Thumbnail' is not a job type"),
+    ):
+        proc = _run("jobs", "ls", flag, value, url="", home=embedded_home)
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    assert _run("jobs", "ls", "--type", "no.such", url="", home=embedded_home).returncode == 0
 
 
 def test_submit_wait_gives_up_after_its_timeout(embedded_home: Path) -> None:
