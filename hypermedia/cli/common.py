@@ -30,7 +30,13 @@ from hypermedia.config import Settings, load_settings
 from hypermedia.db.dialects import is_schema_missing, is_transient
 from hypermedia.db.driver import connect, normalise_url
 from hypermedia.db.ready import wait_until_ready
-from hypermedia.errors import HypermediaError, InvalidRequest, NotFound, Refused
+from hypermedia.errors import (
+    HypermediaError,
+    IdempotencyConflict,
+    InvalidRequest,
+    NotFound,
+    Refused,
+)
 from hypermedia.queue.clock import clock_for
 from hypermedia.queue.engine import Engine
 from hypermedia.redact import brief, redact
@@ -183,7 +189,8 @@ def user_errors() -> Iterator[None]:
 
     The one place errors map to exit codes: 2 for a request that is wrong in
     itself (InvalidRequest: a bad value, an unknown job type, profile or
-    queue name, an unusable input; NotFound: a job, object, profile… that
+    queue name, an unusable input, an idempotency key used for another
+    request; NotFound: a job, object, profile… that
     does not exist), 1 for everything that went wrong while doing it or
     around it (a refused transition or budget, a conflict, storage, the
     database missing, unreachable or not migrated)."""
@@ -197,7 +204,7 @@ def user_errors() -> Iterator[None]:
     except Refused as exc:  # well-formed, refused by the current state
         err_console.print(f"[red]error:[/] {escape(redact(exc))}", markup=True)
         raise typer.Exit(EXIT_FAILED) from None
-    except InvalidRequest as exc:
+    except (InvalidRequest, IdempotencyConflict) as exc:  # a key reused for another request
         err_console.print(f"[red]error:[/] {escape(redact(exc))}", markup=True)
         raise typer.Exit(EXIT_USAGE) from None
     except NoDatabase as exc:  # the path is the user's own: named, not redacted

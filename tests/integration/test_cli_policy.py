@@ -31,6 +31,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("db", "upgrade"),
         ("profiles", "create", "priced", "--type", "debug.noop", "--credits-base", "5"),
         ("credits", "set-budget", "broke", "4"),
+        ("jobs", "submit", "debug.noop", "--idempotency-key", "once"),
     ):
         done = hypermedia(*args, url="", home=home)
         assert done.returncode == 0, done.stderr
@@ -54,6 +55,11 @@ def _case(args: list[str], code: int, said: str, **env: str) -> object:
         ),
         _case(["process", "{in}", "--profile", "nope"], USAGE, "error: no profile nope"),
         _case(["jobs", "submit", "nope.nothing"], USAGE, "unknown job type"),
+        _case(
+            ["jobs", "submit", "debug.sleep", "--idempotency-key", "once"],
+            USAGE,
+            "already used for a different request",
+        ),
         _case(["jobs", "submit", "debug.noop", "--queue", "Bad Q"], USAGE, "queue name"),
         _case(["worker", "--burst", "--queues", "Bad Q"], USAGE, "queue name"),
         _case(["queues", "pause", "Bad Q"], USAGE, "queue name"),
