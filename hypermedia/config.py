@@ -25,6 +25,9 @@ class Settings:
     worker_heartbeat_seconds: float = 30.0
     worker_metrics_seconds: float = 60.0
     worker_stale_seconds: float = 120.0
+    # An unhealthy worker silent this long is taken for gone (kill -9, a lost
+    # machine): terminated, so `workers ls` lists only what may come back.
+    worker_gone_seconds: float = 3600.0
     reaper_interval_seconds: float = 5.0
     promoter_interval_seconds: float = 1.0
     retention_interval_seconds: float = 3600.0
@@ -117,6 +120,7 @@ _ENV_NAMES = {
     "worker_heartbeat_seconds": "HEARTBEAT_SECONDS",
     "worker_metrics_seconds": "METRICS_SECONDS",
     "worker_stale_seconds": "WORKER_STALE_SECONDS",
+    "worker_gone_seconds": "WORKER_GONE_SECONDS",
     "reaper_interval_seconds": "REAPER_INTERVAL_SECONDS",
     "promoter_interval_seconds": "PROMOTER_INTERVAL_SECONDS",
     "retention_interval_seconds": "RETENTION_INTERVAL_SECONDS",
@@ -164,6 +168,7 @@ _ABOVE_ZERO = (
     "worker_heartbeat_seconds",
     "worker_metrics_seconds",
     "worker_stale_seconds",
+    "worker_gone_seconds",
     "reaper_interval_seconds",
     "promoter_interval_seconds",
     "retention_interval_seconds",

@@ -83,6 +83,16 @@ class WorkerQueries:
             )
         return ids
 
+    def mark_gone_workers(self, cutoff: datetime) -> int:
+        """Unhealthy workers silent since ``cutoff`` → terminated.  Guarded on
+        both: a worker whose heartbeat came back in between is left alone."""
+        q = (
+            sa.update(W)
+            .where(W.c.status == "unhealthy", W.c.last_heartbeat < cutoff)
+            .values(status="terminated")
+        )
+        return int(self.conn.execute(q).rowcount)
+
     # -- metrics -------------------------------------------------------------
 
     def insert_metric(self, values: Row) -> None:

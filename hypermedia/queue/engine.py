@@ -512,10 +512,13 @@ class Engine(Enqueuing, UserActions):
         return len(moved)
 
     def reap(self, limit: int = 500) -> dict[str, int]:
-        """Release jobs whose lease expired and mark silent workers unhealthy."""
+        """Release jobs whose lease expired, mark silent workers unhealthy, and
+        those silent for ``worker_gone_seconds`` terminated."""
         now = self.clock()
         stale_cutoff = now - timedelta(seconds=self.settings.worker_stale_seconds)
+        gone_cutoff = now - timedelta(seconds=self.settings.worker_gone_seconds)
         with self.db.tx() as tx:
+            gone = tx.mark_gone_workers(gone_cutoff)
             stale = tx.mark_stale_workers(stale_cutoff)
             orphans = tx.held_by(stale)
             released = self._settle(tx, None, _orphaned(orphans, "its worker stopped heartbeating"))
@@ -524,7 +527,11 @@ class Engine(Enqueuing, UserActions):
             released |= self._settle(
                 tx, None, _orphaned(expired, "its worker's lease expired"), lease_expired_before=now
             )
-        return {"unhealthy_workers": len(stale), "released_jobs": len(released)}
+        return {
+            "unhealthy_workers": len(stale),
+            "terminated_workers": gone,
+            "released_jobs": len(released),
+        }
 
 
 def _same_values_key(values: Row) -> Any:

@@ -59,7 +59,7 @@ def _worker_status(driver: Driver, worker_id: str) -> str:
 def test_expired_lease_orphans_the_attempt_and_waits_to_retry(engine, driver, settings, clock):
     job_id, _ = _running(engine)
     clock.advance(settings.lease_seconds + 0.5)
-    assert engine.reap() == {"unhealthy_workers": 0, "released_jobs": 1}
+    assert engine.reap() == {"unhealthy_workers": 0, "terminated_workers": 0, "released_jobs": 1}
     row = job_row(driver, job_id)
     assert row["status"] == "retry_wait"
     assert (row["error_code"], row["category"]) == ("ORPHANED", "provider_failure")
@@ -152,7 +152,7 @@ def test_stale_worker_becomes_unhealthy_and_its_jobs_are_released(engine, driver
     kept_before = snapshot(driver, kept)
 
     # Their leases are all still valid: only the heartbeat marks ghost dead.
-    assert engine.reap() == {"unhealthy_workers": 1, "released_jobs": 2}
+    assert engine.reap() == {"unhealthy_workers": 1, "terminated_workers": 0, "released_jobs": 2}
     assert _worker_status(driver, "ghost") == "unhealthy"
     assert _worker_status(driver, "alive") == "active"
     assert _worker_status(driver, "gone") == "terminated"
@@ -166,6 +166,21 @@ def test_stale_worker_becomes_unhealthy_and_its_jobs_are_released(engine, driver
     assert snapshot(driver, kept) == kept_before
     # Already unhealthy: not counted again.
     assert engine.reap()["unhealthy_workers"] == 0
+
+
+def test_a_worker_silent_for_worker_gone_seconds_is_terminated(engine, driver, settings, clock):
+    """A kill -9'd worker stayed `unhealthy` in `workers ls` for ever."""
+    gone = settings.worker_gone_seconds
+    _worker(driver, "killed", clock.now - timedelta(seconds=gone + 1), status="unhealthy")
+    _worker(driver, "stopped", clock.now - timedelta(seconds=gone - 5), status="unhealthy")
+    _worker(driver, "silent", clock.now - timedelta(seconds=gone + 1))  # live: unhealthy first
+    assert engine.reap()["terminated_workers"] == 1
+    assert _worker_status(driver, "killed") == "terminated"
+    assert _worker_status(driver, "stopped") == "unhealthy"
+    assert _worker_status(driver, "silent") == "unhealthy"
+    clock.advance(10)
+    assert engine.reap()["terminated_workers"] == 2
+    assert {_worker_status(driver, w) for w in ("stopped", "silent")} == {"terminated"}
 
 
 def test_worker_heartbeat_exactly_at_the_limit_is_not_stale(engine, driver, settings, clock):

@@ -56,7 +56,7 @@ def test_a_worker_ten_minutes_slow_keeps_its_lease_and_runs_its_job_once(
     # the worker's own clock its lease ended 9.5 minutes ago and its heartbeat
     # is 10 minutes old, so the job would be taken from it.
     reaped = live.reap()
-    assert reaped == {"unhealthy_workers": 0, "released_jobs": 0}
+    assert reaped == {"unhealthy_workers": 0, "terminated_workers": 0, "released_jobs": 0}
     row = wait_job(driver, job_id)
     assert row["status"] == "completed", (row["status"], row["safe_reason"])
     assert row["attempt_count"] == 1
