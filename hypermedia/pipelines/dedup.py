@@ -83,7 +83,7 @@ def version(vips: Any) -> str:
 
 def dhash(vips: Any, path: str, max_pixels: int) -> str:
     """The 64-bit dHash of the image at ``path`` as 16 hex digits (see the module doc)."""
-    image._check_input(vips, path, max_pixels)
+    header = image._check_input(vips, path, max_pixels)
     try:
         small = vips.Image.thumbnail(path, 9, height=8, size="force", fail_on="error")
         if small.hasalpha():
@@ -91,10 +91,8 @@ def dhash(vips: Any, path: str, max_pixels: int) -> str:
             small = small.flatten(background=[white] * (small.bands - 1))
         grey = small.colourspace("b-w").extract_band(0).cast("double")
         raw = grey.write_to_memory()
-    except vips.Error as exc:
-        if "out of memory" in f"{exc.message} {exc.detail}".lower():
-            raise MemoryError from None
-        raise JobError("CORRUPT_INPUT", "the image data is damaged or truncated") from None
+    except vips.Error as exc:  # read as the thumbnails read it: an HEVC HEIC is not "damaged"
+        raise imaging.failure(exc, header) from None
     pixels = memoryview(raw).cast("d")
     if grey.width != 9 or grey.height != 8 or len(pixels) != 72:
         raise JobError("CORRUPT_INPUT", "the image could not be reduced for hashing")

@@ -253,6 +253,20 @@ def test_a_damaged_image_still_gets_its_exact_duplicates(
     assert hashes(driver) == []
 
 
+def test_an_hevc_heic_is_said_undecodable_here_not_damaged(
+    storage: Storage, tmp_path: Path
+) -> None:
+    """As a thumbnail of it says (UNSUPPORTED_FORMAT), not "damaged or truncated"."""
+    from tests.unit.test_image_pipeline import heic_or_skip
+
+    src = tmp_path / "photo.heic"
+    heic_or_skip(src)
+    obj = put(storage, src.read_bytes(), "p1")
+    result, _ = check(storage, obj, tmp_path)
+    if result["hash"] is None:  # this libvips has no HEVC decoder
+        assert result["near_skipped"] == "HEVC-coded HEIF images cannot be decoded on this server"
+
+
 # -- failures ------------------------------------------------------------------------
 
 
