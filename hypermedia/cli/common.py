@@ -29,7 +29,7 @@ from sqlalchemy.engine import url as sa_url
 from hypermedia.config import Settings, load_settings
 from hypermedia.db.dialects import is_schema_missing, is_transient
 from hypermedia.db.driver import connect, normalise_url
-from hypermedia.db.ready import wait_until_ready
+from hypermedia.db.ready import not_ready, wait_until_ready
 from hypermedia.errors import (
     HypermediaError,
     IdempotencyConflict,
@@ -221,16 +221,22 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(EXIT_FAILED) from None
 
 
-def wait_for_database(url: str, seconds: float | None) -> bool:
-    """Whether the database at ``url`` answers within ``seconds`` (None: as
-    long as it takes); SIGTERM and Ctrl-C end the wait.  For commands a
-    deploy starts beside the database (``serve``, ``db upgrade --wait``)."""
+def wait_for_database(url: str, seconds: float | None) -> str | None:
+    """None once the database at ``url`` answers within ``seconds`` (None: as
+    long as it takes), else why it did not (its last answer); SIGTERM and
+    Ctrl-C end the wait.  For commands a deploy starts beside the database
+    (``serve``, ``db upgrade --wait``)."""
     stop = threading.Event()
     handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
     db = connect(url)
     try:
         deadline = None if seconds is None else time.monotonic() + seconds
-        return wait_until_ready(db, stop, schema=False, deadline=deadline)
+        if wait_until_ready(db, stop, schema=False, deadline=deadline):
+            return None
+        if stop.is_set():
+            return "the wait was interrupted"
+        last = not_ready(db, schema=False)
+        return "it answered at last" if last is None else last[1]
     finally:
         db.dispose()
         for sig, handler in handlers.items():

@@ -7,6 +7,7 @@ import shlex
 import threading
 
 import typer
+from rich.markup import escape
 
 from hypermedia.cli import (
     credits,
@@ -74,9 +75,9 @@ def db_upgrade(
     with user_errors():
         s = settings()
         s.home.mkdir(parents=True, exist_ok=True)
-        if wait and not wait_for_database(s.url, wait):
-            said = f"[red]error:[/] the database did not answer within {wait:g} s"
-            err_console.print(said, markup=True)
+        if wait and (why := wait_for_database(s.url, wait)) is not None:
+            said = f"the database was not ready within {wait:g} s: {why}"
+            err_console.print(f"[red]error:[/] {escape(said)}", markup=True, highlight=False)
             raise typer.Exit(1)
         from alembic.util import CommandError
 
@@ -200,7 +201,7 @@ def serve(
     with user_errors():
         s = settings()
         s.home.mkdir(parents=True, exist_ok=True)
-        if not wait_for_database(s.url, None):
+        if wait_for_database(s.url, None) is not None:
             return  # stopped while waiting
         from hypermedia.db import migrate
 

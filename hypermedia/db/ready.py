@@ -8,6 +8,7 @@ script.  What they wait for is said once a minute, not at every retry."""
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 
@@ -32,6 +33,14 @@ def _say(kind: str, message: str) -> None:
     log.warning("%s", message)
 
 
+# What PostgreSQL and MariaDB say when they answer but refuse who, or which
+# database, the URL names (SQLSTATE 28000/28P01/3D000, errors 1044/1045/1049).
+_REFUSED = re.compile(
+    r"password authentication failed|role \S+ does not exist|database \S+ does not exist"
+    r"|Access denied for user|Unknown database|no pg_hba\.conf entry",
+)
+
+
 def not_ready(db: Driver, *, schema: bool = True) -> tuple[str, str] | None:
     """(kind, why) the database cannot serve this code now, or None.  An
     error that is not about the database being away is raised: waiting
@@ -43,6 +52,13 @@ def not_ready(db: Driver, *, schema: bool = True) -> tuple[str, str] | None:
     except Exception as exc:
         if not is_transient(exc):
             raise
+        if _REFUSED.search(str(exc)):
+            # Still waited for (a deploy may create the role or database
+            # next), but said for what it is: no restart will fix the URL.
+            return "refused", (
+                f"the database refuses this connection ({brief(exc)}): "
+                "check HYPERMEDIA_DATABASE_URL"
+            )
         return "away", f"the database is unavailable ({brief(exc)})"
     if not schema:
         return None

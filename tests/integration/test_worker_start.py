@@ -33,7 +33,12 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _waiting(log: Path) -> bool:
-    return log.exists() and "the database is unavailable" in log.read_text()
+    """Waiting: for a server that is away, or for the database the URL names
+    (refused, but a deploy may create it next)."""
+    said = log.read_text() if log.exists() else ""
+    return "the database is unavailable" in said or (
+        "the database refuses this connection" in said and "; waiting for it" in said
+    )
 
 
 def test_a_worker_started_before_its_database_waits_then_works(tmp_path: Path) -> None:
@@ -73,6 +78,25 @@ def test_sigterm_while_waiting_for_the_database_exits_cleanly(tmp_path: Path) ->
         stop(worker, signal.SIGKILL)
 
 
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("postgresql://no_such_role@127.0.0.1/test", 'role "no_such_role" does not exist'),
+        ("postgresql://postgres@127.0.0.1/no_such_db", 'database "no_such_db" does not exist'),
+        ("mysql://root:wrong@127.0.0.1/test", "Access denied for user 'root'"),
+    ],
+)
+def test_a_database_that_refuses_the_url_is_said_to(tmp_path: Path, url: str, said: str) -> None:
+    """Not "unavailable", and not "did not answer" when the wait ends: it
+    answered, and no restart will change its answer."""
+    gave_up = hypermedia("db", "upgrade", "--wait", "1", url=url, home=tmp_path)
+    assert gave_up.returncode == 1
+    assert gave_up.stderr.startswith("WARNING: the database refuses this connection ("), gave_up
+    assert said in gave_up.stderr and "check HYPERMEDIA_DATABASE_URL" in gave_up.stderr
+    assert "error: the database was not ready within 1 s: the database refuses" in gave_up.stderr
+    assert "wrong" not in gave_up.stderr  # the password, redacted
+
+
 def test_db_upgrade_wait_and_serve_start_before_their_database(tmp_path: Path) -> None:
     """`db upgrade --wait` and `serve` started while the database refuses
     connections wait for it, then migrate (serve then answers /readyz);
@@ -87,7 +111,8 @@ def test_db_upgrade_wait_and_serve_start_before_their_database(tmp_path: Path) -
         pg_accepting(name, False)
         gave_up = hypermedia("db", "upgrade", "--wait", "1", url=url, home=home)
         assert gave_up.returncode == 1
-        assert "did not answer within 1 s" in gave_up.stderr and "Traceback" not in gave_up.stderr
+        assert "was not ready within 1 s: the database is unavailable (" in gave_up.stderr
+        assert "Traceback" not in gave_up.stderr
         upgrading = spawn("db", "upgrade", "--wait", "60", url=url, home=home)
         serve_log = tmp_path / "serve.log"
         serving = spawn("serve", "--port", str(port), url=url, home=home, log=serve_log)
