@@ -5,7 +5,8 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from hypermedia.cli.common import console, engine, print_json, user_errors
+from hypermedia.cli.common import console, engine, err_console, print_json, user_errors
+from hypermedia.pipelines import registry
 from hypermedia.services import Services
 
 app = typer.Typer(help="See queues; pause and resume them.", no_args_is_help=True)
@@ -36,7 +37,16 @@ def pause(
 ) -> None:
     """Stop workers claiming from NAME; jobs already running finish."""
     with user_errors():
-        row = Services.from_settings().queues.pause(name)
+        queues = Services.from_engine(engine()).queues
+        known = {r["queue_name"] for r in queues.summary()} | registry.queues()
+        row = queues.pause(name)
+    if name not in known:  # paused all the same: a profile may name it next
+        err_console.print(
+            f"warning: no pipeline, profile or job uses queue {name} (a typo?); "
+            f"`hypermedia queues ls` lists those that do",
+            markup=False,
+            highlight=False,
+        )
     if as_json:
         print_json(row)
     else:
@@ -50,7 +60,7 @@ def resume(
 ) -> None:
     """Let workers claim from NAME again."""
     with user_errors():
-        row = Services.from_settings().queues.resume(name)
+        row = Services.from_engine(engine()).queues.resume(name)
     if as_json:
         print_json(row)
     else:

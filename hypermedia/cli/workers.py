@@ -54,7 +54,7 @@ def drain(
 ) -> None:
     """Ask a worker to stop claiming, finish its running jobs and exit."""
     with user_errors():
-        row = Services.from_settings().fleet.drain(worker_id)
+        row = Services.from_engine(engine()).fleet.drain(worker_id)
     if as_json:
         print_json(row)
     else:

@@ -86,3 +86,11 @@ def test_queues_and_workers_cli(driver: Driver, live: Engine, procs: Procs) -> N
     refused = hypermedia("queues", "pause", "Not A Queue", url=procs.url, home=procs.home)
     assert refused.returncode == 2
     assert "queue name" in refused.stderr and "Traceback" not in refused.stderr
+    # A well-formed name nothing uses: paused (a profile may name it next), and said.
+    typo = hypermedia("queues", "pause", "imagse", url=procs.url, home=procs.home)
+    assert typo.returncode == 0 and typo.stdout == "queue imagse paused\n"
+    assert "warning: no pipeline, profile or job uses queue imagse (a typo?)" in typo.stderr
+    again = hypermedia("queues", "pause", "imagse", url=procs.url, home=procs.home)
+    assert again.returncode == 0 and again.stderr == ""  # known now: its switch
+    documents = hypermedia("queues", "pause", "documents", url=procs.url, home=procs.home)
+    assert documents.stderr == ""  # a built-in pipeline's queue, no job in it yet
