@@ -10,8 +10,8 @@ When no worker serves the jobs' queue (no ``serve`` or ``worker`` running,
 or only ones of other queues), the command runs one itself for as long as it
 waits (``worker/local.py``), and on the embedded SQLite database it migrates
 first, as ``serve`` does: one command does the whole round trip.
-``--no-run-here`` only enqueues and waits; ``--timeout`` ends the wait (exit
-1) and the jobs stay queued for a worker to come.
+``--no-run-here`` only enqueues and waits; ``--wait-timeout`` ends the wait
+(exit 1) and the jobs stay queued for a worker to come.
 """
 
 from __future__ import annotations
@@ -64,7 +64,11 @@ def run(
     out: Path = typer.Option(Path("."), "--out", file_okay=False, help="where outputs go"),
     project: str = typer.Option("default", "--project"),
     priority: int = typer.Option(5, "--priority", min=1, max=10, help="1 highest … 10 lowest"),
-    timeout: float = typer.Option(600, "--timeout", min=0, help="seconds to wait for the jobs"),
+    # --wait-timeout, as `jobs submit --wait` says it (whose --timeout is an
+    # attempt's); --timeout, its first name, still works.
+    timeout: float = typer.Option(
+        600, "--wait-timeout", "--timeout", min=0, help="seconds to wait for the jobs"
+    ),
     as_json: bool = typer.Option(False, "--json", help="one JSON record per input"),
     run_here: bool | None = typer.Option(
         None,

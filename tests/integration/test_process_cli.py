@@ -200,7 +200,7 @@ def test_a_profile_that_cannot_run_here_is_said_and_its_reason_kept(
     procs.cli("profiles", "create", key, "--type", "security.virus_scan",
               "--settings", '{"clamd": "tcp://127.0.0.1:9"}')  # fmt: skip
     done = hypermedia(
-        "process", str(src), "--profile", key, "--timeout", "6", "--json",
+        "process", str(src), "--profile", key, "--wait-timeout", "6", "--json",
         "--out", str(tmp_path / "out"), url=procs.url, home=procs.home, timeout=60,
         HYPERMEDIA_BACKOFF_MAX_SECONDS="60",  # the retry waits past the wait's end
     )  # fmt: skip
