@@ -141,7 +141,9 @@ class UserActions:
             check_queue_name(filters["queue"])
         job_type = filters.get("job_type")
         if job_type is not None and not QUEUE_NAME.fullmatch(job_type):  # the same characters
-            raise InvalidRequest(f"{job_type!r} is not a job type (like image.thumbnail)")
+            raise InvalidRequest(
+                "a job type has 1 to 50 characters: lower-case letters, digits, '.', '_', '-'"
+            )
         with self.db.read() as tx:
             return list(tx.jobs(**filters))
 

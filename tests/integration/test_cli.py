@@ -280,7 +280,7 @@ def test_bad_settings_are_named(tmp_path: Path, url: str, env: dict[str, str], s
 def test_a_job_filter_no_job_could_match_is_refused(embedded_home: Path) -> None:
     for flag, value, said in (
         ("--queue", "Bad Q", "a queue name has 1 to 50 characters"),
-        ("--type", "Image Thumbnail", "'Image Thumbnail' is not a job type"),
+        ("--type", "Image Thumbnail", "a job type has 1 to 50 characters"),
     ):
         proc = _run("jobs", "ls", flag, value, url="", home=embedded_home)
         assert proc.returncode == 2 and said in proc.stderr, proc.stderr
