@@ -624,6 +624,7 @@ def _orphaned(rows: Sequence[Row], why: str) -> list[AttemptResult]:
             code="ORPHANED",
             message=f"attempt abandoned: {why}",
             worker_id=r["claimed_by"],
+            actor="reaper",
         )
         for r in rows
     ]

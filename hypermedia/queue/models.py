@@ -139,3 +139,6 @@ class AttemptResult:
     peak_memory_mb: int | None = None
     cpu_time_ms: int | None = None
     worker_id: str | None = None  # set by the reaper for jobs of other workers
+    # Who the event names, when not the worker: the reaper, for an attempt it
+    # abandoned (the dead worker did not end it).
+    actor: str | None = None

@@ -115,7 +115,7 @@ def decide(
         "attempt_number": res.attempt,
         "code": code,
         "message": redact(message, 1000),
-        "actor": res.worker_id or job.get("claimed_by"),
+        "actor": res.actor or res.worker_id or job.get("claimed_by"),
         "created_at": now,
     }
     outputs = [

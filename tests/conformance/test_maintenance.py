@@ -11,6 +11,7 @@ from ._helpers import (
     attempts,
     claim_one,
     done,
+    events,
     job_row,
     new_job,
     race,
@@ -163,6 +164,11 @@ def test_stale_worker_becomes_unhealthy_and_its_jobs_are_released(engine, driver
     for job_id in (lost_a, lost_b):
         assert status_of(driver, job_id) == "retry_wait"
         assert attempts(driver, job_id)[0]["status"] == "orphaned"
+        # The reaper ended the attempt, not the dead worker.
+        assert (events(driver, job_id)[-1]["actor"], events(driver, job_id)[-1]["code"]) == (
+            "reaper",
+            "ORPHANED",
+        )
     assert snapshot(driver, kept) == kept_before
     # Already unhealthy: not counted again.
     assert engine.reap()["unhealthy_workers"] == 0
