@@ -285,15 +285,23 @@ def _short(stem: str) -> str:
 
 
 def _stems(files: list[Path]) -> list[str]:
-    """Input stems, shortened, made unique (a/x.png and b/x.png give x and x-2)."""
-    seen: dict[str, int] = {}
+    """Input stems, shortened, made unique (a/x.png and b/x.png give x and x-2).
+
+    Unique against every stem already given, not only its own kind: x.png,
+    b/x.png and x-2.jpg gave x, x-2 and x-2, and the third job's outputs
+    overwrote the second's."""
+    taken: set[str] = set()
     out = []
     for f in files:
         # Without controls: a right-to-left override in "x\u202egnp.exe"
         # would show "<stem>.thumb.webp" as another type of file.
-        stem = _short(display_name(f.stem) or "file")
-        n = seen[stem] = seen.get(stem, 0) + 1
-        out.append(stem if n == 1 else f"{stem}-{n}")
+        stem = name = _short(display_name(f.stem) or "file")
+        n = 1
+        while name in taken:
+            n += 1
+            name = f"{stem}-{n}"
+        taken.add(name)
+        out.append(name)
     return out
 
 

@@ -303,6 +303,24 @@ def test_inputs_with_names_near_the_longest_get_their_outputs(tmp_path: Path) ->
         assert dst.name.startswith("é" * 80) and len(dst.name.encode()) < 200
 
 
+def test_inputs_whose_names_meet_get_outputs_of_their_own(tmp_path: Path) -> None:
+    """x.bin, sub/x.bin and x-2.bin: the second became x-2, as the third was,
+    and the third's output overwrote the second's (exit 0)."""
+    home, out = tmp_path / "home", tmp_path / "out"
+    (tmp_path / "sub").mkdir()
+    files = [tmp_path / "x.bin", tmp_path / "sub" / "x.bin", tmp_path / "x-2.bin"]
+    for i, f in enumerate(files):
+        f.write_bytes(f"input {i}".encode())
+    done = hypermedia(
+        "process", *map(str, files), "--profile", "debug-copy", "--out", str(out), "--json",
+        url="", home=home, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    written = [Path(json.loads(line)["outputs"][0]) for line in done.stdout.splitlines()]
+    assert [p.name for p in written] == ["x.copy.bin", "x-2.copy.bin", "x-2-2.copy.bin"]
+    assert [p.read_bytes() for p in written] == [f.read_bytes() for f in files]
+
+
 def test_output_names_carry_no_control_characters(tmp_path: Path) -> None:
     """A right-to-left override would show "photo\u202egnp.exe.copy.bin" as
     a file of another type; a newline would break a listing."""
