@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import stat
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -92,14 +94,25 @@ def get(
                 while chunk := src.read(1024 * 1024):
                     out.write(chunk)
             return
-        tmp = target.with_name(f".{target.name}.part")
+        # A new file of our own beside it (made exclusively: ".NAME.part"
+        # removed a file the user had by that name, or wrote through a
+        # symlink someone left there), renamed over the target once checked.
+        fd, name = tempfile.mkstemp(prefix=".hypermedia-get-", suffix=".part", dir=target.parent)
+        tmp = Path(name)
         try:
-            with st.open(object_id) as src, open(tmp, "wb") as out:
+            with os.fdopen(fd, "wb") as out, st.open(object_id) as src:
+                os.fchmod(out.fileno(), 0o666 & ~_umask())  # as open() would have made it
                 while chunk := src.read(1024 * 1024):
                     out.write(chunk)
             tmp.replace(target)  # never leave a half or unverified file under the name
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def download_target(output: Path) -> Path | None:

@@ -45,8 +45,28 @@ def test_objects_put_get_ls_show(driver: Driver, tmp_path: Path) -> None:
     assert [r["size"] for r in rows] == [1000, 1001, 1002]
 
     out = tmp_path / "back.png"
+    # A file named as the old temporary name was, and a symlink another user
+    # could leave there: neither is touched (one was removed, the other
+    # written through).
+    (tmp_path / ".back.png.part").write_text("precious")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("theirs")
+    (tmp_path / ".again.png.part").symlink_to(victim)
     _ok("objects", "get", str(row["object_id"]), "-o", str(out), url=url, home=home)
-    assert out.read_bytes() == pic.read_bytes()
+    _ok(
+        "objects",
+        "get",
+        str(row["object_id"]),
+        "-o",
+        str(tmp_path / "again.png"),
+        url=url,
+        home=home,
+    )
+    assert out.read_bytes() == (tmp_path / "again.png").read_bytes() == pic.read_bytes()
+    assert (tmp_path / ".back.png.part").read_text() == "precious"
+    assert victim.read_text() == "theirs" and not (tmp_path / "again.png").is_symlink()
+    assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())  # as cp makes it
+    assert not list(tmp_path.glob(".hypermedia-*"))
     raw = subprocess.run(
         [sys.executable, "-m", "hypermedia", "objects", "get", str(rows[0]["object_id"])],
         env=cli_env(url, home),
@@ -71,7 +91,7 @@ def test_corrupted_download_is_refused_and_not_written(driver: Driver, tmp_path:
     proc = hypermedia("objects", "get", str(row["object_id"]), "-o", str(out), url=url, home=home)
     assert proc.returncode == 1
     assert "checksum" in proc.stderr and "Traceback" not in proc.stderr
-    assert not out.exists() and not list(tmp_path.glob(".out.bin*"))
+    assert not out.exists() and not list(tmp_path.glob(".hypermedia-*"))
 
 
 @pytest.mark.parametrize(
@@ -143,3 +163,9 @@ def test_signed_download_urls_served_by_serve(tmp_path: Path) -> None:
             err.value.close()
     finally:
         assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
