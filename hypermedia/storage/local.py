@@ -71,7 +71,7 @@ class LocalBackend:
             except OSError:  # missing (or a file where a directory should be):
                 return f"{self._root}/{key}"  # nothing exists below it
             if stat.S_ISLNK(mode):
-                raise UnsafeKey("unsafe storage key")
+                raise UnsafeKey("unsafe storage key: a symlink is on its path")
         return path
 
     def put(self, key: str, src: BinaryIO) -> Stored:
@@ -221,6 +221,9 @@ class LocalBackend:
             raise BlobMissing("no blob under this key") from exc
         except OSError as exc:
             raise StorageUnavailable(f"could not read local storage ({exc.strerror})") from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder where the file should be
+            os.close(fd)
+            raise UnsafeKey("unsafe storage key: the blob is not a regular file")
         return os.fdopen(fd, "rb", buffering=CHUNK)
 
     def stored_checksum(self, key: str) -> str | None:

@@ -10,18 +10,29 @@ and says which objects to restore.  It only reads: a finding changes no row.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import errno
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hypermedia.db.dialects import is_transient
 from hypermedia.redact import brief
 from hypermedia.storage import checksum
-from hypermedia.storage.base import BlobGrown, BlobMissing, ChecksumMismatch, StorageUnavailable
+from hypermedia.storage.base import (
+    BlobGrown,
+    BlobMissing,
+    ChecksumMismatch,
+    StorageUnavailable,
+    UnsafeKey,
+)
 from hypermedia.storage.ledger import Storage
 
 Row = dict[str, Any]
 PAGE = 500  # ledger rows read per query
+# Read errors that are the blob's own (a directory where its file should be,
+# a bad sector, a file made unreadable): findings, and the scrub goes on.
+_BLOB_FAULTS = {errno.EISDIR, errno.EIO, errno.EACCES, errno.EPERM, errno.ELOOP, errno.EINVAL}
 
 
 @dataclass(frozen=True)
@@ -29,7 +40,7 @@ class Finding:
     object_id: int
     pool_id: int
     storage_key: str
-    problem: str  # "missing", "size" or "checksum"
+    problem: str  # "missing", "size", "checksum" or "unreadable"
     detail: str
 
 
@@ -80,17 +91,23 @@ def scrub(
     away raises ScrubStopped (a StorageUnavailable) with the report so far:
     the objects are not at fault."""
     report = Report(last_object_id=after)
+    _scrub(storage, report, pool_id, limit, on_checked)
+    return report
+
+
+@contextmanager
+def _database(report: Report) -> Iterator[None]:
+    """Around the scrub's reads of the ledger only: a blob's read error is the
+    blob's (it said "the database is unavailable" for a directory where a
+    file should be)."""
     try:
-        _scrub(storage, report, pool_id, limit, on_checked)
-    except ScrubStopped:
-        raise
+        yield
     except Exception as exc:
         if not is_transient(exc):
             raise
         # The database went away: what was checked still stands (--json).
         why = f"the database is unavailable ({brief(exc)})"
         raise ScrubStopped(why, report, None, "DATABASE_UNAVAILABLE") from exc
-    return report
 
 
 def _scrub(
@@ -103,14 +120,17 @@ def _scrub(
     buf = bytearray(checksum.READ_CHUNK)  # one for the run: hashed while in the CPU's cache
     while limit is None or report.checked < limit:
         want = PAGE if limit is None else min(PAGE, limit - report.checked)
-        with storage.db.read() as tx:
+        with _database(report), storage.db.read() as tx:
             rows = tx.ready_objects_after(report.last_object_id, want, pool_id)
         if not rows:
             break
         for row in rows:
             try:
-                finding = check(storage, row, buf)
+                with _database(report):
+                    finding = check(storage, row, buf)
             except StorageUnavailable as exc:  # the objects are not at fault
+                if isinstance(exc, ScrubStopped):
+                    raise
                 raise ScrubStopped(str(exc), report, row) from exc
             report.checked += 1
             report.bytes += int(row["size"])
@@ -137,6 +157,12 @@ def check(storage: Storage, row: Row, buf: bytearray | None = None) -> Finding |
         return _still(storage, row, "size", f"more bytes stored than the ledger's {row['size']}")
     except ChecksumMismatch:
         problem, detail = "checksum", "the bytes do not match the ledger's checksum"
+    except UnsafeKey as exc:  # a symlink or a folder planted in a local pool: never followed
+        return _still(storage, row, "unreadable", str(exc))
+    except OSError as exc:
+        if exc.errno not in _BLOB_FAULTS:
+            raise
+        return _still(storage, row, "unreadable", f"the blob cannot be read ({exc.strerror})")
     size = reader.seen if reader is not None else 0
     if problem != "missing" and size != int(row["size"]):  # truncated
         problem, detail = "size", f"{size} bytes stored, the ledger says {row['size']}"

@@ -70,6 +70,39 @@ def test_damaged_blobs_are_found_and_named(storage: Storage) -> None:
     assert [f.object_id for f in rest.findings] == [deleted["object_id"], grown["object_id"]]
 
 
+def test_a_blob_that_is_no_file_is_a_finding_and_the_scrub_goes_on(
+    storage: Storage, settings: Settings, tmp_path: Path
+) -> None:
+    """A symlink planted in the pool's folder stopped the scrub (an unsafe key,
+    the findings so far lost); a folder where the file should be was said to
+    be "the database is unavailable"."""
+    truncated, linked, folder, last = _put(storage, [3000] * 4)
+    with open(_blob(storage, truncated), "r+b") as f:
+        f.truncate(3)
+    (outside := tmp_path / "elsewhere").write_bytes(b"not ours")
+    _blob(storage, linked).unlink()
+    _blob(storage, linked).symlink_to(outside)
+    _blob(storage, folder).unlink()
+    _blob(storage, folder).mkdir()
+    _blob(storage, last).unlink()
+    report = scrub.scrub(storage)
+    found = {f.object_id: (f.problem, f.detail) for f in report.findings}
+    assert found == {
+        truncated["object_id"]: ("size", "3 bytes stored, the ledger says 3000"),
+        linked["object_id"]: ("unreadable", "unsafe storage key: a symlink is on its path"),
+        folder["object_id"]: ("unreadable", "unsafe storage key: the blob is not a regular file"),
+        last["object_id"]: ("missing", "no blob under its key"),
+    }
+    assert (report.checked, report.error) == (4, None)
+    done = hypermedia("objects", "verify", "--json", url=settings.url, home=settings.home)
+    assert done.returncode == 1 and len(json.loads(done.stdout)["findings"]) == 4
+    got = hypermedia(
+        "objects", "get", str(folder["object_id"]), url=settings.url, home=settings.home
+    )
+    assert got.returncode == 1
+    assert got.stderr == "error: unsafe storage key: the blob is not a regular file\n"
+
+
 def test_an_object_collected_meanwhile_is_not_a_finding(storage: Storage) -> None:
     (row,) = _put(storage, [2048])
     stale = dict(row)  # read as ready by the scrub, then collected by GC
