@@ -146,8 +146,11 @@ class GarbageCollector(Backlogged):
                 sweep = getattr(backend, "sweep_incomplete", None)
                 if sweep is not None:
                     sweep(self.storage.settings.gc_pending_seconds)
-            except StorageError as exc:  # said with the run's other failures
-                self.report.uploads_not_swept[pool["name"]] = str(exc)
+            except (StorageError, OSError) as exc:  # said with the run's other failures
+                # OSError: a local pool's folder that is a file, a dead NFS
+                # mount; it ended the whole run, and the pools after it.
+                why = str(exc) if isinstance(exc, StorageError) else _os_error(exc)
+                self.report.uploads_not_swept[pool["name"]] = why
 
     def sweep(self) -> None:
         skip: set[int] = set()

@@ -29,6 +29,7 @@ from hypermedia.db.driver import Driver
 from hypermedia.db.schema_storage import OBJECT_STATES
 from hypermedia.errors import Conflict, HypermediaError, InvalidRequest, NotFound, Refused
 from hypermedia.queue.clock import utcnow
+from hypermedia.queue.models import check_project_id
 from hypermedia.storage import local, sniff
 from hypermedia.storage.backends import open_backend, parse_pool_url
 from hypermedia.storage.base import (
@@ -68,8 +69,10 @@ class Storage:
         """Store a pool.  With ``check`` its store is tried first (``check_pool``):
         a pool that cannot take a write is refused, not found out by a job."""
         parse_pool_url(url)  # refuse a bad URL before storing it
-        if not name or len(name) > 64:
-            raise InvalidRequest("a pool name has 1 to 64 characters")
+        if not name or len(name) > 64 or not name.isprintable():
+            raise InvalidRequest("a pool name has 1 to 64 printable characters")
+        if project_id is not None:
+            check_project_id(project_id)
         if check:
             with self.db.read() as tx:  # a taken name needs no probe to be refused
                 if tx.pool(name=name) is not None:
@@ -151,6 +154,7 @@ class Storage:
     def pool_for(self, name: str | None, project_id: str) -> Row:
         """The named (or default) pool, if ``project_id`` may store in it: a
         pool with an owner project holds that project's objects only."""
+        check_project_id(project_id)  # every upload asks: one rule, as for jobs
         row = self.pool(name)
         if row["project_id"] is not None and row["project_id"] != project_id:
             raise InvalidRequest(f"pool {row['name']!r} belongs to another project")

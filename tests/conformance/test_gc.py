@@ -50,6 +50,21 @@ def test_young_unreferenced_objects_stay(storage: Storage) -> None:
     assert _state(storage, row["object_id"]) == "ready" and _blob(storage, row)
 
 
+def test_a_pool_whose_folder_is_broken_does_not_stop_the_run(
+    storage: Storage, tmp_path: Path
+) -> None:
+    """A local pool whose folder is a file (a dead mount alike): its uploads
+    cannot be swept, and that is said; the other pools' objects still go
+    (a NotADirectoryError ended the whole run)."""
+    (broken := tmp_path / "not-a-folder").write_text("x")
+    name = f"broken-{uuid.uuid4().hex[:6]}"
+    storage.add_pool(name, f"file://{broken}", check=False)
+    orphan = storage.put(io.BytesIO(b"unreferenced"))
+    report = _gc(storage).run_once()
+    assert report.uploads_not_swept == {name: "local storage failed (Not a directory)"}
+    assert report.deleted == 1 and _state(storage, orphan["object_id"]) is None
+
+
 def test_discarded_uploads_are_marked_unless_something_uses_them(storage: Storage, engine) -> None:  # type: ignore[no-untyped-def]
     """Storage.discard (process, refused after its upload): the unused ones
     are handed to GC now; one a job took meanwhile stays ready."""
