@@ -225,6 +225,15 @@ def load_settings() -> Settings:
     if not 1 <= len(settings.default_pool) <= 64:
         raise InvalidRequest("HYPERMEDIA_DEFAULT_POOL must name a pool (1 to 64 characters)")
     _check_durations(settings)
+    for name in ("s3_access_key_id", "s3_secret_access_key"):
+        # A CRLF env file's "\r" went into the signed header, and the header
+        # library's error quoted it, key id and signature and all.
+        value = getattr(settings, name)
+        if any(c.isspace() or not c.isprintable() for c in value):
+            raise InvalidRequest(
+                f"HYPERMEDIA_{_ENV_NAMES[name]} has a space or a control character "
+                "(a line end from a CRLF file?)"
+            )
     return settings
 
 

@@ -27,6 +27,9 @@ _PATTERNS = [
         r"\1=[redacted]",
     ),
     (re.compile(r"\bhm_[A-Za-z0-9]{8,}\b"), "[token]"),
+    # An AWS SigV4 Authorization header quoted in an error: its key id and
+    # signature ("Credential=AKIA…/20261204/…, Signature=ab12…").
+    (re.compile(r"(?i)\b(credential|signature)=[^\s,'\"]+"), r"\1=[redacted]"),
     # Absolute filesystem paths (POSIX) and Windows drive paths.
     (re.compile(r"(?<![\w/])(?:/[\w.@+-]+){2,}/?"), "[path]"),
     (re.compile(r"\b[A-Za-z]:\\[^\s]+"), "[path]"),

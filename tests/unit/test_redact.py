@@ -23,6 +23,13 @@ from hypermedia.redact import MAX_REASON, brief, redact
         ("API_KEY: abcd1234efgh", "abcd1234efgh", "=[redacted]"),
         ("secret=xyz token=qqq", "xyz", "secret=[redacted]"),
         ("used hm_AbCdEf1234567890 for auth", "AbCdEf1234567890", "[token]"),
+        (
+            "Invalid header value b'AWS4-HMAC-SHA256 Credential=QAKEYAKIA1234567\\r/20261204/"
+            "us-east-1/s3/aws4_request, SignedHeaders=host, Signature=9f86d081884c7d65'",
+            "QAKEYAKIA",
+            "Credential=[redacted]",
+        ),
+        ("x Signature=9f86d081884c7d659a2feaa0c55ad015 y", "9f86d0818", "Signature=[redacted]"),
     ],
 )
 def test_secrets_and_paths_are_replaced(text, secret, marker):

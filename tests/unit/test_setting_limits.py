@@ -48,6 +48,20 @@ def test_an_s3_timeout_of_nothing_is_refused(monkeypatch: pytest.MonkeyPatch) ->
     assert load_settings().s3_timeout_seconds == 2.5
 
 
+@pytest.mark.parametrize("name", ["S3_ACCESS_KEY_ID", "S3_SECRET_ACCESS_KEY"])
+def test_s3_credentials_with_a_line_end_are_refused_unquoted(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """A CRLF env file's "\r" reached the signed header, whose error quoted the key."""
+    for bad in ("AKIAQA1234567\r", "AKIA QA", "AK\x1bIA"):
+        monkeypatch.setenv(f"HYPERMEDIA_{name}", bad)
+        with pytest.raises(InvalidRequest, match="a space or a control character") as info:
+            load_settings()
+        assert "AKIA" not in str(info.value)
+    monkeypatch.setenv(f"HYPERMEDIA_{name}", "AKIAQA1234567/+=")
+    assert load_settings()
+
+
 def test_the_mariadb_watch_is_a_wait_not_a_spin(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in ("-0.01", "nan", "3601"):
         monkeypatch.setenv("HYPERMEDIA_WATCH_INTERVAL_SECONDS", bad)
