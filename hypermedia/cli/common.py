@@ -207,6 +207,9 @@ def user_errors() -> Iterator[None]:
     except (InvalidRequest, IdempotencyConflict) as exc:  # a key reused for another request
         err_console.print(f"[red]error:[/] {escape(redact(exc))}", markup=True)
         raise typer.Exit(EXIT_USAGE) from None
+    except OverflowError:  # an id past 64 bits: the driver cannot even bind it
+        err_console.print("[red]error:[/] a number given is too large", markup=True)
+        raise typer.Exit(EXIT_USAGE) from None
     except NoDatabase as exc:  # the path is the user's own: named, not redacted
         err_console.print(f"[red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
         raise typer.Exit(EXIT_FAILED) from None

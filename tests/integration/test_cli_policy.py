@@ -73,6 +73,8 @@ def _case(args: list[str], code: int, said: str, **env: str) -> object:
             "error: object 99999 does not exist",
         ),
         _case(["jobs", "show", "99999"], USAGE, "not found: "),
+        _case(["jobs", "show", "9" * 20], USAGE, "a number given is too large"),
+        _case(["objects", "get", "9" * 20], USAGE, "a number given is too large"),
         _case(["objects", "put", "{home}/missing.bin"], USAGE, "does not exist"),
         _case(["objects", "put", "{home}/in.bin", "--project", ""], USAGE, "a project id is"),
         _case(["objects", "put", "{home}/in.bin", "--project", "p" * 65], USAGE, "a project id"),
