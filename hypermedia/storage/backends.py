@@ -20,12 +20,21 @@ from hypermedia.storage.local import LocalBackend
 
 def parse_pool_url(url: str) -> tuple[str, dict[str, str]]:
     """("file", {"path": …}) or ("s3", {"bucket", "endpoint", "region"}); InvalidRequest if bad."""
-    parts = urlsplit(url)
+    if not url.isprintable():  # a newline in a folder's name, an escape sequence
+        raise InvalidRequest("a pool URL has no control characters")
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "Invalid IPv6 URL"
+        raise InvalidRequest("the pool URL is not a URL") from None
+    if parts.fragment:
+        raise InvalidRequest("a pool URL has no #fragment")
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise InvalidRequest("file: pool URLs take no host")
         if parts.path and not parts.path.startswith("/"):
             raise InvalidRequest("file: pool URLs need an absolute path")
+        if parts.query:  # it was ignored: the folder is the path alone
+            raise InvalidRequest("file: pool URLs take no ?options")
         return "file", {"path": parts.path}
     if parts.scheme == "s3":
         if not parts.netloc or parts.path not in ("", "/"):
@@ -34,7 +43,10 @@ def parse_pool_url(url: str) -> tuple[str, dict[str, str]]:
             raise InvalidRequest("put S3 credentials in the settings, not in the pool URL")
         if not BUCKET_NAME.fullmatch(parts.netloc):
             raise InvalidRequest("an S3 bucket name has 3 to 63 characters: a-z, 0-9, '.' and '-'")
-        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        given = parse_qs(parts.query)
+        if any(len(v) > 1 for v in given.values()):  # the last one won, silently
+            raise InvalidRequest("give each s3 pool option once")
+        query = {k: v[0] for k, v in given.items()}
         unknown = set(query) - {"endpoint", "region"}
         if unknown:
             raise InvalidRequest(f"unknown s3 pool option(s): {', '.join(sorted(unknown))}")
@@ -50,9 +62,14 @@ BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 def _check_endpoint(endpoint: str) -> None:
     """http(s)://host[:port], nothing else: credentials in it would be stored
     with the pool and printed in every presigned link."""
-    e = urlsplit(endpoint)
+    bad = InvalidRequest("an S3 endpoint looks like http://host:port or https://host")
+    try:
+        e = urlsplit(endpoint)
+        e.port  # noqa: B018  (parsed lazily: 99999 or "x" fail here)
+    except ValueError:  # "Port out of range 0-65535", "Invalid IPv6 URL"
+        raise bad from None
     if e.scheme not in ("http", "https") or not e.hostname:
-        raise InvalidRequest("an S3 endpoint looks like http://host:port or https://host")
+        raise bad
     if e.username or e.password:
         raise InvalidRequest("put S3 credentials in the settings, not in the pool URL")
     if e.path not in ("", "/") or e.query or e.fragment:
