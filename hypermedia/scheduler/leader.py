@@ -37,6 +37,7 @@ class Leader(threading.Thread):
         self.stop = stop
         self.services = services if services is not None else default_services(engine)
         self.is_leader = False
+        self._detached: dict[str, threading.Thread] = {}
 
     def try_lead(self) -> bool:
         now = self.engine.clock()
@@ -69,9 +70,12 @@ class Leader(threading.Thread):
                 next_renew = now + renew_every
             if self.is_leader:
                 for svc in self.services:
-                    if now >= due[svc.name]:
-                        self._run(svc)
-                        due[svc.name] = time.monotonic() + svc.period
+                    if now >= due[svc.name] and not self._running(svc):
+                        if getattr(svc, "detached", False):
+                            self._detach(svc, due)
+                        else:
+                            self._run(svc)
+                            due[svc.name] = time.monotonic() + svc.period
             self.stop.wait(0.1)
         self._resign()
 
@@ -80,6 +84,23 @@ class Leader(threading.Thread):
             svc.run_once()
         except Exception as exc:
             log.warning("%s failed (%s); will retry", svc.name, brief(exc))
+
+    def _detach(self, svc: Service, due: dict[str, float]) -> None:
+        """Run ``svc`` in a thread of its own: it waits on a store (GC on an
+        S3 that hangs), and in this loop it held up the reaper and the
+        promoter, and let the lease lapse."""
+
+        def run() -> None:
+            self._run(svc)
+            due[svc.name] = time.monotonic() + svc.period
+
+        thread = threading.Thread(target=run, name=f"leader-{svc.name}", daemon=True)
+        self._detached[svc.name] = thread
+        thread.start()
+
+    def _running(self, svc: Service) -> bool:
+        thread = self._detached.get(svc.name)
+        return thread is not None and thread.is_alive()
 
     def _resign(self) -> None:
         if not self.is_leader:

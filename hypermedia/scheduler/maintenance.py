@@ -17,6 +17,10 @@ from hypermedia.scheduler.budget import BUDGET_SECONDS, Backlog
 
 
 class Service(Protocol):
+    """A maintenance service.  One with ``detached = True`` (it waits on a
+    store: GC) runs in a thread of its own, so the leader's lease, the reaper
+    and the promoter never wait behind it."""
+
     name: str
 
     @property

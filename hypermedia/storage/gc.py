@@ -98,6 +98,8 @@ class GarbageCollector(Backlogged):
     # The leader logs a run's failures (one line per pool and kind); the CLI
     # prints the report itself instead.
     log_failures: bool = True
+    # It waits on stores: the leader runs it in a thread of its own.
+    detached: ClassVar[bool] = True
 
     def run_once(self) -> GcReport:
         self.report = GcReport()
@@ -164,12 +166,16 @@ class GarbageCollector(Backlogged):
             for row in rows:
                 if not self._delete_blob(row, names.get(row["pool_id"], str(row["pool_id"]))):
                     skip.add(row["object_id"])  # kept for the next round
-                    continue
-                with self.storage.db.tx() as tx:
-                    if tx.delete_object_row(row["object_id"]):
-                        self.report.deleted += 1
-            if len(rows) < BATCH or self.backlog.spent():
+                elif self._delete_row(row):
+                    self.report.deleted += 1
+                if self.backlog.spent():  # per blob: a store that hangs takes a call each
+                    return
+            if len(rows) < BATCH:
                 return
+
+    def _delete_row(self, row: dict[str, Any]) -> bool:
+        with self.storage.db.tx() as tx:
+            return bool(tx.delete_object_row(row["object_id"]))
 
     def _delete_blob(self, row: dict[str, Any], pool: str) -> bool:
         """Delete a ``deleting`` row's blob; False (and counted) if it may still be there."""

@@ -15,9 +15,12 @@ and a bucket that is gone: GC and scrubs against a real SeaweedFS server.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +31,15 @@ from hypermedia.db.driver import Driver
 from hypermedia.errors import NotFound, Refused
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
+from hypermedia.scheduler.budget import Backlog
+from hypermedia.scheduler.leader import Leader
 from hypermedia.storage import scrub
 from hypermedia.storage.base import BucketMissing, StorageError, StorageUnavailable
 from hypermedia.storage.gc import GarbageCollector
 from hypermedia.storage.ledger import Storage
 from hypermedia.storage.s3 import S3Backend
 from tests.harness import hypermedia
+from tests.integration._procs import eventually
 from tests.storage.conftest import SeaweedServer, drop_bucket
 from tests.storage.seaweed import _client
 
@@ -315,6 +321,49 @@ def test_gc_run_once_sums_failures_while_the_store_is_away(
     assert where in report["uploads_not_swept"]["s3"]
     assert [r["state"] for r in s3_storage.list()] == ["deleting"] * 4
     assert GarbageCollector(s3_storage).run_once().deleted == 4  # back: all go
+
+
+def test_a_hung_store_holds_up_no_other_maintenance(
+    s3_storage: Storage, seaweed: SeaweedServer, engine: Engine
+) -> None:
+    """GC on an S3 that takes connections and never answers: the leader's
+    other services go on meanwhile (its lease, the reaper, the promoter and
+    the photo bridge waited behind every hung call), and the GC run ends
+    within its budget plus the call in flight."""
+    rows = [s3_storage.put(io.BytesIO(os.urandom(100)), pool="s3") for _ in range(8)]
+    for r in rows:
+        _state(s3_storage, r["object_id"], "deleting")
+    quick = Storage(s3_storage.db, s3_storage.settings.with_(s3_timeout_seconds=1.0))
+    gc = GarbageCollector(quick, backlog=Backlog(60.0, 2.0), log_failures=False)
+    ticks: list[float] = []
+
+    class Tick:
+        name, period = "tick", 0.1
+
+        def run_once(self) -> None:
+            ticks.append(time.monotonic())
+
+    stop = threading.Event()
+    leader = Leader(engine, "node-a", stop, services=[gc, Tick()])
+    try:
+        with seaweed.hung():
+            leader.start()
+            eventually(lambda: len(ticks) >= 1, 10, "the leader runs its services")
+            started = time.monotonic()
+            time.sleep(3)  # GC is inside a hung call, or several
+            during = [started, *(t for t in ticks if t >= started), time.monotonic()]
+            gaps = [b - a for a, b in itertools.pairwise(during)]
+            assert max(gaps) < 1.0, gaps  # every 0.1 s, never a hung call's seconds
+            assert leader.is_leader
+            gc_thread = leader._detached["gc"]
+            # Its budget (2 s) plus one call of two 1 s tries and a backoff.
+            gc_thread.join(15)
+            assert not gc_thread.is_alive()
+            assert time.monotonic() - started < 15
+        assert gc.report.failed >= 1 and gc.backlog.behind  # stopped on its budget
+    finally:
+        stop.set()
+        leader.join(10)
 
 
 # -- objects verify --json when the store goes away ----------------------------
