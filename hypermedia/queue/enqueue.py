@@ -265,7 +265,18 @@ def _same_request(found: Row, job: NewJob) -> bool:
         and found["priority"] == job.priority
         and (job.queue is None or found["queue_name"] == job.queue)
         and found["object_id"] == job.object_id
+        and _same_attempts(found, job.max_attempts)
+        # None: the profile's, whatever it was; a number must be the one kept.
+        and (job.timeout_seconds is None or found["timeout_seconds"] == job.timeout_seconds)
     )
+
+
+def _same_attempts(found: Row, asked: int) -> bool:
+    """Whether ``found`` was made with ``asked`` attempts.  An explicit retry
+    raises a job's max_attempts to its attempt count + 1: a job retried so
+    still answers the request that made it."""
+    kept = int(found["max_attempts"])
+    return kept == asked or (kept > asked and int(found["attempt_count"]) >= asked)
 
 
 def check_budgets(tx: Any, rows: Sequence[Row], held: dict[str, list[Any]] | None = None) -> None:

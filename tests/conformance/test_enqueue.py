@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -92,12 +93,32 @@ def test_same_key_for_a_different_request_conflicts(engine):
         "job_type": NewJob("debug.noop", idempotency_key="k2"),
         "queue": NewJob("debug.sleep", {"ms": 5}, queue="images", idempotency_key="k2"),
         "object": NewJob("debug.sleep", {"ms": 5}, object_id=42, idempotency_key="k2"),
+        # A client asking for other retry or timeout terms got the first job's.
+        "attempts": NewJob("debug.sleep", {"ms": 5}, max_attempts=100, idempotency_key="k2"),
+        "timeout": NewJob("debug.sleep", {"ms": 5}, timeout_seconds=5, idempotency_key="k2"),
     }
     for what, other in others.items():
         with pytest.raises(IdempotencyConflict):
             engine.enqueue(other)
             pytest.fail(f"a different {what} was accepted under the same key")
     assert [j["job_id"] for j in engine.list()] == [first]
+
+
+def test_a_repeat_names_the_terms_it_was_made_with(engine):
+    """The timeout given is the one kept (none given: the profile's); an
+    explicit retry raises max_attempts, and the repeat still finds the job."""
+    first = engine.enqueue(
+        NewJob("debug.sleep", {"ms": 5}, max_attempts=1, timeout_seconds=7, idempotency_key="k3")
+    )
+    same = NewJob("debug.sleep", {"ms": 5}, max_attempts=1, timeout_seconds=7, idempotency_key="k3")
+    assert engine.enqueue(same) == first
+    assert engine.enqueue(replace(same, timeout_seconds=None)) == first
+    engine.cancel(first)
+    engine.retry(first)
+    engine.cancel(first)
+    engine.retry(first)  # max_attempts now above 1
+    assert engine.get(first)["max_attempts"] > 1
+    assert engine.enqueue(same) == first
 
 
 def test_same_key_with_another_profile_conflicts(engine, driver):
