@@ -29,10 +29,50 @@ def test_a_stalled_upload_is_dropped_and_leaves_nothing(tmp_path: Path) -> None:
             waited = time.monotonic() - started
             while b'"request_timeout"' not in answer and (more := s.recv(65536)):
                 answer += more  # the body may come in a segment of its own
-        assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+            assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+            assert b"connection: close" in answer.lower()
+            # Closed with the answer: bytes sent after it are not waited on
+            # for the rest of the declared body (with no timeout at all).
+            closed_at = time.monotonic()
+            try:
+                s.sendall(b"y" * 10)
+                while s.recv(65536):
+                    pass
+            except OSError:  # reset: closed as well
+                pass
+            assert time.monotonic() - closed_at < 5
         assert b'"request_timeout"' in answer and 0.5 < waited < 10
         assert list((home / "tmp").glob("upload-*.part")) == []
         listed = hypermedia("objects", "ls", "--json", url="", home=home)
         assert listed.returncode == 0 and json.loads(listed.stdout) == []
+    finally:
+        assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
+
+
+def test_a_refused_upload_closes_its_connection(tmp_path: Path) -> None:
+    """A 413 (over the upload limit) closes the connection too: the rest of
+    the body is never read."""
+    home = tmp_path / "home"
+    server, base = start_serve(tmp_path, home, HYPERMEDIA_MAX_UPLOAD_BYTES="1000")
+    try:
+        token = (home / "admin-token").read_text().strip()
+        port = int(base.rsplit(":", 1)[1])
+        head = (
+            "POST /v1/objects HTTP/1.1\r\nHost: test\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Length: 5000\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+            s.sendall(head.encode() + b"x" * 100)
+            answer = s.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
+            assert b"connection: close" in answer.lower()
+            closed_at = time.monotonic()
+            try:
+                s.sendall(b"y" * 10)
+                while s.recv(65536):
+                    pass
+            except OSError:
+                pass
+            assert time.monotonic() - closed_at < 5
     finally:
         assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]

@@ -92,8 +92,13 @@ class Upload:
     fields: dict[str, str] = field(default_factory=dict)
 
 
+# The rest of a refused upload's body is never read: the connection closes
+# with the answer (kept open, it waited on a client's bytes with no timeout).
+_CLOSE = {"Connection": "close"}
+
+
 def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"the upload is larger than the {limit}-byte limit")
+    return ApiError(413, f"the upload is larger than the {limit}-byte limit", headers=_CLOSE)
 
 
 def _declared_length(request: Request) -> int | None:
@@ -185,7 +190,9 @@ async def _chunks(request: Request, idle: float) -> AsyncIterator[bytes]:
         except StopAsyncIteration:
             return
         except TimeoutError:
-            raise ApiError(408, f"the upload stalled: nothing came for {idle:g} s") from None
+            raise ApiError(
+                408, f"the upload stalled: nothing came for {idle:g} s", headers=_CLOSE
+            ) from None
         yield chunk
 
 
