@@ -126,7 +126,9 @@ def show(
 def create(
     key: str = typer.Argument(..., help="e.g. image-thumbnail"),
     job_type: str = typer.Option(..., "--type", help="the job type, e.g. image.thumbnail"),
-    settings: str = typer.Option("{}", "--settings", help="JSON object of settings"),
+    settings: str | None = typer.Option(
+        None, "--settings", help="JSON object of settings (default: KEY's newest version's)"
+    ),
     queue: str | None = typer.Option(None, "--queue", help="default: the job type's queue"),
     base: int | None = typer.Option(None, "--credits-base", min=0),
     per_mb: int | None = typer.Option(None, "--credits-per-mb", min=0),
@@ -138,18 +140,13 @@ def create(
 ) -> None:
     """Create the next version of KEY (v1 for a new key), its settings checked first.
 
-    The settings are the version's whole settings (the job type's defaults
-    fill in the rest).  Queue, prices, timeout and input limit not given carry
-    over from KEY's newest version (new keys: the job type's queue, 3600 s,
-    5 GB, free).
+    The settings given are the version's whole settings (the job type's
+    defaults fill in the rest).  Settings, queue, prices, timeout and input
+    limit not given carry over from KEY's newest version (new keys: the job
+    type's defaults and queue, 3600 s, 5 GB, free).
     """
     with user_errors():
-        try:
-            parsed = json.loads(settings)
-        except json.JSONDecodeError:
-            raise InvalidRequest("--settings is not valid JSON") from None
-        if not isinstance(parsed, dict):
-            raise InvalidRequest("--settings must be a JSON object")
+        parsed = None if settings is None else _json_object(settings)
         p = profiles().create(
             key,
             job_type,
@@ -168,6 +165,16 @@ def create(
             print_json(p)
         else:
             console.print(f"profile {p['ref']} created ({p['job_type']}, queue {p['queue_name']})")
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        raise InvalidRequest("--settings is not valid JSON") from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest("--settings must be a JSON object")
+    return parsed
 
 
 @app.command("deactivate")

@@ -183,7 +183,7 @@ class Profiles:
         self,
         key: str,
         job_type: str,
-        settings: Mapping[str, Any],
+        settings: Mapping[str, Any] | None,
         *,
         queue: str | None = None,
         credits: Prices | Mapping[str, int | None] | None = None,
@@ -194,12 +194,13 @@ class Profiles:
 
         The settings are checked against the job type's schema (unknown keys,
         types, ranges, choices) and stored completed with its defaults: a
-        version's settings are always the whole of them.  What is not given of
-        the rest (queue, prices, timeout, input limit) carries over from the
-        key's newest version, so a new version never resets prices by
-        omission; a new key takes the pipeline's queue, one hour, 5 GB and no
-        charge.  ``credits`` is a ``Prices`` (all four) or a mapping of some of
-        ``base``, ``per_mb``, ``per_page``, ``per_minute``.
+        version's settings are always the whole of them.  What is not given
+        (None: the settings, queue, prices, timeout, input limit) carries over
+        from the key's newest version, so a new version never resets settings
+        or prices by omission; a new key takes the schema's defaults, the
+        pipeline's queue, one hour, 5 GB and no charge.  ``credits`` is a
+        ``Prices`` (all four) or a mapping of some of ``base``, ``per_mb``,
+        ``per_page``, ``per_minute``.
         """
         if not KEY.match(key):
             raise InvalidRequest(
@@ -211,7 +212,7 @@ class Profiles:
             raise InvalidRequest(exc.reason) from None
         given: Row = {
             "queue_name": None if queue is None else check_queue_name(queue),
-            "settings": _settings(pipeline, settings),
+            "settings": None if settings is None else _settings(pipeline, settings),
             "timeout_seconds": timeout_seconds,
             "max_input_bytes": max_input_bytes,
             **_price_columns(credits),
@@ -374,6 +375,7 @@ def _defaults(pipeline: registry.Pipeline) -> Row:
     """What a new key's first version takes when not told otherwise."""
     return {
         "job_type": pipeline.job_type,
+        "settings": _settings(pipeline, {}),
         "queue_name": pipeline.queue,
         "timeout_seconds": DEFAULT_TIMEOUT,
         "max_input_bytes": DEFAULT_MAX_INPUT,

@@ -88,6 +88,14 @@ def test_a_new_version_carries_over_what_it_does_not_set(engine: Engine, resize:
     )
     with pytest.raises(InvalidRequest, match="unknown prices: per_gb"):
         profiles.create(key, resize, {}, credits={"per_gb": 1})
+    # Settings left out (None) carry over too: a new price only (it reset
+    # them to the schema's defaults); {} asks for the defaults.
+    v4 = profiles.create(key, resize, {"width": 111, "quality": 50})
+    v5 = profiles.create(key, resize, None, credits={"base": 4})
+    assert v5["settings"] == v4["settings"] and v5["settings"]["width"] == 111
+    assert v5["credit_cost_base"] == 4
+    fresh = profiles.create(_key(), resize, None)
+    assert fresh["settings"] == profiles.create(_key(), resize, {})["settings"]
 
 
 def test_version_numbers_follow_the_highest_not_the_count(engine: Engine, driver):

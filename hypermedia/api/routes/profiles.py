@@ -40,8 +40,10 @@ class ProfileCreate(BaseModel):
 
     key: str = Field(..., min_length=1, max_length=100, examples=["image-thumbnail"])
     job_type: str = Field(..., min_length=1, max_length=50, examples=["image.thumbnail"])
-    settings: dict[str, Any] = Field(
-        default_factory=dict, description="checked against the job type's schema"
+    settings: dict[str, Any] | None = Field(
+        None,
+        description="checked against the job type's schema; left out: the key's newest "
+        "version's (a new key: the schema's defaults)",
     )
     queue: str | None = Field(None, min_length=1, max_length=50)
     credits: CreditPrices | None = None
