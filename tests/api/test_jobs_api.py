@@ -26,6 +26,24 @@ def test_create_then_show_a_job(client: TestClient, a: Project) -> None:
     assert shown["attempts"] == [] and shown["outputs"] == []
 
 
+def test_a_job_names_no_storage_key_or_pool(client: TestClient, svc: Services, a: Project) -> None:
+    """As the objects API: an output is its object id, type, metadata and
+    profile version (output_key and pool_id were shown)."""
+    from tests.conformance._helpers import claim_one, done, thumb
+
+    r = client.post("/v1/jobs", json={**NOOP}, headers=bearer(a.admin))
+    job_id = r.json()["job_id"]
+    got, attempt = claim_one(svc.engine)
+    assert got == job_id
+    assert svc.engine.settle("w1", [done(job_id, attempt, outputs=[thumb()])]) == {job_id}
+    shown = client.get(f"/v1/jobs/{job_id}", headers=bearer(a.admin)).json()
+    assert "pool_id" not in shown and "input_key" not in shown
+    (out,) = shown["outputs"]
+    assert not {"output_key", "deleted_at", "deleted_by"} & set(out)
+    assert (out["output_type"], out["metadata"]) == ("thumbnail", {"width": 200})
+    assert "objects/1/thumb.webp" not in r.text + str(shown)
+
+
 def test_idempotency_key_returns_the_first_job_or_422(client: TestClient, a: Project) -> None:
     h = {**bearer(a.admin), "Idempotency-Key": "order-17"}
     first = client.post("/v1/jobs", json=NOOP, headers=h)

@@ -25,7 +25,9 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 Row = dict[str, Any]
 # What a job row shows of itself; storage keys and soft-delete columns stay inside.
-_HIDDEN = {"input_key", "deleted_at", "deleted_by"}
+_HIDDEN = {"input_key", "pool_id", "deleted_at", "deleted_by"}
+# Nor an output's key: the objects API, which names none, is how it is fetched.
+_OUTPUT_HIDDEN = {"output_key", "deleted_at", "deleted_by"}
 # Job types and queue names: plain lower-case names (a NUL byte would reach the driver).
 NAME = r"^[a-z0-9_.-]+$"
 SSE_POLL_SECONDS = 0.25
@@ -51,7 +53,12 @@ class JobCreate(BaseModel):
 
 
 def public_job(row: Row, principal: Principal) -> Row:
-    return {k: v for k, v in shown(row, principal, "params").items() if k not in _HIDDEN}
+    job = {k: v for k, v in shown(row, principal, "params").items() if k not in _HIDDEN}
+    if "outputs" in job:
+        job["outputs"] = [
+            {k: v for k, v in o.items() if k not in _OUTPUT_HIDDEN} for o in job["outputs"]
+        ]
+    return job
 
 
 def _new_job(svc: Services, body: JobCreate, principal: Principal, key: str | None) -> NewJob:
