@@ -62,7 +62,9 @@ class RequestId:
             await self.app(scope, receive, send)
             return
         incoming = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        ok = 0 < len(incoming) <= 64 and incoming.replace("-", "").isalnum()
+        # ASCII only: isalnum() took "ü" (and sent it back as two latin-1 characters).
+        ok = 0 < len(incoming) <= 64 and incoming.replace("-", "").isascii()
+        ok = ok and incoming.replace("-", "").isalnum()
         rid = incoming if ok else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = rid
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import pytest
 from fastapi.testclient import TestClient
@@ -264,6 +265,13 @@ def test_errors_have_one_shape_and_a_request_id(client: TestClient, a: Project) 
     r = client.get("/v1/jobs")
     assert r.status_code == 401 and r.json()["code"] == "unauthorized"
     assert r.headers["WWW-Authenticate"] == "Bearer"
+    # A caller's request id is echoed when it is ASCII letters, digits and
+    # dashes; anything else is replaced ("ü" came back as "Ã¼").
+    kept = client.get("/healthz", headers={"X-Request-ID": "abc-123"})
+    assert kept.headers["X-Request-ID"] == "abc-123"
+    for odd in ("ü".encode(), "ªº²".encode(), b"A\xb5B", b"a b", b"x" * 65):
+        r = client.get("/healthz", headers={"X-Request-ID": odd})  # type: ignore[dict-item]
+        assert re.fullmatch(r"[0-9a-f]{32}", r.headers["X-Request-ID"]), (odd, r.headers)
 
 
 def test_where_clamd_listens_is_shown_to_admin_tokens_only(
