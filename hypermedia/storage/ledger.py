@@ -41,7 +41,7 @@ from hypermedia.storage.base import (
     algorithm_of,
 )
 from hypermedia.storage.keys import display_name, object_key
-from hypermedia.storage.reserve import Reservations
+from hypermedia.storage.reserve import Reservations, is_placeholder
 
 Row = dict[str, Any]
 DEFAULT_POOL = "local"
@@ -470,7 +470,8 @@ class Storage:
     def get(self, object_id: int) -> Row:
         with self.db.read() as tx:
             row = tx.object(object_id)
-        if row is None:
+        # A reserved output row is no object yet, as in listings.
+        if row is None or is_placeholder(row["storage_key"]):
             raise NotFound(f"object {object_id} not found")
         return row
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hypermedia.errors import Conflict, JobError
+from hypermedia.errors import Conflict, JobError, NotFound
 from hypermedia.queue.models import AttemptResult, NewJob, Output
 from hypermedia.storage.gc import GarbageCollector
 from hypermedia.storage.ledger import Storage
@@ -173,7 +173,8 @@ def test_outputs_of_a_completing_job_become_ready(storage: Storage, engine) -> N
     )
     # Until the job completes, the row is a reserved one: no key of its own,
     # size or checksum; the completing transaction writes them as it promotes it.
-    pending = storage.get(out["object_id"])
+    with storage.db.read() as tx:  # not by Storage.get: not an object to show yet
+        pending = tx.object(out["object_id"])
     assert (pending["checksum"], out["size"]) == ("", 3)
     assert pending["storage_key"].startswith("pending/") and out["storage_key"].startswith(
         f"objects/{out['object_id']}/copy."
@@ -203,6 +204,10 @@ def test_outputs_share_a_reserving_transaction(storage: Storage) -> None:
     storage.add_output(pool_id, "copy", _tmpfile(storage, b"x"), "text/plain", "")
     assert len(storage.list(state="pending", reserved=True)) == 2 * RESERVE
     assert first["object_id"] in {r["object_id"] for r in pending}
+    # Not an object yet: listed by nobody, and not found by id.
+    assert first["object_id"] not in {r["object_id"] for r in storage.list()}
+    with pytest.raises(NotFound):
+        storage.get(first["object_id"])
 
 
 def test_unused_reservations_are_deleted(storage: Storage) -> None:
@@ -261,15 +266,16 @@ def test_a_leader_run_stops_on_its_budget_and_comes_back_soon(
     s = storage.settings.with_(gc_unreferenced_seconds=0.0)
     svc = GarbageCollector(Storage(storage.db, s), backlog=budget.Backlog(60, 0.0))
     first = svc.run_once()
-    # One batch of each phase a run: 3 marked, 3 swept.
-    assert (first.marked_unreferenced, first.deleted) == (3, 3)
+    # A run marks a batch at least, and sweeps a blob at least (the budget is
+    # checked after each: a store that hangs takes a call's time each).
+    assert (first.marked_unreferenced, first.deleted) == (3, 1)
     assert svc.backlog.behind and svc.period == budget.CATCH_UP_SECONDS
     runs = 1
     while svc.backlog.behind:
         svc.run_once()
         runs += 1
-        assert runs < 10
-    assert svc.period == 60 and runs == 3
+        assert runs < 12
+    assert svc.period == 60 and runs == 9  # the ninth finds nothing left: not behind
     assert [_state(storage, i) for i in ids] == [None] * 8
 
 
