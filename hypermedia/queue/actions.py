@@ -124,8 +124,11 @@ class UserActions:
             job["attempts"] = tx.attempts(job_id)
             job["events"] = tx.events(job_id)
             job["outputs"] = tx.outputs(job_id)
+            # And only while its input is there: a retry of a job whose input
+            # GC collected is refused (409), so it said true for nothing.
+            retry = self.can_retry(job) and _input_ready(tx, job)
         job["legacy_status"] = states.LEGACY_STATUS[job["status"]]
-        job["can_retry"] = self.can_retry(job)
+        job["can_retry"] = retry
         return job
 
     def recent_failures(self, project_id: str, limit: int = 10) -> list[Row]:
@@ -166,6 +169,13 @@ class UserActions:
             if job is None:
                 raise NotFound(f"job {job_id} not found")
             return job["status"], tx.events(job_id, after_id)
+
+
+def _input_ready(tx: Any, job: Row) -> bool:
+    if job["object_id"] is None:
+        return True
+    obj = tx.object(job["object_id"])
+    return obj is not None and obj["state"] == "ready"
 
 
 def _input_still_there(tx: Any, job: Row) -> None:

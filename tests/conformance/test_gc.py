@@ -129,12 +129,15 @@ def test_a_finished_job_whose_input_was_collected_is_not_retried(
     claimed = engine.claim("w1", ["bulk"], 1)[0]
     engine.cancel(job_id)  # cancel_requested: the attempt still holds its input
     engine.flush("w1", [], [AttemptResult(job_id, claimed.attempt, "cancelled")])
+    assert engine.get(job_id)["can_retry"] is True
     _gc(storage).run_once()  # over: its input goes
     assert _state(storage, obj["object_id"]) is None
-    # Retried, its attempts would only fail: refused, the job left as it was.
+    # Retried, its attempts would only fail: refused, the job left as it was,
+    # and said so beforehand (can_retry, the dashboard's Retry button).
     with pytest.raises(Conflict, match="no longer exists"):
         engine.retry(job_id)
     assert engine.get(job_id)["status"] == "cancelled"
+    assert engine.get(job_id)["can_retry"] is False
     # And an attempt that meets a collected input (it was claimed without its
     # row) fails for good with a reason, not as a crash of the worker.
     gone = dataclasses.replace(claimed, input_object=None)
