@@ -266,6 +266,8 @@ class LocalBackend:
         where = self.root
         while not where.exists() and where != where.parent:
             where = where.parent
+        if not where.is_dir():  # the pool's folder, or one above it, is a file
+            raise StorageUnavailable("local storage is not a folder")
         if not os.access(where, os.W_OK):
             raise StorageUnavailable("local storage cannot be written (a read-only file system?)")
 

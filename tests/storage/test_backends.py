@@ -970,3 +970,12 @@ def test_a_read_only_local_pool_is_not_ready(tmp_path: Path) -> None:
         finally:
             subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
         fresh.ping()
+
+
+def test_a_local_pool_whose_folder_is_a_file_is_not_ready(tmp_path: Path) -> None:
+    """It answered ready (a file can be written), while every upload and GC failed."""
+    (blocker := tmp_path / "hello.txt").write_text("x")
+    for root in (blocker, blocker / "below"):
+        with pytest.raises(StorageUnavailable, match="local storage is not a folder"):
+            LocalBackend(root).ping()
+    LocalBackend(tmp_path / "not-yet" / "made").ping()  # made at the first upload
