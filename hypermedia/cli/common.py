@@ -238,8 +238,8 @@ def wait_for_database(url: str, seconds: float | None) -> str | None:
             return None
         if stop.is_set():
             return "the wait was interrupted"
-        last = not_ready(db, schema=False)
-        return "it answered at last" if last is None else last[1]
+        last = not_ready(db, schema=False)  # its answer now (ready just in time: go on)
+        return None if last is None else last[1]
     finally:
         db.dispose()
         for sig, handler in handlers.items():
