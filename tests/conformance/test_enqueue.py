@@ -13,7 +13,7 @@ from hypermedia.errors import IdempotencyConflict, InvalidRequest
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 
-from ._helpers import events, job_row, race, transitions
+from ._helpers import claim_one, events, failed, job_row, race, transitions
 
 
 def _count_jobs(engine: Engine) -> int:
@@ -113,12 +113,14 @@ def test_a_repeat_names_the_terms_it_was_made_with(engine):
     same = NewJob("debug.sleep", {"ms": 5}, max_attempts=1, timeout_seconds=7, idempotency_key="k3")
     assert engine.enqueue(same) == first
     assert engine.enqueue(replace(same, timeout_seconds=None)) == first
-    engine.cancel(first)
-    engine.retry(first)
-    engine.cancel(first)
-    engine.retry(first)  # max_attempts now above 1
-    assert engine.get(first)["max_attempts"] > 1
+    got, attempt = claim_one(engine)  # its one attempt fails for good
+    assert got == first
+    assert engine.settle("w1", [failed(first, attempt, "CORRUPT_INPUT")]) == {first}
+    engine.retry(first)  # a second attempt: max_attempts 2
+    assert engine.get(first)["max_attempts"] == 2
     assert engine.enqueue(same) == first
+    with pytest.raises(IdempotencyConflict):  # asked for 3: never made so
+        engine.enqueue(replace(same, max_attempts=3))
 
 
 def test_same_key_with_another_profile_conflicts(engine, driver):

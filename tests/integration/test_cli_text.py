@@ -42,8 +42,9 @@ def test_a_reason_keeps_its_brackets(tmp_path: Path) -> None:
 def test_an_error_line_keeps_the_redacted_path(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
-    # A command that writes (one that only reads creates nothing and names the path).
-    done = hypermedia("jobs", "submit", "debug.noop", url="", home=not_a_dir / "home")
+    # A command that makes the database (any other names the path it looked
+    # for: the user's own, said whole).
+    done = hypermedia("db", "upgrade", url="", home=not_a_dir / "home")
     assert done.returncode == 1
     said = " ".join(done.stderr.split())
     assert said.startswith("error: ") and "[path]" in said, said

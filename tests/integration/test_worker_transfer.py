@@ -196,7 +196,8 @@ def test_outputs_are_stored_after_the_slot_has_moved_on(storage: Storage, tmp_pa
     assert res.status == "completed"
     [out] = res.outputs
     assert out.object_id is not None and out.output_size_bytes == 25
-    assert slow.get(out.object_id)["state"] == "pending"  # ready only when the job completes
+    with slow.db.read() as tx:  # ready only when the job completes (no object till then)
+        assert tx.object(out.object_id)["state"] == "pending"
     # Its file left the shared outbox; another attempt's stays.
     assert [p.name for p in outbox.iterdir()] == ["0-1-0-thumb.webp"]
 
