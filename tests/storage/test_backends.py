@@ -979,3 +979,22 @@ def test_a_local_pool_whose_folder_is_a_file_is_not_ready(tmp_path: Path) -> Non
         with pytest.raises(StorageUnavailable, match="local storage is not a folder"):
             LocalBackend(root).ping()
     LocalBackend(tmp_path / "not-yet" / "made").ping()  # made at the first upload
+
+
+def test_a_symlink_planted_as_a_blob_is_deleted_not_followed(tmp_path: Path) -> None:
+    """GC kept such a row for ever (unsafe key on every run). The link goes,
+    never what it points to; a symlink on the way to the blob still refuses."""
+    backend = LocalBackend(tmp_path / "pool")
+    backend.put("objects/7/original.bin", io.BytesIO(b"x"))
+    (outside := tmp_path / "theirs.txt").write_text("keep me")
+    blob = tmp_path / "pool" / "objects" / "7" / "original.bin"
+    blob.unlink()
+    blob.symlink_to(outside)
+    backend.delete("objects/7/original.bin")
+    assert not blob.is_symlink() and outside.read_text() == "keep me"
+    (elsewhere := tmp_path / "elsewhere").mkdir()
+    (elsewhere / "original.bin").write_text("not ours")
+    (tmp_path / "pool" / "objects" / "8").symlink_to(elsewhere)
+    with pytest.raises(UnsafeKey):
+        backend.delete("objects/8/original.bin")
+    assert (elsewhere / "original.bin").read_text() == "not ours"
