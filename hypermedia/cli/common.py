@@ -155,6 +155,17 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, default=_default, sort_keys=True) + "\n")
 
 
+def json_object(text: str, option: str) -> dict[str, Any]:
+    """``text`` (the value of ``option``, say ``--params``) as a JSON object."""
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        raise InvalidRequest(f"{option} is not valid JSON") from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest(f"{option} must be a JSON object")
+    return parsed
+
+
 @contextmanager
 def as_regular_files(paths: list[Path]) -> Iterator[list[Path]]:
     """``paths``, with each one that is not a regular file (``/dev/stdin``, a

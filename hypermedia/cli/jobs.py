@@ -18,6 +18,7 @@ from hypermedia.cli.common import (
     console,
     engine,
     err_console,
+    json_object,
     print_json,
     through_outages,
     user_errors,
@@ -63,12 +64,7 @@ def submit(
 ) -> None:
     """Enqueue COUNT jobs of JOB_TYPE."""
     with user_errors():
-        try:
-            parsed = json.loads(params)
-        except json.JSONDecodeError:
-            raise InvalidRequest("--params is not valid JSON") from None
-        if not isinstance(parsed, dict):
-            raise InvalidRequest("--params must be a JSON object")
+        parsed = json_object(params, "--params")
         if idempotency_key and count > 1:
             raise InvalidRequest("--idempotency-key needs --count 1")
         eng = engine()

@@ -34,6 +34,7 @@ from hypermedia.cli.common import (
     console,
     engine,
     err_console,
+    json_object,
     print_json,
     settings,
     through_outages,
@@ -86,7 +87,7 @@ def run(
     # jobs `processing` until the reaper found them minutes later.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     with user_errors():
-        overrides = _object(params)
+        overrides = json_object(params, "--params")
         s = settings()
         _migrated(s)
         eng = engine(s, create=True)
@@ -206,16 +207,6 @@ def _local_worker(
 
 def _warn(text: str) -> None:
     err_console.print(f"warning: {text}", markup=False, highlight=False)
-
-
-def _object(text: str) -> Row:
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError:
-        raise InvalidRequest("--params is not valid JSON") from None
-    if not isinstance(parsed, dict):
-        raise InvalidRequest("--params must be a JSON object")
-    return parsed
 
 
 def _wait(

@@ -9,8 +9,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hypermedia.cli.common import console, engine, print_json, user_errors
-from hypermedia.errors import InvalidRequest, JobError
+from hypermedia.cli.common import console, engine, json_object, print_json, user_errors
+from hypermedia.errors import JobError
 from hypermedia.pipelines import registry, schema
 from hypermedia.queue.profiles import Profiles
 
@@ -146,7 +146,7 @@ def create(
     type's defaults and queue, 3600 s, 5 GB, free).
     """
     with user_errors():
-        parsed = None if settings is None else _json_object(settings)
+        parsed = None if settings is None else json_object(settings, "--settings")
         p = profiles().create(
             key,
             job_type,
@@ -165,16 +165,6 @@ def create(
             print_json(p)
         else:
             console.print(f"profile {p['ref']} created ({p['job_type']}, queue {p['queue_name']})")
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError:
-        raise InvalidRequest("--settings is not valid JSON") from None
-    if not isinstance(parsed, dict):
-        raise InvalidRequest("--settings must be a JSON object")
-    return parsed
 
 
 @app.command("deactivate")

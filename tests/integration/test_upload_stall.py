@@ -1,4 +1,5 @@
-"""An upload whose client goes quiet is dropped: a real ``serve``, a raw socket."""
+"""An upload whose client goes quiet is dropped, and a refused one is not
+read on: a real ``serve``, a raw socket."""
 
 from __future__ import annotations
 
@@ -6,73 +7,69 @@ import json
 import signal
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.harness import hypermedia, start_serve, stop
 
 
-def test_a_stalled_upload_is_dropped_and_leaves_nothing(tmp_path: Path) -> None:
-    """It held its connection and temp file for ever (a slow-loris client)."""
+@contextmanager
+def _upload(tmp_path: Path, declared: int, **env: str) -> Iterator[tuple[socket.socket, Path]]:
+    """A ``serve`` with ``env``, and a socket that sent the head of an upload
+    of ``declared`` bytes (the body is the caller's)."""
     home = tmp_path / "home"
-    server, base = start_serve(tmp_path, home, HYPERMEDIA_UPLOAD_IDLE_SECONDS="1")
+    server, base = start_serve(tmp_path, home, **env)
     try:
         token = (home / "admin-token").read_text().strip()
         port = int(base.rsplit(":", 1)[1])
         head = (
             "POST /v1/objects HTTP/1.1\r\nHost: test\r\n"
-            f"Authorization: Bearer {token}\r\nContent-Length: 1000\r\n\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Length: {declared}\r\n\r\n"
         )
         with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
-            s.sendall(head.encode() + b"x" * 10)  # then nothing
-            started = time.monotonic()
-            answer = s.recv(65536)
-            waited = time.monotonic() - started
-            while b'"request_timeout"' not in answer and (more := s.recv(65536)):
-                answer += more  # the body may come in a segment of its own
-            assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
-            assert b"connection: close" in answer.lower()
-            # Closed with the answer: bytes sent after it are not waited on
-            # for the rest of the declared body (with no timeout at all).
-            closed_at = time.monotonic()
-            try:
-                s.sendall(b"y" * 10)
-                while s.recv(65536):
-                    pass
-            except OSError:  # reset: closed as well
-                pass
-            assert time.monotonic() - closed_at < 5
+            s.sendall(head.encode())
+            yield s, home
+    finally:
+        assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
+
+
+def _closed_after(answer: bytes, s: socket.socket) -> None:
+    """Closed with the answer: bytes sent after it are not waited on for the
+    rest of the declared body (with no timeout at all)."""
+    assert b"connection: close" in answer.lower()
+    closed_at = time.monotonic()
+    try:
+        s.sendall(b"y" * 10)
+        while s.recv(65536):
+            pass
+    except OSError:  # reset: closed as well
+        pass
+    assert time.monotonic() - closed_at < 5
+
+
+def test_a_stalled_upload_is_dropped_and_leaves_nothing(tmp_path: Path) -> None:
+    """It held its connection and temp file for ever (a slow-loris client)."""
+    with _upload(tmp_path, 1000, HYPERMEDIA_UPLOAD_IDLE_SECONDS="1") as (s, home):
+        s.sendall(b"x" * 10)  # then nothing
+        started = time.monotonic()
+        answer = s.recv(65536)
+        waited = time.monotonic() - started
+        while b'"request_timeout"' not in answer and (more := s.recv(65536)):
+            answer += more  # the body may come in a segment of its own
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+        _closed_after(answer, s)
         assert b'"request_timeout"' in answer and 0.5 < waited < 10
         assert list((home / "tmp").glob("upload-*.part")) == []
         listed = hypermedia("objects", "ls", "--json", url="", home=home)
         assert listed.returncode == 0 and json.loads(listed.stdout) == []
-    finally:
-        assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
 
 
 def test_a_refused_upload_closes_its_connection(tmp_path: Path) -> None:
     """A 413 (over the upload limit) closes the connection too: the rest of
     the body is never read."""
-    home = tmp_path / "home"
-    server, base = start_serve(tmp_path, home, HYPERMEDIA_MAX_UPLOAD_BYTES="1000")
-    try:
-        token = (home / "admin-token").read_text().strip()
-        port = int(base.rsplit(":", 1)[1])
-        head = (
-            "POST /v1/objects HTTP/1.1\r\nHost: test\r\n"
-            f"Authorization: Bearer {token}\r\nContent-Length: 5000\r\n\r\n"
-        )
-        with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
-            s.sendall(head.encode() + b"x" * 100)
-            answer = s.recv(65536)
-            assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
-            assert b"connection: close" in answer.lower()
-            closed_at = time.monotonic()
-            try:
-                s.sendall(b"y" * 10)
-                while s.recv(65536):
-                    pass
-            except OSError:
-                pass
-            assert time.monotonic() - closed_at < 5
-    finally:
-        assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
+    with _upload(tmp_path, 5000, HYPERMEDIA_MAX_UPLOAD_BYTES="1000") as (s, _):
+        s.sendall(b"x" * 100)
+        answer = s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
+        _closed_after(answer, s)
