@@ -96,6 +96,10 @@ def stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float 
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            # Its threads' stacks go to its log first (hypermedia's long
+            # commands print them on SIGUSR1): the failure can say where it hung.
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(1)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
     return proc.returncode

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -132,6 +133,9 @@ def media_type(value: str, option: str = "--mime") -> str:
 
 
 def setup_logging(verbose: bool = False) -> None:
+    """Logging for the long-running commands; SIGUSR1 prints every thread's
+    stack to stderr (a worker that will not stop can say where it waits)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -22,7 +22,9 @@ and reports which it could do, to check the child's sandbox
 runs in a child that may open sockets only with ``{"network": true}``
 (worker/seccomp.py), as a virus scan's does.  ``{"stray": true}`` leaves a
 process running after the attempt (a double fork that tries setsid first) and
-reports its pid: the worker must kill it with its child.
+reports its pid: the worker must kill it with its child.  ``{"say": N}``
+writes N lines to stderr with a control character in each, as a chatty
+native library would (the worker relays them into its log, worker/stderr.py).
 
 debug.copy reads its input object and stores a byte-for-byte copy as an output
 object (type ``copy``): the storage path of a job end to end.  To exercise the
@@ -86,7 +88,7 @@ def _no_settings(settings: dict[str, Any], job_type: str) -> None:
 
 def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     allowed = {"ms", "fail", "crash", "abort", "alloc_mb", "steps", "output", "nan", "forge"}
-    allowed |= {"marker", "write_mb", "leak_mb", "probe", "network", "stray"}
+    allowed |= {"marker", "write_mb", "leak_mb", "probe", "network", "stray", "say"}
     unknown = set(params) - allowed
     if unknown:
         raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
@@ -99,7 +101,7 @@ def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[st
         raise JobError("INVALID_PARAMS", f"fail must be one of {', '.join(ERROR_POLICY)}")
     if not isinstance(params.get("crash", False), bool):
         raise JobError("INVALID_PARAMS", "crash must be true or false")
-    for name in ("alloc_mb", "write_mb", "leak_mb"):
+    for name in ("alloc_mb", "write_mb", "leak_mb", "say"):
         amount = params.get(name, 0)
         if not isinstance(amount, int) or isinstance(amount, bool) or not 0 <= amount <= 65536:
             raise JobError("INVALID_PARAMS", f"{name} must be an integer from 0 to 65536")
@@ -166,6 +168,8 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
         held[::4096] = b"x" * len(held[::4096])
         time.sleep(ms / 1000)
         os.abort()
+    if params.get("say"):  # straight to fd 2, as C code writes
+        os.write(2, b"".join(b"debug.sleep says %d\x1b[2J\n" % i for i in range(params["say"])))
     steps = max(1, int(params.get("steps", 1)))
     for i in range(steps):
         time.sleep(ms / 1000 / steps)

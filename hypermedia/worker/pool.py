@@ -25,6 +25,7 @@ from hypermedia.worker.protocol import (
     read_frame,
     write_frame,
 )
+from hypermedia.worker.stderr import relay
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -50,6 +51,7 @@ class Child:
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,  # relayed into the worker's log (stderr.py)
             env={},
             cwd="/",
             # Own session and process group, so a kill takes every grandchild
@@ -64,6 +66,8 @@ class Child:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._out = self.proc.stdin.fileno()
         self._in = self.proc.stdout.fileno()
+        assert self.proc.stderr is not None
+        self.stderr = relay().watch(self.proc.stderr, self.proc.pid)
         self.attempts = 0
         self.cpu_seen_ms = 0  # cumulative CPU the child reported at its last attempt
         # Set when the child broke the protocol (it was killed for it).

@@ -248,7 +248,7 @@ class Slot:
         net = self._sandbox is not None and registry.needs_network(job.job_type, job.params)
         # Its address space before and at most during the attempt (sampled
         # each POLL): how a native library's abort is told to be an OOM.
-        child, vm_start = self._child_for(message, net)
+        child, vm_start = self._child_for(job, message, net)
         vm_peak = vm_start
         deadline = t0 + job.timeout_seconds
         while True:
@@ -311,7 +311,7 @@ class Slot:
                 return self._died(rj, child, mem, elapsed_ms, grew), []
             return self._done(rj, child, msg, elapsed_ms)
 
-    def _child_for(self, message: dict[str, object], net: bool) -> tuple[Child, int]:
+    def _child_for(self, job: Claimed, message: dict[str, object], net: bool) -> tuple[Child, int]:
         """Our warm child of that kind, or a new one if there is none or it has
         died since, with its address space (MB) read before it got the job: a
         quick child could have grown already if read after."""
@@ -319,11 +319,13 @@ class Slot:
             self.child, self._parked, self._net = self._parked, self.child, net
         if self.child is not None:
             vm = self.child.vm_mb()
+            self.child.stderr.attempt(job.job_id, job.attempt)
             if self.child.send(message):
                 return self.child, vm
             self.child.kill()
         self.child = self._new_child()
         vm = self.child.vm_mb()
+        self.child.stderr.attempt(job.job_id, job.attempt)
         if not self.child.send(message):
             raise RuntimeError("a fresh child process refused its first job")
         return self.child, vm

@@ -245,7 +245,7 @@ def test_the_default_worker_serves_a_queue_a_profile_names_later(
             == name
         )
     finally:
-        assert stop(w, signal.SIGTERM) == 0
+        assert stop(w, signal.SIGTERM) == 0, (tmp_path / "w.log").read_text()[-6000:]
     # A list that names no queue, or a bad name, is refused before anything starts.
     for bad in ("", " , ", "Bad Q"):
         refused = _run("worker", "--burst", "--queues", bad, url=url, home=tmp_path)

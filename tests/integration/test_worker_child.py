@@ -244,6 +244,34 @@ def test_warm_child_is_reused_then_recycled_after_max_attempts(
 
 
 @sqlite_only
+def test_what_a_child_prints_is_logged_under_its_attempt_and_bounded(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """A library's stderr went to the worker's stderr as it came: no job, no
+    time, a terminal escape from a hostile file's metadata passed through."""
+    from hypermedia.worker.stderr import LINES
+
+    w = procs.worker("--concurrency", "1", "--no-maintenance")
+    quiet = submit(live, {"say": 2})
+    chatty = submit(live, {"say": LINES + 30})
+    last = submit(live, {})
+    for job_id in (quiet, chatty, last):
+        assert wait_job(driver, job_id)["status"] == "completed"
+    pid = run_one(driver, live, {})["pid"]  # one warm child ran them all
+
+    def said(job_id: int) -> list[str]:
+        mark = f"child {pid} (job {job_id} attempt 1): "
+        return [ln.split(mark, 1)[1] for ln in w.log.read_text().splitlines() if mark in ln]
+
+    eventually(lambda: len(said(chatty)) == LINES + 1, 10, "the chatty attempt's lines")
+    assert said(quiet) == ["debug.sleep says 0?[2J", "debug.sleep says 1?[2J"]
+    assert said(chatty)[:LINES] == [f"debug.sleep says {i}?[2J" for i in range(LINES)]
+    assert said(chatty)[-1] == "30 more lines not logged"
+    assert said(last) == []
+    assert "\x1b" not in w.log.read_text()
+
+
+@sqlite_only
 def test_a_child_holding_memory_after_an_attempt_is_recycled(
     driver: Driver, live: Engine, procs: Procs
 ) -> None:
