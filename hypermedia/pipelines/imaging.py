@@ -14,7 +14,11 @@ Hostile input (DESIGN §10) is met in layers:
   through ImageMagick can never be decoded, even by mistake;
 * the header is read before any pixel is decoded and an image over the
   profile's ``max_pixels`` is refused (pixel floods: a small file claiming
-  enormous dimensions);
+  enormous dimensions), and so is one of more than ``MAX_BANDS`` channels (a
+  16 MB TIFF of 4,000 channels held 8 GB) or, for a WebP, more than
+  ``MAX_WEBP_FRAMES`` frames, counted from its chunk headers before libvips
+  opens it (libvips walks a WebP's frames in quadratic time: 200,000 tiny
+  frames in 10 MB ran for minutes);
 * decoding fails on the first error (``fail_on="error"``) instead of handing on
   garbage, and a failure's reason never carries a path or libvips' own words.
 """
@@ -25,6 +29,7 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import os
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +38,10 @@ from hypermedia.storage.sniff import media_type
 
 MIN_LIBVIPS = (8, 13)  # block_untrusted_set / operation_block_set / fail_on
 DEFAULT_MAX_PIXELS = 100_000_000
+# CMYK with alpha and a few spot colours fit; a thumbnail's memory grows with
+# the channels, which max_pixels does not count.
+MAX_BANDS = 16
+MAX_WEBP_FRAMES = 10_000  # libvips reads 10,000 in well under a second
 
 # Output format → (file extension, media type).
 FORMATS = {
@@ -191,10 +200,12 @@ def check_input(vips: Any, path: str, max_pixels: int) -> Header:
     mime = media_type(head)
     if mime not in LOADER_FOR:
         raise JobError("UNSUPPORTED_FORMAT", f"not a supported image format ({ACCEPTED_NAMES})")
+    if mime == "image/webp" and webp_frames(path, MAX_WEBP_FRAMES) > MAX_WEBP_FRAMES:
+        raise JobError("LIMIT_EXCEEDED", f"the animation has more than {MAX_WEBP_FRAMES} frames")
     try:
         header = vips.Image.new_from_file(path, access="sequential", fail_on="error")
         loader = str(header.get("vips-loader"))
-        width, height = int(header.width), int(header.height)
+        width, height, bands = int(header.width), int(header.height), int(header.bands)
         fields = set(header.get_fields())
         compression = str(header.get("heif-compression")) if "heif-compression" in fields else ""
         turned = "orientation" in fields and header.get("orientation") in (5, 6, 7, 8)
@@ -207,8 +218,26 @@ def check_input(vips: Any, path: str, max_pixels: int) -> Header:
             "LIMIT_EXCEEDED",
             f"the image is {width}x{height}, over this profile's limit of {max_pixels} pixels",
         )
+    if bands > MAX_BANDS:
+        raise JobError("LIMIT_EXCEEDED", f"the image has {bands} channels, more than {MAX_BANDS}")
     icc = "icc-profile-data" in fields
     return Header(width, height, loader, mime, size, icc, compression, turned)
+
+
+def webp_frames(path: str, cap: int) -> int:
+    """How many animation frames (ANMF chunks) a WebP has, counted up to
+    ``cap + 1`` by walking its RIFF chunk headers (nothing is decoded)."""
+    count = 0
+    try:
+        with open(path, "rb") as f:
+            f.seek(12)  # RIFF, size, WEBP
+            while count <= cap and len(head := f.read(8)) == 8:
+                size = struct.unpack_from("<I", head, 4)[0]
+                count += head[:4] == b"ANMF"
+                f.seek(size + (size & 1), os.SEEK_CUR)
+    except OSError:
+        pass  # libvips says what is wrong with it next
+    return count
 
 
 _NO_MEMORY = (

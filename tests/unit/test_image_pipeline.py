@@ -135,6 +135,41 @@ def gif_flood() -> bytes:
     return gif(frame=(30_000, 30_000))
 
 
+def tiff_bands(bands: int, side: int = 64) -> bytes:
+    """A deflated greyscale-ish TIFF of ``bands`` 8-bit channels: a few KB."""
+    data = zlib.compress(bytes(side * side * bands), 9)
+    bits_at = 8 + 2 + 10 * 12 + 4  # after the header and the one IFD
+    strip_at = bits_at + 2 * bands
+    tags = [  # (tag, type 3 = SHORT / 4 = LONG, count, value or offset)
+        (256, 4, 1, side),
+        (257, 4, 1, side),
+        (258, 3, bands, bits_at),
+        (259, 3, 1, 8),  # deflate
+        (262, 3, 1, 1),  # black is zero
+        (273, 4, 1, strip_at),
+        (277, 3, 1, bands),
+        (278, 4, 1, side),
+        (279, 4, 1, len(data)),
+        (284, 3, 1, 1),  # chunky
+    ]
+    ifd = struct.pack("<H", len(tags))
+    ifd += b"".join(struct.pack("<HHII", t, k, n, v) for t, k, n, v in tags)
+    return b"II*\x00" + struct.pack("<I", 8) + ifd + b"\0\0\0\0" + b"\x08\x00" * bands + data
+
+
+def webp_frames(count: int) -> bytes:
+    """An animated WebP of ``count`` 1x1 frames on a 64x64 canvas (~50 bytes a frame)."""
+    import pyvips
+
+    vp8l = bytes(pyvips.Image.black(1, 1).webpsave_buffer(lossless=True, keep="none"))[12:]
+    body = b"\0" * 12 + struct.pack("<I", 100)[:3] + b"\0" + vp8l  # x, y, w-1, h-1, 100 ms
+    anmf = b"ANMF" + struct.pack("<I", len(body)) + body + b"\0" * (len(body) & 1)
+    vp8x = b"VP8X" + struct.pack("<I", 10) + b"\x02\0\0\0" + b"\x3f\0\0\x3f\0\0"
+    anim = b"ANIM" + struct.pack("<I", 6) + b"\0" * 6
+    riff = b"WEBP" + vp8x + anim + anmf * count
+    return b"RIFF" + struct.pack("<I", len(riff)) + riff
+
+
 def jpeg_bytes(width: int = 1000, height: int = 800) -> bytes:
     return bytes(photo(width, height).jpegsave_buffer(Q=85))
 
@@ -211,6 +246,8 @@ HOSTILE: list[Hostile] = [
         "LIMIT_EXCEEDED",
     ),
     ("gif-pixel-flood", "bomb.gif", gif_flood, "LIMIT_EXCEEDED"),
+    ("tiff-1000-channels", "bands.tif", lambda: tiff_bands(1000), "LIMIT_EXCEEDED"),
+    ("webp-10001-frames", "frames.webp", lambda: webp_frames(10_001), "LIMIT_EXCEEDED"),
     ("jpeg-truncated", "cut.jpg", truncated_jpeg, "CORRUPT_INPUT"),
     ("jpeg-bad-scan-header", "scan.jpg", lambda: corrupt_jpeg("scan"), "CORRUPT_INPUT"),
     ("jpeg-missing-tables", "tables.jpg", lambda: corrupt_jpeg("tables"), "CORRUPT_INPUT"),
@@ -994,6 +1031,25 @@ def test_a_pixel_flood_is_refused_from_its_header(scratch: Path) -> None:
     assert src.stat().st_size < 100
     with pytest.raises(JobError, match="30000x30000"):
         run(THUMB, scratch, src)
+
+
+def test_channels_and_webp_frames_are_counted_before_decoding(scratch: Path) -> None:
+    """max_pixels counts neither: a 16 MB TIFF of 4,000 channels held 8 GB,
+    and 200,000 frames of a 10 MB WebP ran for minutes in libvips."""
+    src = scratch / "input.tif"
+    src.write_bytes(tiff_bands(17))
+    with pytest.raises(JobError, match="the image has 17 channels, more than 16"):
+        run(THUMB, scratch, src)
+    src.write_bytes(tiff_bands(5))  # CMYK and alpha: made
+    assert run(THUMB, scratch, src, {"format": "png"}).size == (200, 200)
+    src = scratch / "input.webp"
+    src.write_bytes(webp_frames(200_000))
+    t0 = time.monotonic()
+    with pytest.raises(JobError, match="more than 10000 frames"):
+        run(THUMB, scratch, src)
+    assert time.monotonic() - t0 < 2
+    src.write_bytes(webp_frames(3))
+    assert run(THUMB, scratch, src, {"format": "png"}).size == (200, 200)
 
 
 def test_a_gif_screen_larger_than_its_frames_is_read_at_its_real_size(scratch: Path) -> None:
