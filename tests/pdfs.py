@@ -199,6 +199,29 @@ def render_bomb(paths: int) -> bytes:
     return _one_page(zlib.compress(ops, 1))
 
 
+def tiling_bomb(step: float = 0.003) -> bytes:
+    """One page filled with a tiling pattern of ``step``-point cells: under a
+    kilobyte, and one page object pdfium draws for minutes without asking
+    whether to pause."""
+    w = Writer()
+    catalog, tree, page = w.reserve(), w.reserve(), w.reserve()
+    cell = Writer.stream(
+        b"0 0 0.001 0.001 re f",
+        b"/Type /Pattern /PatternType 1 /PaintType 1 /TilingType 1 "
+        b"/BBox [0 0 0.001 0.001] /XStep %r /YStep %r /Resources << >> " % (step, step),
+    )
+    pattern = w.add(cell)
+    content = w.add(Writer.stream(b"/Pattern cs /P scn 0 0 612 792 re f"))
+    w.set(
+        page,
+        b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Contents %d 0 R "
+        b"/Resources << /Pattern << /P %d 0 R >> >> >>" % (tree, content, pattern),
+    )
+    w.set(tree, b"<< /Type /Pages /Kids [%d 0 R] /Count 1 >>" % page)
+    w.set(catalog, b"<< /Type /Catalog /Pages %d 0 R >>" % tree)
+    return w.build(catalog)
+
+
 def _one_page(flated: bytes) -> bytes:
     """A one-page Letter PDF whose content stream is ``flated`` (Flate-coded)."""
     w = Writer()

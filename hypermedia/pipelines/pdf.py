@@ -278,11 +278,7 @@ def _render(pdfium: Any, doc: Any, index: int, width: int, height: int, seconds:
             raw.FPDFBitmap_FillRect(bitmap, 0, 0, width, height, 0xFFFFFFFF)
             flags = raw.FPDF_ANNOT | raw.FPDF_REVERSE_BYTE_ORDER  # RGBx, not BGRx
             if not _draw(raw, bitmap, page, width, height, flags, seconds):
-                raise JobError(
-                    "LIMIT_EXCEEDED",
-                    f"page {index + 1} takes longer than this profile's limit of "
-                    f"{seconds} s to draw",
-                )
+                raise JobError("LIMIT_EXCEEDED", too_slow(index + 1, seconds))
             if form:
                 raw.FPDF_FFLDraw(form, bitmap, page, 0, 0, width, height, 0, flags)
         finally:
@@ -294,6 +290,10 @@ def _render(pdfium: Any, doc: Any, index: int, width: int, height: int, seconds:
     return buf
 
 
+def too_slow(page: int, seconds: int) -> str:
+    return f"page {page} takes longer than this profile's limit of {seconds} s to draw"
+
+
 def _draw(
     raw: Any, bitmap: Any, page: Any, width: int, height: int, flags: int, seconds: int
 ) -> bool:
@@ -303,7 +303,10 @@ def _draw(
     between every hundred page objects: a content stream of millions of
     paths (a render bomb) is stopped at its budget, a permanent
     LIMIT_EXCEEDED, instead of holding the attempt to its timeout, which is
-    retried, and every retry again to its timeout.
+    retried, and every retry again to its timeout.  One object can take
+    longer on its own (a tiling pattern of 0.003-point cells over the page, a
+    form drawing 700,000 lines): the worker kills the child then (``run``
+    gives it the page's budget through ``Context.budget``).
     """
     deadline = time.monotonic() + seconds
     pause = raw.IFSDK_PAUSE(version=1)
@@ -415,7 +418,9 @@ def run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         count = len(sizes)
         for i, (n, (width, height)) in enumerate(sizes.items()):
             ctx.progress(5 + 95 * i / count, f"rendering page {n} of {total}")
+            ctx.budget(p["max_page_seconds"], too_slow(n, p["max_page_seconds"]))
             buf = _render(pdfium, doc, n - 1, width, height, p["max_page_seconds"])
+            ctx.budget(None)
             name = f"page-{n}.{ext}"
             _encode(vips, buf, width, height, os.path.join(ctx.scratch, name), p)
             del buf

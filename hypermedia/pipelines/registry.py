@@ -29,14 +29,24 @@ class Context:
         scratch: str,
         report: Callable[[dict[str, Any]], None],
         input_path: str | None = None,
+        budget: Callable[[float | None, str], None] | None = None,
     ) -> None:
         self.scratch = scratch
         self.input_path = input_path
         self._report = report
+        self._budget = budget
         self.outputs: list[dict[str, Any]] = []
 
     def progress(self, percent: float | None = None, step: str | None = None) -> None:
         self._report({"percent": percent, "step": step})
+
+    def budget(self, seconds: float | None, reason: str = "") -> None:
+        """The worker fails the attempt for good (LIMIT_EXCEEDED, ``reason``)
+        unless the step begun now ends within ``seconds`` (None: it has ended).
+        For work a native library does in one call that a pipeline's own
+        clock cannot interrupt; the attempt's timeout still bounds the rest."""
+        if self._budget is not None:
+            self._budget(seconds, reason)
 
     def output(
         self,

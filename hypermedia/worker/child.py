@@ -141,13 +141,16 @@ def run_attempt(msg: dict[str, Any], out: int, memory: _Memory) -> bytes:
             percent = None
         write_frame(out, {"op": "progress", "percent": percent, "step": step and str(step)})
 
+    def budget(seconds: float | None, reason: str) -> None:
+        write_frame(out, {"op": "budget", "seconds": seconds, "reason": reason})
+
     os.chdir(msg["scratch"])
     memory.reset_peak()
     cpu0 = _cpu_ms()
     _limit(msg.get("mem_mb"), msg.get("cpu_s"), msg.get("file_mb"))
     try:
         pipeline = registry.get(msg["job_type"])
-        ctx = registry.Context(msg["scratch"], report, msg.get("input"))
+        ctx = registry.Context(msg["scratch"], report, msg.get("input"), budget)
         result = pipeline.run(msg.get("params") or {}, ctx)
         done: dict[str, Any] = {"status": "completed", "result": result, "outputs": ctx.outputs}
     except JobError as exc:

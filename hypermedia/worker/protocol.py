@@ -102,6 +102,11 @@ def check_report(msg: Any) -> dict[str, Any]:
         if percent is not None and not finite_number(percent):
             percent = None
         return {"op": "progress", "percent": percent, "step": _text(msg.get("step"), None)}
+    if op == "budget":
+        seconds = msg.get("seconds")
+        if seconds is not None and not (finite_number(seconds) and 0 <= seconds <= _INT_MAX):
+            raise ProtocolError("a budget that is no number of seconds")
+        return {"op": "budget", "seconds": seconds, "reason": _text(msg.get("reason"), "") or ""}
     if op != "done":
         raise ProtocolError("an unknown report")
     status = msg.get("status")

@@ -39,6 +39,7 @@ from hypermedia.worker.transfer import (
 log = logging.getLogger(__name__)
 
 POLL = 0.1  # how often a slot looks at cancel/lost flags while a child works
+BUDGET_GRACE = 2.0  # seconds past a step's budget (Context.budget) before its child is killed
 # How C and C++ libraries die when an allocation fails under RLIMIT_AS, where
 # Python would raise MemoryError: abort() (std::bad_alloc, pdfium inflating a
 # huge stream), a trap (PartitionAlloc's OOM_CRASH, GLib's g_error) or a
@@ -251,6 +252,7 @@ class Slot:
         child, vm_start = self._child_for(job, message, net)
         vm_peak = vm_start
         deadline = t0 + job.timeout_seconds
+        budget: tuple[float, str] | None = None  # a step's end, by the child's word
         while True:
             elapsed_ms = int((time.monotonic() - t0) * 1000)
             if rj.stop_now.is_set():
@@ -279,6 +281,17 @@ class Slot:
                 self._kill()
                 log.warning("job %s: lease lost, attempt %s abandoned", job.job_id, job.attempt)
                 return None
+            if budget is not None and time.monotonic() > budget[0]:
+                ex = self._kill()
+                return self._result(
+                    rj,
+                    "failed",
+                    "LIMIT_EXCEEDED",
+                    budget[1],
+                    elapsed_ms,
+                    ex.peak_mb,
+                    self._cpu(child, ex),
+                ), []
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 ex = self._kill()
@@ -305,6 +318,13 @@ class Slot:
                 )
                 continue
             if msg["op"] == "warm":  # a replacement child's libraries are loaded
+                continue
+            if msg["op"] == "budget":
+                # A grace beyond it: a pipeline that can stop itself on time
+                # does (its child lives on); this is for one that cannot.
+                budget = None
+                if msg["seconds"] is not None:
+                    budget = (time.monotonic() + msg["seconds"] + BUDGET_GRACE, msg["reason"])
                 continue
             if msg["op"] != "done":
                 child.refuse("a report out of turn")

@@ -18,6 +18,7 @@ from hypermedia.db.driver import Driver
 from hypermedia.pipelines import debug, image, pdf  # noqa: F401
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
+from hypermedia.queue.profiles import Profiles
 from hypermedia.storage.ledger import Storage
 from tests import pdfs
 from tests.integration._procs import Procs, attempts, sqlite_only, tail, wait_job
@@ -182,6 +183,30 @@ def test_hostile_pdfs_fail_cleanly_and_the_worker_carries_on(
     assert done["result"]["rendered"][0]["width"] == 1280
     # Only the seven inputs and the one page preview are in the ledger.
     assert len(storage.list()) == 8
+
+
+def test_a_page_object_that_draws_past_the_budget_is_stopped_by_the_worker(
+    driver: Driver, live: Engine, storage: Storage, procs: Procs
+) -> None:
+    """pdfium asks whether to pause between page objects only: one tiling
+    pattern of 0.003-point cells drew on to the attempt's timeout (300 s, then
+    retried, to its timeout again). The worker kills the child at the page's
+    budget (plus a grace) instead: a permanent LIMIT_EXCEEDED."""
+    key = f"pdf-quick-{os.getpid()}"
+    Profiles(live).create(key, "pdf.preview", {"max_page_seconds": 1})
+    bomb = storage.put(io.BytesIO(pdfs.tiling_bomb()), filename="tiles.pdf")["object_id"]
+    job_id = live.enqueue(NewJob("pdf.preview", object_id=bomb, profile=key))
+    good = storage.put(io.BytesIO(pdfs.document(1)), filename="ok.pdf")["object_id"]
+    after = live.enqueue(NewJob("pdf.preview", object_id=good, priority=10))
+    _burst(procs)
+
+    row = wait_job(driver, job_id, timeout=5)
+    assert (row["status"], row["error_code"]) == ("failed", "LIMIT_EXCEEDED")
+    assert row["safe_reason"] == "page 1 takes longer than this profile's limit of 1 s to draw"
+    assert row["attempt_count"] == 1
+    (attempt,) = attempts(driver, job_id)
+    assert attempt["duration_ms"] < 8000
+    assert wait_job(driver, after, timeout=5)["status"] == "completed"
 
 
 def test_a_stream_that_inflates_past_the_limit_is_an_oom(

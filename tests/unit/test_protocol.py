@@ -135,6 +135,15 @@ def test_progress_keeps_only_a_finite_number_and_a_text() -> None:
     assert (odd["percent"], odd["step"]) == (None, None)
 
 
+def test_a_budget_is_a_number_of_seconds_or_none() -> None:
+    said = check_report({"op": "budget", "seconds": 30, "reason": "page 1 is slow" * 200})
+    assert said["seconds"] == 30 and len(said["reason"]) == 1000
+    assert check_report({"op": "budget", "seconds": None})["seconds"] is None
+    for bad in (-1, "30", True, float("inf"), 2**40):
+        with pytest.raises(ProtocolError):
+            check_report({"op": "budget", "seconds": bad, "reason": ""})
+
+
 def test_nul_characters_are_scrubbed_before_the_database_sees_them() -> None:
     from hypermedia.worker.files import storable
 
