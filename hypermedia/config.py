@@ -182,6 +182,12 @@ _ABOVE_ZERO = (
     "child_max_file_mb",
     "gc_interval_seconds",
     "photo_bridge_interval_seconds",
+    # Below 1 the API started and refused every upload (a 413 "larger than
+    # the -1-byte limit"), every JSON body, or every request past a burst.
+    "max_upload_bytes",
+    "api_max_body_bytes",
+    "api_rate_burst",
+    "child_recycle_rss_mb",
 )
 
 
@@ -214,6 +220,8 @@ def load_settings() -> Settings:
             raise InvalidRequest(f"HYPERMEDIA_{_ENV_NAMES[name]} must be more than 0")
     if not settings.session_hours > 0:  # a login would end as it began
         raise InvalidRequest("HYPERMEDIA_SESSION_HOURS must be more than 0")
+    if not 0 <= settings.api_rate_per_second < float("inf"):  # 0: no limit; NaN fails too
+        raise InvalidRequest("HYPERMEDIA_API_RATE_PER_SECOND must be 0 (no limit) or more")
     if not settings.s3_timeout_seconds > 0:
         raise InvalidRequest("HYPERMEDIA_S3_TIMEOUT_SECONDS must be more than 0")
     if settings.child_memory_max_mb < 0:

@@ -4,6 +4,7 @@ days on S3 pools only), a dashboard session that would end as it began."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,22 @@ def test_a_century_is_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HYPERMEDIA_GC_PENDING_SECONDS", "0")
     s = load_settings()
     assert (s.job_retention_days, s.gc_pending_seconds) == (36500, 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "bad", "said"),
+    [
+        ("MAX_UPLOAD_BYTES", "-1", "must be more than 0"),
+        ("API_MAX_BODY_BYTES", "0", "must be more than 0"),
+        ("API_RATE_BURST", "-1", "must be more than 0"),
+        ("API_RATE_PER_SECOND", "-1", "must be 0 (no limit) or more"),
+        ("API_RATE_PER_SECOND", "nan", "must be 0 (no limit) or more"),
+    ],
+)
+def test_api_limits_below_one_are_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, name: str, bad: str, said: str
+) -> None:
+    """The API started with them and refused every upload, body or request."""
+    monkeypatch.setenv(f"HYPERMEDIA_{name}", bad)
+    with pytest.raises(InvalidRequest, match=re.escape(f"HYPERMEDIA_{name} {said}")):
+        load_settings()
