@@ -65,11 +65,11 @@ def _check_endpoint(endpoint: str) -> None:
     bad = InvalidRequest("an S3 endpoint looks like http://host:port or https://host")
     try:
         e = urlsplit(endpoint)
-        e.port  # noqa: B018  (parsed lazily: 99999 or "x" fail here)
+        port = e.port  # parsed lazily: 99999 or "x" fail here
     except ValueError:  # "Port out of range 0-65535", "Invalid IPv6 URL"
         raise bad from None
-    if e.scheme not in ("http", "https") or not e.hostname:
-        raise bad
+    if e.scheme not in ("http", "https") or not e.hostname or port == 0:
+        raise bad  # port 0 was stored, and /readyz said not ready for ever
     if e.username or e.password:
         raise InvalidRequest("put S3 credentials in the settings, not in the pool URL")
     if e.path not in ("", "/") or e.query or e.fragment:

@@ -14,6 +14,7 @@ from hypermedia.storage.backends import parse_pool_url
     ("url", "said"),
     [
         ("s3://media?endpoint=http://127.0.0.1:99999", "an S3 endpoint looks like"),
+        ("s3://media?endpoint=http://127.0.0.1:0", "an S3 endpoint looks like"),
         ("s3://media?endpoint=http://127.0.0.1:port", "an S3 endpoint looks like"),
         ("s3://media?endpoint=http://[::1:8333", "an S3 endpoint looks like"),
         ("s3://[::1/x", "the pool URL is not a URL"),
