@@ -90,9 +90,11 @@ class JobError(HypermediaError):
 class StaleTransition(HypermediaError):
     """A guarded status change matched no row: the job was not where we thought."""
 
-    def __init__(self, job_id: int, action: str, status: str | None) -> None:
+    def __init__(
+        self, job_id: int, action: str, status: str | None, *, shown: str | None = None
+    ) -> None:
         where = f"it is {status}" if status else "it does not exist"
-        super().__init__(f"cannot {action} job {job_id}: {where}")
+        super().__init__(f"cannot {action} job {shown or job_id}: {where}")
         self.job_id = job_id
         self.action = action
         self.status = status

@@ -156,6 +156,8 @@ def test_cancel_then_retry(client: TestClient, svc: Services, a: Project) -> Non
     job = _create(client, a.admin, _file(svc, a))
     r = client.post(f"{URL}/{job['id']}/retry", headers=h)
     assert r.status_code == 409 and r.json()["code"] == "conflict"  # pending: nothing to retry
+    # Named as the client knows it: the internal id is never shown on /v0.
+    assert r.json()["message"] == f"cannot retry job {job['id']}: it is queued", r.json()
     r = client.post(f"{URL}/{job['id']}/cancel", headers=h)
     assert r.status_code == 200, r.text
     cancelled = r.json()

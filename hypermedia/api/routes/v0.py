@@ -32,6 +32,8 @@ Another project's job is a 404.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
@@ -40,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hypermedia.api.deps import scoped, services, shown
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.auth.tokens import Principal
+from hypermedia.errors import StaleTransition
 from hypermedia.queue.legacy import our_job_type, processing_job, to_priority
 from hypermedia.queue.models import NewJob
 
@@ -127,7 +130,8 @@ def show(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:rea
 def cancel(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
     svc = services(request)
     row = svc.legacy.find(job_id, principal.project_id)
-    svc.engine.cancel(row["job_id"], actor=principal.actor)
+    with _named_by(job_id):
+        svc.engine.cancel(row["job_id"], actor=principal.actor)
     return _seed_job(svc.legacy.find(job_id, principal.project_id), principal)
 
 
@@ -135,5 +139,16 @@ def cancel(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:w
 def retry(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
     svc = services(request)
     row = svc.legacy.find(job_id, principal.project_id)
-    svc.engine.retry(row["job_id"], actor=principal.actor)
+    with _named_by(job_id):
+        svc.engine.retry(row["job_id"], actor=principal.actor)
     return _seed_job(svc.legacy.find(job_id, principal.project_id), principal)
+
+
+@contextmanager
+def _named_by(job_id: object) -> Iterator[None]:
+    """A refusal names the job as the /v0 client knows it (its uuid), not by
+    the internal id this API never shows."""
+    try:
+        yield
+    except StaleTransition as exc:
+        raise StaleTransition(exc.job_id, exc.action, exc.status, shown=str(job_id)) from None
