@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import faulthandler
+import ipaddress
 import json
 import logging
 import os
 import re
-import shutil
 import signal
 import stat
 import sys
@@ -20,6 +20,7 @@ from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import click
 import typer
@@ -41,6 +42,7 @@ from hypermedia.errors import (
 from hypermedia.queue.clock import clock_for
 from hypermedia.queue.engine import Engine
 from hypermedia.redact import brief, redact
+from hypermedia.storage.keys import display_name
 
 # Piped or redirected, a line is as long as it is: Rich's default of 80 columns
 # there cut table cells ("comple…", so `| grep completed` found nothing) and
@@ -66,7 +68,28 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def settings() -> Settings:
-    return load_settings()
+    s = load_settings()
+    check_database_url(s.url)
+    return s
+
+
+SQLITE_FORMS = "sqlite:///PATH (relative to here) or sqlite:////ABSOLUTE/PATH"
+
+
+def check_database_url(url: str) -> None:
+    """Refuse (InvalidRequest, exit 2) a database URL that connecting would
+    only fail on later, in words that hid the cause: ``sqlite://x.db`` gave
+    "ArgumentError: Invalid SQLite URL" (exit 1), and a port past 65535 a
+    "failed to resolve host".  The messages never quote the URL: it may
+    hold a password."""
+    u = sa_url.make_url(normalise_url(url))  # not a URL at all: refused there
+    if u.get_backend_name() == "sqlite":
+        # sqlite://NAME reads NAME as a host; sqlite:// alone is a database
+        # in memory, gone when the command ends.
+        if u.host or u.port is not None or u.username or not u.database:
+            raise InvalidRequest(f"a SQLite database URL is {SQLITE_FORMS}")
+    elif u.port is not None and not 1 <= u.port <= 65535:
+        raise InvalidRequest("the database URL's port must be from 1 to 65535")
 
 
 class NoDatabase(HypermediaError):
@@ -132,6 +155,73 @@ def media_type(value: str, option: str = "--mime") -> str:
     return text.lower()
 
 
+# RFC 1123 host names (an IPv4 address is one too); an IPv6 address is in brackets.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
+_NETLOC = re.compile(r"(?P<host>\[[^\]]*\]|[^:\[\]]*)(?::(?P<port>[0-9]{1,5}))?")
+# A path's characters as RFC 3986 spells them (pchar and "/"), no query or fragment.
+_URL_PATH = re.compile(r"(?:/[A-Za-z0-9._~!$&'()*+,;=:@%-]*)*")
+
+
+def base_url(value: str, option: str = "--base-url") -> str:
+    """``value`` as the prefix of signed links, ``http(s)://HOST[:PORT][/PATH]``
+    without its trailing slash ("" stays "": links relative to the server).
+    Anything else is refused (InvalidRequest, exit 2): a trailing slash made
+    "…//v1/objects/…" (a 404), and "javascript:alert(1)" was used as given."""
+    if not value:
+        return ""
+
+    def refused(why: str) -> InvalidRequest:
+        return InvalidRequest(f"{option} takes http(s)://HOST[:PORT][/PATH]: {why}")
+
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not value.lower().startswith(parts.scheme + "://"):
+        raise refused("it does not start with http:// or https://")
+    if any(ch.isspace() or not ch.isprintable() for ch in value):
+        raise refused("it has spaces or control characters")
+    if "?" in value or "#" in value or "@" in parts.netloc:
+        raise refused("a user, query or fragment has no place in it")
+    netloc = _NETLOC.fullmatch(parts.netloc)
+    if netloc is None or not _is_host(netloc["host"]):
+        raise refused("it names no host")
+    if netloc["port"] is not None and not 1 <= int(netloc["port"]) <= 65535:
+        raise refused("its port is not from 1 to 65535")
+    if not _URL_PATH.fullmatch(parts.path):
+        raise refused("its path has characters a URL path does not")
+    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+
+
+def _is_host(host: str) -> bool:
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return False
+        return True
+    return _HOST_NAME.fullmatch(host) is not None and len(host) <= 253
+
+
+# Escapes of the characters a terminal would act on rather than show.
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str) -> str:
+    """``text`` with control, format (bidi) and other unprintable characters
+    escaped (``\\x1b``, ``\\u202e``, ``\\n``): a file name printed as it was
+    could move the cursor, recolour the terminal, reverse what follows it or
+    start a fake line of output."""
+    return "".join(ch if ch.isprintable() else _escape_char(ch) for ch in text)
+
+
+def _escape_char(ch: str) -> str:
+    if ch in _SHORT_ESCAPES:
+        return _SHORT_ESCAPES[ch]
+    n = ord(ch)
+    if n < 0x100:
+        return f"\\x{n:02x}"
+    return f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
 def setup_logging(verbose: bool = False) -> None:
     """Logging for the long-running commands; SIGUSR1 prints every thread's
     stack to stderr (a worker that will not stop can say where it waits)."""
@@ -170,25 +260,76 @@ def json_object(text: str, option: str) -> dict[str, Any]:
     return parsed
 
 
+STDIN_NAME = "stdin"
+# Where a shell's <(cmd), a redirection or a pipe shows up as a path: its
+# name is a descriptor number ("63"), no name of the user's.
+_DESCRIPTOR_DIRS = ("/dev/fd/", "/proc/self/fd/")
+
+
+def is_descriptor(path: Path) -> bool:
+    """Whether ``path`` names an open descriptor (``/dev/stdin``, ``-``,
+    ``/dev/fd/N``, ``/proc/self/fd/N``) rather than a file of the user's."""
+    text = str(path)
+    if text == "-":
+        return True
+    absolute = os.path.abspath(text)
+    return absolute == "/dev/stdin" or absolute.startswith(_DESCRIPTOR_DIRS)
+
+
+def input_name(path: Path) -> str:
+    """The file name an input is stored under: its own, or ``stdin`` for a
+    descriptor (``<(cat a.jpg)`` stored the name "63")."""
+    return STDIN_NAME if is_descriptor(path) else path.name or STDIN_NAME
+
+
+class StreamTooLarge(InvalidRequest):
+    """A stream went on past the most bytes the command takes from it."""
+
+    def __init__(self, path: Path, limit: int) -> None:
+        super().__init__(f"{display_name(path.name)} is larger than {limit} bytes")
+        self.path = path
+        self.limit = limit
+
+
 @contextmanager
-def as_regular_files(paths: list[Path]) -> Iterator[list[Path]]:
+def as_regular_files(paths: list[Path], max_bytes: int | None = None) -> Iterator[list[Path]]:
     """``paths``, with each one that is not a regular file (``/dev/stdin``, a
     FIFO, ``<(cmd)``) read once into a temporary file of the same name: the
     ledger reads an input twice (its first bytes for the type, then all of
-    it), and a stream would give it nothing the second time."""
-    streams = [p for p in paths if not stat.S_ISREG(p.stat().st_mode)]
+    it), and a stream would give it nothing the second time.  A descriptor
+    that is a regular file (``/dev/stdin < a.jpg``) is linked, not copied.
+    Either way it is named ``stdin``, the ledger's file name for it.
+
+    ``max_bytes``: a stream is read no further than that (StreamTooLarge):
+    ``/dev/zero`` filled the disk before its size could be checked."""
+    streams = [p for p in paths if is_descriptor(p) or not stat.S_ISREG(p.stat().st_mode)]
     if not streams:
         yield paths
         return
     with tempfile.TemporaryDirectory(prefix="hypermedia-stdin-") as tmp:
         copies: dict[Path, Path] = {}
         for i, p in enumerate(streams):
-            copy = Path(tmp) / str(i) / (p.name or "stdin")
+            copy = Path(tmp) / str(i) / input_name(p)
             copy.parent.mkdir()
-            with open(p, "rb") as src, open(copy, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
+            if stat.S_ISREG(p.stat().st_mode):  # read again from its start, as a file is
+                copy.symlink_to(os.path.abspath(p))
+            elif not _copy_at_most(p, copy, max_bytes):
+                raise StreamTooLarge(p, max_bytes or 0)
             copies[p] = copy
         yield [copies.get(p, p) for p in paths]
+
+
+def _copy_at_most(src: Path, dst: Path, limit: int | None) -> bool:
+    """Copy ``src`` to ``dst``; False, the rest left unread, once more than
+    ``limit`` bytes came."""
+    copied = 0
+    with open(src, "rb") as f, open(dst, "wb") as out:
+        while chunk := f.read(1 << 20):
+            copied += len(chunk)
+            if limit is not None and copied > limit:
+                return False
+            out.write(chunk)
+    return True
 
 
 # Exit codes (docs/cli.md, "Exit codes"): 2 when what the command was given

@@ -214,6 +214,7 @@ def show(job_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
                 )
             )
         console.print(attempts)
+        console.print(_outputs_table(job["outputs"]))
         events = Table("at", "from", "to", "kind", "message", title="events")
         for e in job["events"]:
             events.add_row(
@@ -224,6 +225,27 @@ def show(job_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
                 e["message"],
             )
         console.print(events)
+
+
+def _outputs_table(outputs: list[dict[str, Any]]) -> Table:
+    """What the job made, as ``--json`` has it: one row per output, its object
+    (none for a data-only output: a verdict lives in ``metadata``)."""
+    table = Table("output", "object", "mime", "bytes", "profile", "metadata", title="outputs")
+    for o in outputs:
+        table.add_row(
+            o["output_type"],
+            "" if o["object_id"] is None else str(o["object_id"]),
+            o["mime_type"],
+            str(o["output_size_bytes"]),
+            o["profile_version"],
+            "" if o["metadata"] is None else _cut(json.dumps(o["metadata"])),
+        )
+    return table
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    """A long value on one table cell (a duplicate check lists ids): --json has all of it."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @app.command()

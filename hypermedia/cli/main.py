@@ -199,6 +199,7 @@ def serve(
 
     setup_logging(verbose)
     with user_errors():
+        served = _queues(queues)  # a bad name: refused before anything is done
         s = settings()
         s.home.mkdir(parents=True, exist_ok=True)
         if wait_for_database(s.url, None) is not None:
@@ -231,14 +232,14 @@ def serve(
         )
     # Said before the server answers: whoever waits for /readyz then finds it.
     console.print(
-        f"hypermedia serving: data in {s.home.resolve()}, queues {queues}, job types "
-        f"{', '.join(registry.known())}",
+        f"hypermedia serving: data in {s.home.resolve()}, queues {queues}, "
+        f"{_job_types_line(served)}",
         soft_wrap=True,
         highlight=False,
     )
     _print_where(_base_url(host, port), str(token_file))
     with user_errors():
-        w = Worker(svc.engine, _queues(queues), concurrency=concurrency)
+        w = Worker(svc.engine, served, concurrency=concurrency)
         http = server.start_in_thread(create_app(svc), host, port, access_log=verbose)
     leader = _start_leader(svc.engine, w.worker_id, w.stopped)
     try:
@@ -246,6 +247,17 @@ def serve(
     finally:
         http.stop()
         leader.join(5)
+
+
+def _job_types_line(queues: list[str]) -> str:
+    """The job types the served queues run by default, as the worker counts
+    them ("*": the built-in pipelines' queues): the banner listed every job
+    type, pdf.preview too under `--queues images,bulk`."""
+    every = EVERY_QUEUE in queues
+    types = registry.job_types_for(registry.queues() if every else queues)
+    if not types:  # queues only a profile names: its job type is the profile's
+        return "job types: those of the profiles naming these queues"
+    return f"job types {', '.join(types)}"
 
 
 @app.command()

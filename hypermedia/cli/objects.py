@@ -14,6 +14,7 @@ from rich.table import Table
 
 from hypermedia.cli.common import (
     as_regular_files,
+    base_url,
     console,
     engine,
     err_console,
@@ -22,7 +23,7 @@ from hypermedia.cli.common import (
     settings,
     user_errors,
 )
-from hypermedia.errors import HypermediaError, InvalidRequest
+from hypermedia.errors import Conflict, HypermediaError, InvalidRequest
 from hypermedia.storage.base import StorageError
 from hypermedia.storage.gc import GarbageCollector
 from hypermedia.storage.ledger import Storage
@@ -150,10 +151,14 @@ def show(object_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 @objects_app.command("url")
-def url(object_id: int, base_url: str = typer.Option("", "--base-url")) -> None:
+def url(
+    object_id: int,
+    base: str = typer.Option("", "--base-url", help="http(s)://HOST[:PORT][/PATH] of the server"),
+) -> None:
     """A signed download URL that expires (HYPERMEDIA_SIGNED_URL_SECONDS)."""
     with user_errors():
-        link = storage().signed_url(object_id, base_url)
+        prefix = base_url(base)  # before the database: a bad value is refused as it is
+        link = storage().signed_url(object_id, prefix)
         console.print(link, soft_wrap=True)
         if link.startswith("/"):  # a local pool's link, served by serve/api
             err_console.print("relative to the server that serves it: give --base-url URL")
@@ -239,13 +244,23 @@ def pools_add(
 ) -> None:
     """Add a pool, once its store answers and takes a write (unless --no-check)."""
     with user_errors():
+        st = storage()
         try:
-            row = storage().add_pool(name, url, project, check=check)
+            row = st.add_pool(name, url, project, check=check)
         except StorageError as exc:  # a storage error still: exit 1, not a usage error
             raise StorageError(
                 f"pool {name!r} not added: {exc} (--no-check adds it unchecked)"
             ) from None
+        except Conflict:  # the name is taken: the same command can never work (exit 2)
+            raise InvalidRequest(_name_taken(st, name)) from None
         console.print(f"pool {row['pool_id']} {row['name']} added")
+
+
+def _name_taken(st: Storage, name: str) -> str:
+    """Why ``pools add NAME`` is refused when a pool has that name: which pool."""
+    taken = next((p for p in st.pools() if p["name"] == name), None)
+    which = f"pool {taken['pool_id']} {name!r}" if taken else f"a pool {name!r}"
+    return f"{which} exists already: choose another name (`hypermedia pools ls` lists them)"
 
 
 @pools_app.command("rm")

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from hypermedia.cli.common import (
     as_regular_files,
+    base_url,
     console,
     engine,
     print_json,
@@ -84,12 +85,15 @@ def ls(
 @app.command("show")
 def show(
     photo_id: str = typer.Argument(...),
-    base_url: str = typer.Option("", "--base-url", help="prefix of the signed URLs"),
+    base: str = typer.Option(
+        "", "--base-url", help="http(s)://HOST[:PORT][/PATH] of the server: prefix of the URLs"
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """A photo with its objects, signed URLs and the status of its variants."""
     with user_errors():
-        row = photos().get(photo_id, base_url=base_url)
+        prefix = base_url(base)  # before the database: a bad value is refused as it is
+        row = photos().get(photo_id, base_url=prefix)
         if as_json:
             print_json(row)
             return

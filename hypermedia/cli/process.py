@@ -22,6 +22,8 @@ import signal
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +32,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from hypermedia.cli.common import (
+    StreamTooLarge,
     as_regular_files,
     console,
     engine,
     err_console,
+    input_name,
     json_object,
     print_json,
+    printable,
     settings,
     through_outages,
     user_errors,
@@ -102,7 +107,7 @@ def run(
         if missing is not None:  # a worker elsewhere may have what this machine lacks
             _warn(f"profile {prof['ref']} cannot run on this machine: {missing}")
         store = Storage(eng.db, s, clock=eng.clock)
-        with as_regular_files(list(files)) as paths:
+        with _read_in(files, prof) as paths:
             _acceptable(prof, overrides, paths, files)  # before anything is uploaded
             if len(paths) == 1:
                 objects = [store.put_file(paths[0], project_id=project)]
@@ -127,7 +132,7 @@ def run(
             raise
         local = _local_worker(eng, ids, run_here, concurrency or os.cpu_count() or 1)
         try:
-            jobs, why = _wait(eng, ids, [f.name for f in files], timeout)
+            jobs, why = _wait(eng, ids, [printable(f.name) for f in files], timeout)
         finally:
             if local is not None:  # at once when interrupted: what it ran is retried
                 local.stop(now=why == INTERRUPTED)
@@ -162,10 +167,27 @@ def _acceptable(prof: Row, overrides: Row, paths: list[Path], names: list[Path])
     for path, name in zip(paths, names, strict=True):
         size = path.stat().st_size
         if size > prof["max_input_bytes"]:
-            raise InvalidRequest(
-                f"{display_name(name.name)} is larger than profile {prof['ref']} accepts "
-                f"({size} bytes; at most {prof['max_input_bytes']})"
-            )
+            raise InvalidRequest(_too_large(name, prof, f"{size} bytes"))
+
+
+def _too_large(name: Path, prof: Row, size: str) -> str:
+    return (
+        f"{display_name(name.name)} is larger than profile {prof['ref']} accepts "
+        f"({size}; at most {prof['max_input_bytes']})"
+    )
+
+
+@contextmanager
+def _read_in(files: list[Path], prof: Row) -> Iterator[list[Path]]:
+    """``as_regular_files`` reading a stream no further than the profile
+    takes: ``/dev/zero`` was copied until the disk was full, and only then
+    found too large."""
+    try:
+        with as_regular_files(list(files), prof["max_input_bytes"]) as paths:
+            yield paths
+    except StreamTooLarge as exc:  # as an input file that is too large says it
+        size = f"more than {exc.limit} bytes"
+        raise InvalidRequest(_too_large(exc.path, prof, size)) from None
 
 
 def _migrated(s: Settings) -> None:
@@ -286,7 +308,7 @@ def _stems(files: list[Path]) -> list[str]:
     for f in files:
         # Without controls: a right-to-left override in "x\u202egnp.exe"
         # would show "<stem>.thumb.webp" as another type of file.
-        stem = name = _short(display_name(f.stem) or "file")
+        stem = name = _short(display_name(Path(input_name(f)).stem) or "file")
         n = 1
         while name in taken:
             n += 1
@@ -368,13 +390,16 @@ def _brief_result(result: Any, limit: int = 300) -> str:
 
 
 def _say(r: Row) -> None:
+    # The input as given, escaped: a name is anyone's text, and its newlines,
+    # ESC sequences or bidi overrides printed raw made fake lines of output.
+    shown = printable(r["input"])
     if r["status"] == "completed" and r["error_code"] is None:
-        made = ", ".join(r["outputs"]) or _brief_result(r["result"])
-        line = f"{r['input']}: completed (job {r['job_id']}) → {made}"
+        made = ", ".join(r["outputs"]) or printable(_brief_result(r["result"]))
+        line = f"{shown}: completed (job {r['job_id']}) → {made}"
         console.print(line, soft_wrap=True, markup=False, highlight=False)
         return
     code = f" {r['error_code']}" if r["error_code"] else ""
-    reason = f": {r['safe_reason']}" if r["safe_reason"] else ""
-    line = f"{escape(r['input'])}: [bold]{r['status']}[/]{code} (job {r['job_id']})"
+    reason = f": {printable(r['safe_reason'])}" if r["safe_reason"] else ""
+    line = f"{escape(shown)}: [bold]{r['status']}[/]{code} (job {r['job_id']})"
     line += escape(reason)
     console.print(line, markup=True, soft_wrap=True)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 from rich.table import Table
 
 from hypermedia.cli.common import console, engine, err_console, print_json, user_errors
 from hypermedia.pipelines import registry
+from hypermedia.queue.models import check_queue_name
+from hypermedia.queue.queues import Queues
 from hypermedia.services import Services
 
 app = typer.Typer(help="See queues; pause and resume them.", no_args_is_help=True)
@@ -38,15 +42,10 @@ def pause(
     """Stop workers claiming from NAME; jobs already running finish."""
     with user_errors():
         queues = Services.from_engine(engine()).queues
-        known = {r["queue_name"] for r in queues.summary()} | registry.queues()
+        known = _known(queues)
         row = queues.pause(name)
     if name not in known:  # paused all the same: a profile may name it next
-        err_console.print(
-            f"warning: no pipeline, profile or job uses queue {name} (a typo?); "
-            f"`hypermedia queues ls` lists those that do",
-            markup=False,
-            highlight=False,
-        )
+        _warn_unknown(name)
     if as_json:
         print_json(row)
     else:
@@ -60,8 +59,36 @@ def resume(
 ) -> None:
     """Let workers claim from NAME again."""
     with user_errors():
-        row = Services.from_engine(engine()).queues.resume(name)
+        check_queue_name(name)
+        queues = Services.from_engine(engine()).queues
+        rows = {r["queue_name"]: r for r in queues.summary()}
+        # A name nothing knows has no switch to turn: writing one made a row
+        # for a typo ("imagse"), listed by `queues ls` from then on.
+        row = queues.resume(name) if name in rows else _unswitched(name)
+    if name not in rows and name not in registry.queues():
+        _warn_unknown(name)
     if as_json:
         print_json(row)
-    else:
+    elif name in rows and rows[name]["paused"]:
         console.print(f"queue {name} resumed")
+    else:
+        console.print(f"queue {name} was not paused", highlight=False)
+
+
+def _known(queues: Queues) -> set[str]:
+    """The queue names a pipeline, a profile, a job or an earlier switch uses."""
+    return {r["queue_name"] for r in queues.summary()} | registry.queues()
+
+
+def _unswitched(name: str) -> dict[str, Any]:
+    """A queue's row as ``resume`` gives it, for one that was never switched."""
+    return {"queue_name": name, "paused": False, "updated_at": None}
+
+
+def _warn_unknown(name: str) -> None:
+    err_console.print(
+        f"warning: no pipeline, profile or job uses queue {name} (a typo?); "
+        f"`hypermedia queues ls` lists those that do",
+        markup=False,
+        highlight=False,
+    )

@@ -261,6 +261,12 @@ def test_the_default_worker_serves_a_queue_a_profile_names_later(
         ("postgresql://s3cret@localhost:notaport/db", {}, "the database URL is not a URL"),
         ("postgresql://[::1/db", {}, "the database URL is not a URL"),
         ("postgresql+asyncpg://localhost/db", {}, "a driver hypermedia does not ship (asyncpg)"),
+        # SQLAlchemy's "Invalid SQLite URL" and a host that "failed to resolve" (exit 1):
+        ("sqlite://relative.db", {}, "a SQLite database URL is sqlite:///PATH"),
+        ("sqlite://", {}, "or sqlite:////ABSOLUTE/PATH"),
+        ("sqlite://u:s3cret@host/x.db", {}, "a SQLite database URL is sqlite:///PATH"),
+        ("postgresql://u:s3cret@h:99999/db", {}, "port must be from 1 to 65535"),
+        ("mariadb://u:s3cret@h:0/db", {}, "port must be from 1 to 65535"),
         ("", {"HYPERMEDIA_JOB_RETENTION_DAYS": "abc"}, "HYPERMEDIA_JOB_RETENTION_DAYS must be a"),
         ("", {"HYPERMEDIA_CLAIM_BATCH": "1.5"}, "HYPERMEDIA_CLAIM_BATCH must be an integer"),
         # A lease of 0 expired as it was taken: every job ran again and again.
