@@ -29,6 +29,7 @@ from rich.markup import escape
 from sqlalchemy.engine import url as sa_url
 
 from hypermedia.config import Settings, load_settings
+from hypermedia.db import revisions
 from hypermedia.db.dialects import is_schema_missing, is_transient
 from hypermedia.db.driver import connect, normalise_url
 from hypermedia.db.ready import not_ready, wait_until_ready
@@ -130,7 +131,24 @@ def engine(s: Settings | None = None, *, create: bool = False) -> Engine:
     if not create:
         require_database(s.url)
     db = connect(s.url)
+    if not create:
+        require_schema(db)
     return Engine(db, s, clock=clock_for(db))
+
+
+class NotMigrated(HypermediaError):
+    """The database is behind this code's schema: a command on it would work
+    on some tables and fail on others (exit 1, as a database that is away)."""
+
+
+def require_schema(db: Any) -> None:
+    """Refuse a database not migrated to this code (one query): after `db
+    upgrade 0004`, `jobs submit` wrote rows a worker then refused to serve,
+    and only commands that reached a missing table failed."""
+    with db.read() as tx:
+        why = revisions.behind(tx.schema_revision())
+    if why is not None:
+        raise NotMigrated(why)
 
 
 # RFC 6838 section 4.2: a type and a subtype are restricted names of 1 to

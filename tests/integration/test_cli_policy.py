@@ -271,7 +271,27 @@ def test_a_database_never_migrated_is_said_at_once(tmp_path: Path) -> None:
     (home / "hypermedia.db").touch()
     proc = hypermedia("jobs", "tail", "1", url="", home=home, timeout=30)
     assert proc.returncode == FAILED, proc.stderr
-    assert "is the database migrated? run `hypermedia db upgrade`" in proc.stderr
+    said = " ".join(proc.stderr.split())  # rich wraps long lines
+    assert "the database has no hypermedia schema: run `hypermedia db upgrade`" in said
+
+
+def test_a_database_behind_this_code_is_refused_before_anything_is_done(tmp_path: Path) -> None:
+    """After `db upgrade 0004`, `jobs submit` wrote a job a worker then would
+    not serve, and only commands that reached a missing table failed."""
+    from hypermedia.db import revisions
+
+    home = tmp_path / "home"
+    assert hypermedia("db", "upgrade", "0004", url="", home=home).returncode == 0
+    for args in (["jobs", "submit", "debug.noop"], ["jobs", "ls"], ["objects", "ls"]):
+        proc = hypermedia(*args, url="", home=home)
+        assert proc.returncode == FAILED, (args, proc.stdout)
+        said = " ".join(proc.stderr.split())
+        assert (
+            f"the database schema is at revision 0004, this hypermedia needs {revisions.head()}"
+            in said
+        ), said
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    assert hypermedia("jobs", "submit", "debug.noop", url="", home=home).returncode == 0
 
 
 def test_db_upgrade_creates_it(tmp_path: Path) -> None:
