@@ -202,7 +202,9 @@ def test_a_profile_that_cannot_run_here_is_said_and_its_reason_kept(
     done = hypermedia(
         "process", str(src), "--profile", key, "--wait-timeout", "6", "--json",
         "--out", str(tmp_path / "out"), url=procs.url, home=procs.home, timeout=60,
-        HYPERMEDIA_BACKOFF_MAX_SECONDS="60",  # the retry waits past the wait's end
+        # The retry waits past the wait's end: with the default base, under
+        # load, the job was promoted back to queued before the wait ended.
+        HYPERMEDIA_BACKOFF_BASE_SECONDS="30", HYPERMEDIA_BACKOFF_MAX_SECONDS="60",
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert (
