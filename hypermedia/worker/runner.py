@@ -326,7 +326,7 @@ class Worker:
     def _slot_loop(self, slot: Slot) -> None:
         name_native()
         try:
-            slot.warm(registry.job_types_for(self.queues))
+            self._warm(slot)
         finally:
             self._warming.release()
         while not (self.stop_claiming.is_set() and self.buffer.empty()):
@@ -359,6 +359,24 @@ class Worker:
                 with self._lock:
                     self._running.pop(rj.job.job_id, None)
         slot.close()
+
+    def _warm(self, slot: Slot) -> None:
+        """Warm the slot's child, again and again while it dies as it starts.
+        The claim loop claims nothing until every slot is warm: a worker whose
+        children could not start took every job and failed it as CRASHED,
+        burning the queue's attempts on a broken install."""
+        delay = 1.0
+        while not slot.warm(registry.job_types_for(self.queues)):
+            log.error(
+                "slot %s: its child process died as it started (what it printed is logged "
+                "above as hypermedia.child); this worker claims nothing until one starts: "
+                "trying again in %.0f s",
+                slot.index,
+                delay,
+            )
+            if self.stop_claiming.wait(delay):
+                return
+            delay = min(delay * 2, 60.0)
 
     def _hand_back(self, items: list[Running]) -> None:
         try:

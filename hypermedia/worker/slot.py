@@ -142,26 +142,29 @@ class Slot:
         self._net = False  # the kind of self.child
         self._parked: Child | None = None  # the other kind's warm child
 
-    def warm(self, job_types: list[str], timeout: float = WARM_TIMEOUT) -> None:
+    def warm(self, job_types: list[str], timeout: float = WARM_TIMEOUT) -> bool:
         """Start the child now, have it load these job types' libraries, and
         wait (at most ``timeout``) until it has: the first attempt then finds
-        it ready.  Called from the slot's own thread: the child's
-        parent-death signal is tied to the thread that starts it."""
+        it ready.  False if the child died instead (a broken install, an
+        interpreter that cannot start): every attempt would crash the same
+        way.  Called from the slot's own thread: the child's parent-death
+        signal is tied to the thread that starts it."""
         self._job_types = list(job_types)
         if self.child is not None or not job_types:
-            return
+            return True
         child = self._spawn()
         if child is None:
-            return
+            return False
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             ready, msg = child.poll(left)
-            if ready and msg is None:  # died while loading: the next attempt starts afresh
+            if ready and msg is None:
                 child.kill()
                 self.child = None
-                return
+                return False
             if ready and msg.get("op") == "warm":
-                return
+                return True
+        return True  # slow, not dead: the first attempt waits for it
 
     def run(self, rj: Running) -> bool:
         """Run one attempt to its end and report its result to the flusher, now

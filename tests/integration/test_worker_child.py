@@ -11,6 +11,8 @@ from __future__ import annotations
 import io
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -22,7 +24,7 @@ from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 from hypermedia.storage.ledger import Storage
 from hypermedia.worker.pool import Child
-from tests.harness import hypermedia
+from tests.harness import cli_env, hypermedia, stop
 from tests.integration._procs import (
     Procs,
     attempts,
@@ -269,6 +271,40 @@ def test_what_a_child_prints_is_logged_under_its_attempt_and_bounded(
     assert said(chatty)[-1] == "30 more lines not logged"
     assert said(last) == []
     assert "\x1b" not in w.log.read_text()
+
+
+@sqlite_only
+def test_a_worker_whose_children_cannot_start_claims_nothing(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """A broken install (here: the children's interpreter is /bin/false, a
+    real process that exits at once) made every claimed job CRASHED, one
+    fresh child after another, until the queue's attempts were spent."""
+    job_id = submit(live, {})
+    broken = (
+        "import sys; sys.executable = '/bin/false'; sys.argv[0] = 'hypermedia'; "
+        "from hypermedia.cli.main import app; app()"
+    )
+    log = procs.home / "broken.log"
+    procs.home.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", broken, "worker", "--queues", "bulk", "--no-maintenance"],
+            env=cli_env(procs.url, procs.home),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        said = "died as it started"
+        eventually(lambda: log.read_text().count(said) >= 4, 20, "two tries per slot")
+        row = job(driver, job_id)
+        assert (row["status"], row["attempt_count"]) == ("queued", 0)
+    finally:
+        assert stop(proc) == 0, log.read_text()[-3000:]
+    # A worker whose children start takes it.
+    procs.worker("--concurrency", "1", "--no-maintenance")
+    assert wait_job(driver, job_id)["status"] == "completed"
 
 
 @sqlite_only
