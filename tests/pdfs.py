@@ -204,33 +204,31 @@ def tiling_bomb(step: float = 0.003) -> bytes:
     kilobyte, and one page object pdfium draws for minutes without asking
     whether to pause."""
     w = Writer()
-    catalog, tree, page = w.reserve(), w.reserve(), w.reserve()
-    cell = Writer.stream(
-        b"0 0 0.001 0.001 re f",
-        b"/Type /Pattern /PatternType 1 /PaintType 1 /TilingType 1 "
-        b"/BBox [0 0 0.001 0.001] /XStep %r /YStep %r /Resources << >> " % (step, step),
+    pattern = w.add(
+        Writer.stream(
+            b"0 0 0.001 0.001 re f",
+            b"/Type /Pattern /PatternType 1 /PaintType 1 /TilingType 1 "
+            b"/BBox [0 0 0.001 0.001] /XStep %r /YStep %r /Resources << >> " % (step, step),
+        )
     )
-    pattern = w.add(cell)
     content = w.add(Writer.stream(b"/Pattern cs /P scn 0 0 612 792 re f"))
-    w.set(
-        page,
-        b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Contents %d 0 R "
-        b"/Resources << /Pattern << /P %d 0 R >> >> >>" % (tree, content, pattern),
-    )
-    w.set(tree, b"<< /Type /Pages /Kids [%d 0 R] /Count 1 >>" % page)
-    w.set(catalog, b"<< /Type /Catalog /Pages %d 0 R >>" % tree)
-    return w.build(catalog)
+    return _letter_page(w, content, b"/Resources << /Pattern << /P %d 0 R >> >>" % pattern)
 
 
 def _one_page(flated: bytes) -> bytes:
     """A one-page Letter PDF whose content stream is ``flated`` (Flate-coded)."""
     w = Writer()
-    catalog, tree, page = w.reserve(), w.reserve(), w.reserve()
     content = w.add(Writer.stream(flated, b"/Filter /FlateDecode "))
+    return _letter_page(w, content)
+
+
+def _letter_page(w: Writer, content: int, extra: bytes = b"") -> bytes:
+    """``w``'s objects and one Letter page drawing the stream ``content``, as a PDF."""
+    catalog, tree, page = w.reserve(), w.reserve(), w.reserve()
     w.set(
         page,
-        b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Contents %d 0 R >>"
-        % (tree, content),
+        b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Contents %d 0 R %s>>"
+        % (tree, content, extra),
     )
     w.set(tree, b"<< /Type /Pages /Kids [%d 0 R] /Count 1 >>" % page)
     w.set(catalog, b"<< /Type /Catalog /Pages %d 0 R >>" % tree)

@@ -219,6 +219,11 @@ def _is_host(host: str) -> bool:
     return _HOST_NAME.fullmatch(host) is not None and len(host) <= 253
 
 
+def cut(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, an ellipsis saying it was cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 # Escapes of the characters a terminal would act on rather than show.
 _SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from hypermedia.cli.common import (
     console,
+    cut,
     engine,
     err_console,
     json_object,
@@ -238,14 +239,10 @@ def _outputs_table(outputs: list[dict[str, Any]]) -> Table:
             o["mime_type"],
             str(o["output_size_bytes"]),
             o["profile_version"],
-            "" if o["metadata"] is None else _cut(json.dumps(o["metadata"])),
+            # A long value (a duplicate check lists ids) is cut: --json has all of it.
+            "" if o["metadata"] is None else cut(json.dumps(o["metadata"]), 200),
         )
     return table
-
-
-def _cut(text: str, limit: int = 200) -> str:
-    """A long value on one table cell (a duplicate check lists ids): --json has all of it."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @app.command()

@@ -35,6 +35,7 @@ from hypermedia.cli.common import (
     StreamTooLarge,
     as_regular_files,
     console,
+    cut,
     engine,
     err_console,
     input_name,
@@ -385,8 +386,7 @@ def _brief_result(result: Any, limit: int = 300) -> str:
     """A job's result on one line (no output files to name): its JSON, cut."""
     if result in (None, {}):
         return "no output files"
-    text = json.dumps(result, separators=(", ", ": "), ensure_ascii=False, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return cut(json.dumps(result, separators=(", ", ": "), ensure_ascii=False, default=str), limit)
 
 
 def _say(r: Row) -> None:

@@ -75,14 +75,22 @@ class Procs:
 
     # -- starting ---------------------------------------------------------------
 
-    def spawn(self, *args: str, name: str = "proc", **env: str) -> subprocess.Popen[bytes]:
+    def spawn(
+        self,
+        *args: str,
+        name: str = "proc",
+        entry: tuple[str, ...] = ("-m", "hypermedia"),
+        **env: str,
+    ) -> subprocess.Popen[bytes]:
+        """``python ENTRY ARGS`` (the CLI unless ``entry`` says otherwise), its
+        output in a log of its own, killed with its group at teardown."""
         log = self.home / f"{name}-{len(self._procs)}.log"
         self.home.mkdir(parents=True, exist_ok=True)
         # Like harness.spawn, but the log file is closed here (Popen keeps its
         # own descriptor), so no ResourceWarning trips filterwarnings=error.
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "hypermedia", *args],
+                [sys.executable, *entry, *args],
                 env=cli_env(self.url, self.home, **env),
                 stdout=out,
                 stderr=subprocess.STDOUT,

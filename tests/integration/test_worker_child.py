@@ -11,8 +11,6 @@ from __future__ import annotations
 import io
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -24,7 +22,7 @@ from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 from hypermedia.storage.ledger import Storage
 from hypermedia.worker.pool import Child
-from tests.harness import cli_env, hypermedia, stop
+from tests.harness import hypermedia, stop
 from tests.integration._procs import (
     Procs,
     attempts,
@@ -285,16 +283,10 @@ def test_a_worker_whose_children_cannot_start_claims_nothing(
         "import sys; sys.executable = '/bin/false'; sys.argv[0] = 'hypermedia'; "
         "from hypermedia.cli.main import app; app()"
     )
-    log = procs.home / "broken.log"
-    procs.home.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", broken, "worker", "--queues", "bulk", "--no-maintenance"],
-            env=cli_env(procs.url, procs.home),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = procs.spawn(
+        "worker", "--queues", "bulk", "--no-maintenance", name="broken", entry=("-c", broken)
+    )
+    log = procs._procs[-1][1]
     try:
         said = "died as it started"
         eventually(lambda: log.read_text().count(said) >= 4, 20, "two tries per slot")
