@@ -144,9 +144,15 @@ class NotMigrated(HypermediaError):
 def require_schema(db: Any) -> None:
     """Refuse a database not migrated to this code (one query): after `db
     upgrade 0004`, `jobs submit` wrote rows a worker then refused to serve,
-    and only commands that reached a missing table failed."""
-    with db.read() as tx:
-        why = revisions.behind(tx.schema_revision())
+    and only commands that reached a missing table failed.  A database that
+    is away is left to the command: `jobs tail` waits for it to come back."""
+    try:
+        with db.read() as tx:
+            why = revisions.behind(tx.schema_revision())
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        return
     if why is not None:
         raise NotMigrated(why)
 

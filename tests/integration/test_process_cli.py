@@ -34,14 +34,14 @@ def _sigint_default() -> None:
 class Run:
     """A ``hypermedia process`` running in the background, its stdout and stderr kept apart."""
 
-    def __init__(self, procs: Procs, *args: str) -> None:
+    def __init__(self, procs: Procs, *args: str, **env: str) -> None:
         self.out = procs.home / f"process-{uuid.uuid4().hex[:6]}.out"
         self.err = self.out.with_suffix(".err")
         procs.home.mkdir(parents=True, exist_ok=True)
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "hypermedia", "process", *args],
-                env=cli_env(procs.url, procs.home),
+                env=cli_env(procs.url, procs.home, **env),
                 stdout=out,
                 stderr=err,
                 start_new_session=True,
@@ -473,7 +473,10 @@ def test_a_signal_ends_the_wait_and_hands_its_jobs_back(
     procs.cli("profiles", "create", "nap", "--type", "debug.sleep", "--settings", "{}")
     src = tmp_path / "a.bin"
     src.write_bytes(b"some bytes")
-    run = Run(procs, str(src), "--profile", "nap", "--params", '{"ms": 60000}', "--json")
+    # The retry waits past the end: with the tests' quick backoff, its own
+    # leader sometimes promoted the job to queued before it was reported.
+    slow = {"HYPERMEDIA_BACKOFF_BASE_SECONDS": "30", "HYPERMEDIA_BACKOFF_MAX_SECONDS": "60"}
+    run = Run(procs, str(src), "--profile", "nap", "--params", '{"ms": 60000}', "--json", **slow)
     eventually(
         lambda: procs.query("SELECT status FROM processing_jobs") == [("processing",)],
         60,

@@ -154,12 +154,19 @@ def test_commands_that_wait_outlive_a_database_outage(tmp_path: Path) -> None:
         procs.append(tail)
         time.sleep(1.0)
         pg_accepting(name, False)
+        # Started while it is away: the schema check before a command does
+        # not end it (it exited 1 "database unavailable" at once).
+        late_log = tmp_path / "late.log"
+        late = spawn("jobs", "tail", str(job_id), url=url, home=home, log=late_log)
+        procs.append(late)
         time.sleep(3.0)  # several polls fail meanwhile
         assert submit.poll() is None and tail.poll() is None, tail_log.read_text()
+        assert late.poll() is None, late_log.read_text()
         pg_accepting(name, True)
         procs.append(spawn("worker", "--queues", "bulk", url=url, home=home))
         assert submit.wait(60) == 0
         assert tail.wait(60) == 0, tail_log.read_text()
+        assert late.wait(60) == 0, late_log.read_text()
         assert "database unavailable" in tail_log.read_text()
     finally:
         for p in procs:
