@@ -6,6 +6,7 @@ a worker silent for more than 2 minutes is unhealthy.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -15,6 +16,23 @@ from hypermedia.errors import InvalidRequest
 
 # The project of everything made without naming one (CLI, embedded default).
 DEFAULT_PROJECT = "default"
+
+
+@functools.cache
+def machine_memory_mb() -> int:
+    """The RAM this process may use: the machine's, or its container's
+    (cgroup v2, then v1) when that is less."""
+    import psutil
+
+    total = psutil.virtual_memory().total
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max" (v2) or a huge number (v1) means none
+            total = min(total, int(text))
+    return total // 1_048_576
 
 
 @dataclass(frozen=True)
@@ -53,7 +71,8 @@ class Settings:
     child_recycle_rss_mb: int = 512
     child_memory_mb: int = 2048
     # The most an OOM's retries may double an attempt's memory to (0: four
-    # times child_memory_mb): a render bomb must not take the machine's RAM.
+    # times child_memory_mb, at most half the machine's RAM): a render bomb
+    # must not take the machine's RAM.
     child_memory_max_mb: int = 0
     # The largest file an attempt may write (RLIMIT_FSIZE): a hostile input
     # must not fill the disk the database and the blobs live on.
@@ -106,8 +125,14 @@ class Settings:
 
     @property
     def memory_ceiling_mb(self) -> int:
-        """The most memory an attempt may get, after OOM retries."""
-        return max(self.child_memory_mb, self.child_memory_max_mb or 4 * self.child_memory_mb)
+        """The most memory an attempt may get on this machine, after OOM retries."""
+        if self.child_memory_max_mb:
+            return max(self.child_memory_mb, self.child_memory_max_mb)
+        # Four times 2 GB is a third of a 24 GB machine but all of an 8 GB
+        # one: a render bomb's last retry swapped the machine out or woke the
+        # kernel's OOM killer, which may pick the database.
+        half = machine_memory_mb() // 2
+        return max(self.child_memory_mb, min(4 * self.child_memory_mb, half))
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes)

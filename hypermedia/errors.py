@@ -21,6 +21,11 @@ class CodePolicy:
     # within the seconds a crashed child needs: retried after 1-4 s, three
     # attempts were spent by a ten-second restart.
     backoff_factor: float = 1.0
+    # A second attempt in a row ending with this code fails the job.  An
+    # input that runs out of time does it again: retried to the last attempt,
+    # a render bomb no pipeline budget catches cost max_attempts x timeout.
+    # One retry still covers a machine that was slow for a while.
+    retry_once: bool = False
 
 
 # Something outside the job is away: first retry after 15-30 s at the default base.
@@ -40,7 +45,7 @@ ERROR_POLICY: dict[str, CodePolicy] = {
     # what a hostile file makes a decoder do, and it would do it again.
     "PERMISSION_DENIED": CodePolicy(False, "permission_denied"),
     "OOM": CodePolicy(True, "provider_failure", memory_factor=2.0),
-    "TIMEOUT": CodePolicy(True, "timeout", outcome="timeout"),
+    "TIMEOUT": CodePolicy(True, "timeout", outcome="timeout", retry_once=True),
     "STORAGE_UNAVAILABLE": CodePolicy(True, "storage", backoff_factor=AWAY),
     "PROVIDER_UNAVAILABLE": CodePolicy(
         True, "provider_unavailable", "provider_unavailable", backoff_factor=AWAY

@@ -64,6 +64,7 @@ _FENCED = (
     J.c.queue_name,
     J.c.visibility_timeout,
     J.c.profile_id,
+    J.c.error_code,  # the previous attempt's (errors.CodePolicy.retry_once)
 )
 
 

@@ -161,12 +161,15 @@ def _failure(
     pol = policy_for(code)
     safe = reason or code.lower().replace("_", " ")
     common = {"category": pol.category, "safe_reason": safe}
-    memory = job.get("memory_limit_mb") or settings.child_memory_mb
+    # What the attempt had: a worker gives no attempt more than its own
+    # machine's ceiling, whatever a retry on a bigger one asked for.
+    memory = min(job.get("memory_limit_mb") or settings.child_memory_mb, settings.memory_ceiling_mb)
     # An attempt that ran out of memory is retried with more, up to the
     # ceiling: one that had the most a retry may get would fail the same way.
     grows = pol.memory_factor != 1.0
     spent = grows and memory >= settings.memory_ceiling_mb
-    if pol.retryable and job["attempt_count"] < job["max_attempts"] and not spent:
+    again = pol.retry_once and job.get("error_code") == code
+    if pol.retryable and job["attempt_count"] < job["max_attempts"] and not (spent or again):
         base = settings.backoff_base_seconds * pol.backoff_factor
         delay = retry_delay(job["attempt_count"], base, settings.backoff_max_seconds, rng)
         values: Row = {
@@ -188,6 +191,8 @@ def _failure(
     }
     if spent:
         why = f"it had {memory} MB, the most an attempt may get"
+    elif again:
+        why = "the attempt before it ended so too"
     else:
         why = "no attempts left" if pol.retryable else "permanent error"
     return "fail", values, f"{code}: {safe} ({why})"

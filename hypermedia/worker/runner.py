@@ -112,6 +112,7 @@ class Worker:
             root,
             self.settings.child_memory_mb,
             self.settings.child_max_attempts,
+            self.settings.memory_ceiling_mb,
             self.settings.child_max_file_mb,
             self.settings.child_recycle_rss_mb,
             self.sandbox,

@@ -88,6 +88,8 @@ class SlotConfig:
     scratch_root: Path
     memory_mb: int
     max_attempts_per_child: int
+    # No attempt gets more, whatever its job asks (Settings.memory_ceiling_mb).
+    memory_ceiling_mb: int
     max_file_mb: int = 4096
     recycle_rss_mb: int = 512
     sandbox: str = "off"  # auto | required | off (see sandbox.py)
@@ -231,7 +233,7 @@ class Slot:
 
     def _attempt(self, rj: Running) -> tuple[AttemptResult, list[dict]] | None:
         job = rj.job
-        mem = job.memory_limit_mb or self.cfg.memory_mb
+        mem = min(job.memory_limit_mb or self.cfg.memory_mb, self.cfg.memory_ceiling_mb)
         t0 = time.monotonic()
         try:
             input_name = self._input(rj)

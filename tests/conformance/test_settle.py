@@ -390,6 +390,25 @@ def test_timeout_on_last_attempt_fails_with_outcome_timeout(engine, driver, cloc
     assert row["completed_at"] == clock.now
 
 
+def test_a_job_that_times_out_twice_in_a_row_fails(engine, driver, clock):
+    """The row keeps the previous attempt's code through retry_wait and the
+    next claim; an explicit retry clears it, so it gets its retry again."""
+    job_id = new_job(engine, max_attempts=5)
+    for _ in (1, 2):
+        _, a = claim_one(engine)
+        engine.start(W1, [(job_id, a)])
+        engine.settle(W1, [AttemptResult(job_id=job_id, attempt=a, status="timeout")])
+        clock.advance(3600)
+        engine.promote()
+    row = job_row(driver, job_id)
+    assert (row["status"], row["outcome"], row["attempt_count"]) == ("failed", "timeout", 2)
+    engine.retry(job_id)
+    _, a = claim_one(engine)
+    engine.start(W1, [(job_id, a)])
+    engine.settle(W1, [AttemptResult(job_id=job_id, attempt=a, status="timeout")])
+    assert job_row(driver, job_id)["status"] == "retry_wait"
+
+
 def test_retries_back_off_exponentially_until_attempts_run_out(engine, driver, settings, clock):
     job_id = new_job(engine, max_attempts=3)
     for n in (1, 2, 3):

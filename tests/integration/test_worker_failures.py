@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from hypermedia.db.driver import Driver
 from hypermedia.errors import ERROR_POLICY
@@ -115,6 +116,26 @@ def test_oom_is_retried_with_twice_the_memory_in_a_new_child(
     eventually(lambda: gone(warm), 5, "the out-of-memory child is gone")
     procs.note_children(w)
     assert w.alive()
+
+
+def test_no_attempt_gets_more_memory_than_its_workers_ceiling(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """A job whose OOM retries grew its limit on a bigger machine runs under
+    this worker's ceiling: 400 MB fits under the job's 4 GB, not under 384."""
+    procs.worker(
+        "--concurrency", "1", HYPERMEDIA_CHILD_MEMORY_MB="256", HYPERMEDIA_CHILD_MEMORY_MAX_MB="384"
+    )
+    job_id = submit(live, {"alloc_mb": 400}, max_attempts=3, hold=True)
+    with driver.tx() as tx:
+        q = sa.text("UPDATE processing_jobs SET memory_limit_mb = 4096 WHERE job_id = :j")
+        tx.conn.execute(q, {"j": job_id})
+    live.release(job_id)
+    row = wait_job(driver, job_id, timeout=30)
+    assert (row["status"], row["error_code"]) == ("failed", "OOM")
+    messages = " ".join(e["message"] or "" for e in events(driver, job_id))
+    assert "it had 384 MB, the most an attempt may get" in messages
+    assert len(attempts(driver, job_id)) == 1
 
 
 def test_permanent_code_fails_at_once_retryable_code_backs_off(

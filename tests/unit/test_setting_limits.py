@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hypermedia import config
 from hypermedia.config import MAX_SIGNED_URL_SECONDS, load_settings
 from hypermedia.errors import InvalidRequest
 from tests.harness import hypermedia
@@ -73,11 +74,23 @@ def test_the_mariadb_watch_is_a_wait_not_a_spin(monkeypatch: pytest.MonkeyPatch)
         assert load_settings().watch_interval_seconds == value
 
 
+def test_the_machines_memory_is_read_and_bounded_by_its_ram() -> None:
+    import psutil
+
+    assert 0 < config.machine_memory_mb() <= psutil.virtual_memory().total // 1_048_576
+
+
 def test_the_memory_ceiling_is_four_times_the_memory_unless_set(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(config, "machine_memory_mb", lambda: 24_000)
     monkeypatch.setenv("HYPERMEDIA_CHILD_MEMORY_MB", "1024")
     assert load_settings().memory_ceiling_mb == 4096
+    # ... but no more than half the machine, and never under the memory itself.
+    monkeypatch.setattr(config, "machine_memory_mb", lambda: 6_000)
+    assert load_settings().memory_ceiling_mb == 3000
+    monkeypatch.setattr(config, "machine_memory_mb", lambda: 1_000)
+    assert load_settings().memory_ceiling_mb == 1024
     monkeypatch.setenv("HYPERMEDIA_CHILD_MEMORY_MAX_MB", "1536")
     assert load_settings().memory_ceiling_mb == 1536
     monkeypatch.setenv("HYPERMEDIA_CHILD_MEMORY_MAX_MB", "512")  # under the memory: no growth

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from hypermedia import config
 from hypermedia.config import Settings
 from hypermedia.errors import CATEGORIES, ERROR_POLICY, policy_for
 from hypermedia.queue import states
@@ -17,13 +18,21 @@ NOW = datetime(2026, 1, 2, 3, 4, 5)
 SETTINGS = Settings(backoff_base_seconds=2.0, backoff_max_seconds=30.0, child_memory_mb=1000)
 
 
+@pytest.fixture(autouse=True)
+def _a_big_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default memory ceiling depends on the machine's RAM: fix it."""
+    monkeypatch.setattr(config, "machine_memory_mb", lambda: 64_000)
+
+
 def job(
     status: str = "processing",
     attempt_count: int = 1,
     max_attempts: int = 3,
     memory_limit_mb: int | None = None,
+    error_code: str | None = None,
 ) -> dict:
     return {
+        "error_code": error_code,
         "job_id": 7,
         "status": status,
         "attempt_count": attempt_count,
@@ -177,6 +186,24 @@ def test_timeout_on_last_attempt_has_outcome_timeout():
     )
 
 
+def test_a_second_timeout_in_a_row_fails_with_attempts_left():
+    twice = job(attempt_count=2, max_attempts=5, error_code="TIMEOUT")
+    d = run(twice, result("timeout", attempt=2))
+    assert (d.job_values["status"], d.job_values["outcome"]) == ("failed", "timeout")
+    assert "the attempt before it ended so too" in d.event["message"]
+
+
+@pytest.mark.parametrize("before", [None, "CRASHED", "OOM"])
+def test_a_timeout_after_anything_else_is_retried(before):
+    d = run(job(attempt_count=2, max_attempts=5, error_code=before), result("timeout", attempt=2))
+    assert d.job_values["status"] == "retry_wait"
+
+
+def test_other_codes_are_retried_in_a_row():
+    d = run(job(attempt_count=2, max_attempts=5, error_code="CRASHED"), result("crashed"))
+    assert d.job_values["status"] == "retry_wait"
+
+
 @pytest.mark.parametrize(
     ("status", "code"),
     [
@@ -213,6 +240,13 @@ def test_an_oom_at_the_ceiling_fails_with_attempts_left():
     settings = SETTINGS.with_(child_memory_max_mb=16000)
     d = run(job(memory_limit_mb=4000), result("failed", "OOM"), settings=settings)
     assert d.job_values["memory_limit_mb"] == 8000
+
+
+def test_an_oom_is_judged_by_the_memory_this_worker_gave():
+    # A job grown to 8000 MB elsewhere ran with this worker's ceiling, 4000.
+    d = run(job(memory_limit_mb=8000, max_attempts=5), result("failed", "OOM"))
+    assert d.job_values["status"] == "failed"
+    assert "it had 4000 MB" in d.event["message"]
 
 
 def test_other_codes_leave_memory_alone():
