@@ -108,6 +108,10 @@ class Settings:
     # so is any other request body (JSON) larger than api_max_body_bytes.
     api_rate_per_second: float = 100.0
     api_rate_burst: int = 200
+    # Event streams (SSE) a token may hold open at once, in one API process:
+    # each polls the database four times a second, and 300 of one token's
+    # made every other caller's answers forty times slower.
+    api_max_streams: int = 20
     max_upload_bytes: int = 2 * 1024**3
     api_max_body_bytes: int = 1024 * 1024
     # An upload's body that sends nothing for this long is dropped (408): a
@@ -178,6 +182,7 @@ _ENV_NAMES = {
     "photo_bridge_interval_seconds": "PHOTO_BRIDGE_INTERVAL_SECONDS",
     "api_rate_per_second": "API_RATE_PER_SECOND",
     "api_rate_burst": "API_RATE_BURST",
+    "api_max_streams": "API_MAX_STREAMS",
     "max_upload_bytes": "MAX_UPLOAD_BYTES",
     "upload_idle_seconds": "UPLOAD_IDLE_SECONDS",
     "session_hours": "SESSION_HOURS",
@@ -212,6 +217,7 @@ _ABOVE_ZERO = (
     "max_upload_bytes",
     "api_max_body_bytes",
     "api_rate_burst",
+    "api_max_streams",
     "child_recycle_rss_mb",
 )
 
@@ -258,6 +264,7 @@ def load_settings() -> Settings:
     if not 1 <= len(settings.default_pool) <= 64:
         raise InvalidRequest("HYPERMEDIA_DEFAULT_POOL must name a pool (1 to 64 characters)")
     _check_durations(settings)
+    _check_gc_pending_seconds(settings.gc_pending_seconds)
     for name in ("s3_access_key_id", "s3_secret_access_key"):
         # A CRLF env file's "\r" went into the signed header, and the header
         # library's error quoted it, key id and signature and all.
@@ -298,6 +305,24 @@ def _check_signed_url_seconds(seconds: int) -> None:
         raise InvalidRequest(
             f"HYPERMEDIA_SIGNED_URL_SECONDS must be 1 to {MAX_SIGNED_URL_SECONDS} "
             f"(7 days, the longest an S3 presigned URL lives); it is {seconds}"
+        )
+
+
+# The pending sweep takes ``pending`` rows older than this: uploads still on
+# their way, and the rows a worker reserves for outputs (storage/reserve.py:
+# used within RESERVE_TTL, 60 s, then filled by an upload that against a slow
+# store takes minutes).  What it takes is not lost for good (the upload fails,
+# the attempt is retried, Engine._lost_outputs), but a short age makes that
+# routine, and throws finished work away.  An hour is sixty reservation
+# lives, and a 2 GiB upload (HYPERMEDIA_MAX_UPLOAD_BYTES) at 0.6 MB/s.
+MIN_GC_PENDING_SECONDS = 3600
+
+
+def _check_gc_pending_seconds(seconds: float) -> None:
+    if not seconds >= MIN_GC_PENDING_SECONDS:
+        raise InvalidRequest(
+            f"HYPERMEDIA_GC_PENDING_SECONDS must be at least {MIN_GC_PENDING_SECONDS} "
+            "(an hour): the pending sweep would take uploads and outputs still on their way"
         )
 
 

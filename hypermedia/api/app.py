@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hypermedia import __version__
 from hypermedia.api import errors
-from hypermedia.api.deps import RateLimiter
+from hypermedia.api.deps import RateLimiter, StreamLimit
 from hypermedia.api.routes import (
     credits,
     jobs,
@@ -86,29 +86,50 @@ class BodyLimit:
     before any route reads it: FastAPI parses a JSON body whole, so a 200 MB
     one would take gigabytes of the API's memory.  The body is read here, up
     to the limit, and handed on; a declared Content-Length over it is refused
-    unread.  Uploads are left alone (``UPLOADS``)."""
+    unread, and a body that sends nothing for ``idle`` seconds is dropped
+    (408), as an upload's is.  Uploads are left alone (``UPLOADS``).
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    Every request, uploads too, is refused (400) when its framing is
+    ambiguous: two Content-Lengths, or one with Transfer-Encoding.  The HTTP
+    parser took the chunked body; a proxy in front that trusts the length
+    reads another request's start in it (request smuggling, RFC 9112 §6.3).
+    """
+
+    def __init__(self, app: ASGIApp, limit: int, idle: float = 60.0) -> None:
         self.app = app
         self.limit = limit
+        self.idle = idle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self._exempt(scope):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope["headers"]).get(b"content-length", b"")
+        lengths = [v for k, v in scope["headers"] if k == b"content-length"]
+        chunked = any(k == b"transfer-encoding" for k, _ in scope["headers"])
+        if len(lengths) > 1 or (lengths and chunked):
+            await self._refuse(scope, send, 400, "bad_request", AMBIGUOUS)
+            return
+        if self._exempt(scope):
+            await self.app(scope, receive, send)
+            return
+        declared = lengths[0] if lengths else b""
         if declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(scope, send)
+            await self._refuse(scope, send, 413, "payload_too_large", self._too_large())
             return
         chunks, size = [], 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.idle)
+            except TimeoutError:  # a client that stalls holds a connection for ever
+                why = f"the request body stalled: nothing came for {self.idle:g} s"
+                await self._refuse(scope, send, 408, "request_timeout", why)
+                return
             if message["type"] != "http.request":  # the client went away
                 return
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.limit:
-                await self._refuse(scope, send)
+                await self._refuse(scope, send, 413, "payload_too_large", self._too_large())
                 return
             if not message.get("more_body", False):
                 break
@@ -128,15 +149,18 @@ class BodyLimit:
     def _exempt(scope: Scope) -> bool:
         return (scope["method"], scope["path"].rstrip("/") or "/") in UPLOADS
 
-    async def _refuse(self, scope: Scope, send: Send) -> None:
+    def _too_large(self) -> str:
+        return f"the request body is larger than the {self.limit}-byte limit"
+
+    @staticmethod
+    async def _refuse(scope: Scope, send: Send, status: int, code: str, message: str) -> None:
         response = errors.error_response(
-            Request(scope),
-            413,
-            "payload_too_large",
-            f"the request body is larger than the {self.limit}-byte limit",
-            headers={"Connection": "close"},
+            Request(scope), status, code, message, headers={"Connection": "close"}
         )
         await response(scope, _no_receive, send)
+
+
+AMBIGUOUS = "the request's length is ambiguous: two Content-Lengths, or one with Transfer-Encoding"
 
 
 async def _no_receive() -> Message:
@@ -183,12 +207,19 @@ def create_app(svc: Services) -> FastAPI:
     app.state.rate_limiter = RateLimiter(
         svc.settings.api_rate_per_second, svc.settings.api_rate_burst
     )
+    app.state.streams = StreamLimit(svc.settings.api_max_streams)
+    # Set as the server begins to stop (api/server.py): open event streams
+    # end then, for their clients to reconnect elsewhere, instead of holding
+    # the shutdown to its timeout.
+    app.state.stopping = False
     errors.install(app)
     app.state.error_page = dashboard_error  # errors under /ui are its HTML page
     objects.sweep_uploads(svc.settings.home)  # of a server here killed mid-upload
 
     # Added first, so it runs inside RequestId: its 413 carries the request id.
-    app.add_middleware(BodyLimit, limit=svc.settings.api_max_body_bytes)
+    app.add_middleware(
+        BodyLimit, limit=svc.settings.api_max_body_bytes, idle=svc.settings.upload_idle_seconds
+    )
     app.add_middleware(RequestId)
     routers = (ops, jobs, objects, photos, profiles, credits, queues, workers, metrics, v0, ui)
     for module in routers:

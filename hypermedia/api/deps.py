@@ -58,6 +58,35 @@ class RateLimiter:
             return (1 - level) / self.rate
 
 
+class StreamLimit:
+    """Open event streams per API token, in this process (a dashboard
+    session counts against its token, as for the rate limit)."""
+
+    def __init__(self, per_token: int) -> None:
+        self.per_token = per_token
+        self._open: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def open(self, key: int) -> None:
+        """Count one more stream of ``key``, or raise a 429."""
+        with self._lock:
+            if self._open.get(key, 0) >= self.per_token:
+                raise ApiError(
+                    429,
+                    f"this token has {self.per_token} event streams open, the most it may",
+                    headers={"Retry-After": "5"},
+                )
+            self._open[key] = self._open.get(key, 0) + 1
+
+    def close(self, key: int) -> None:
+        with self._lock:
+            left = self._open.get(key, 0) - 1
+            if left > 0:
+                self._open[key] = left
+            else:
+                self._open.pop(key, None)
+
+
 def _bearer(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")

@@ -72,10 +72,18 @@ _HTTP_CODES = {
 class ApiError(Exception):
     """An HTTP answer decided by the API layer itself (413, 429, …)."""
 
-    def __init__(self, status: int, message: str, *, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.headers = headers or {}
+        self.code = code or _HTTP_CODES.get(status, "error")
 
 
 def request_id(request: Request) -> str:
@@ -128,26 +136,54 @@ def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
     ]
 
 
+def _api(request: Request, exc: ApiError) -> Response:
+    return error_response(request, exc.status, exc.code, str(exc), headers=exc.headers)
+
+
+def _ours(request: Request, exc: HypermediaError) -> Response:
+    for kind, status, code in STATUS_OF:
+        if isinstance(exc, kind):
+            again = {"Retry-After": RETRY_AFTER} if status in (503, 507) else None
+            return error_response(request, status, code, str(exc), headers=again)
+    raise AssertionError("HypermediaError is in STATUS_OF")  # pragma: no cover
+
+
+async def _caller_refused(request: Request) -> Response | None:
+    """The answer of the route's token and scope check (``deps.scoped``), if
+    it refuses the caller.  FastAPI parses a body before it runs a route's
+    dependencies: a request with no token and a broken body was told of its
+    JSON (422), not that it may not ask (401/403) — the order the docs give."""
+    dependant = getattr(request.scope.get("route"), "dependant", None)
+    for dep in getattr(dependant, "dependencies", ()):
+        if not getattr(dep.call, "__name__", "").startswith("scope_"):
+            continue
+        try:
+            await dep.call(request)
+        except ApiError as exc:  # rate limited
+            return _api(request, exc)
+        except HypermediaError as exc:
+            return _ours(request, exc)
+    return None
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        refused = await _caller_refused(request)
+        if refused is not None:
+            return refused
         details = _validation_details(exc)
         return error_response(
             request, 422, "invalid_request", "the request is not valid", details=details
         )
 
     @app.exception_handler(ApiError)
-    async def _api(request: Request, exc: ApiError) -> Response:
-        code = _HTTP_CODES.get(exc.status, "error")
-        return error_response(request, exc.status, code, str(exc), headers=exc.headers)
+    async def _api_error(request: Request, exc: ApiError) -> Response:
+        return _api(request, exc)
 
     @app.exception_handler(HypermediaError)
-    async def _ours(request: Request, exc: HypermediaError) -> Response:
-        for kind, status, code in STATUS_OF:
-            if isinstance(exc, kind):
-                again = {"Retry-After": RETRY_AFTER} if status in (503, 507) else None
-                return error_response(request, status, code, str(exc), headers=again)
-        raise AssertionError("HypermediaError is in STATUS_OF")  # pragma: no cover
+    async def _our_error(request: Request, exc: HypermediaError) -> Response:
+        return _ours(request, exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:

@@ -33,12 +33,28 @@ class ServerHandle:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask uvicorn to finish (open requests get ``timeout`` seconds) and join."""
+        _stopping(self.server.config.app)
         self.server.should_exit = True
         self.thread.join(timeout)
         if self.thread.is_alive():
             # Requests still open (an SSE stream, say): cut them.
             self.server.force_exit = True
             self.thread.join(5)
+
+
+def _stopping(app: object) -> None:
+    """Open event streams end at their next poll (api/routes/jobs.py), and
+    their clients reconnect elsewhere: held open, they kept the shutdown
+    waiting to its timeout, then were cancelled with a traceback."""
+    state = getattr(app, "state", None)
+    if state is not None:
+        state.stopping = True
+
+
+class _Server(uvicorn.Server):
+    def handle_exit(self, sig: int, frame: object) -> None:
+        _stopping(self.config.app)
+        super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
 
 def _config(app: FastAPI, host: str, port: int, access_log: bool) -> uvicorn.Config:
@@ -62,7 +78,7 @@ def start_in_thread(
 
     Raises HypermediaError if it cannot start (the port is taken, say).
     """
-    server = uvicorn.Server(_config(app, host, port, access_log))
+    server = _Server(_config(app, host, port, access_log))
     failed: list[BaseException] = []
 
     def target() -> None:
@@ -90,7 +106,7 @@ def run(app: FastAPI, host: str, port: int, *, access_log: bool = True) -> None:
     # once it has shut down; with these no-op handlers in place that re-raise
     # is harmless and the process exits 0 instead of dying by the signal.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
-    server = uvicorn.Server(_config(app, host, port, access_log))
+    server = _Server(_config(app, host, port, access_log))
     try:
         server.run()
     except SystemExit:  # uvicorn's answer to a bind error, already logged

@@ -288,11 +288,16 @@ class S3Backend:
         self, key: str, expires_seconds: int, filename: str = "", mime: str = ""
     ) -> str | None:
         check_key(key)
-        params: dict[str, str] = {"Bucket": self.bucket, "Key": key}
+        # Always an attachment, as the local pools' downloads are: without a
+        # name, an uploaded HTML or SVG was shown inline by the store's origin.
+        disposition = "attachment"
         if filename:
-            params["ResponseContentDisposition"] = (
-                f"attachment; filename*=UTF-8''{quote(filename, safe='')}"
-            )
+            disposition += f"; filename*=UTF-8''{quote(filename, safe='')}"
+        params: dict[str, str] = {
+            "Bucket": self.bucket,
+            "Key": key,
+            "ResponseContentDisposition": disposition,
+        }
         if mime:  # the ledger's: a multipart upload stored binary/octet-stream
             params["ResponseContentType"] = mime
         # SigV4 presigned URLs cannot live longer than 7 days.

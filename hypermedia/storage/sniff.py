@@ -53,12 +53,17 @@ def _is_text(head: bytes) -> bool:
     return True
 
 
+# PNG allows 2^31 - 1 a side; a header beyond it is a lie the objects'
+# INTEGER columns cannot hold (the upload was refused, 422, not stored).
+MAX_SIDE = 2**31 - 1
+
+
 def dimensions(head: bytes, mime: str) -> tuple[int, int]:
     """(width, height) if the header tells, else (0, 0); never raises."""
     try:
         if mime == "image/png" and head[12:16] == b"IHDR":
             w, h = struct.unpack(">II", head[16:24])
-            return w, h
+            return (w, h) if w <= MAX_SIDE and h <= MAX_SIDE else (0, 0)
         if mime == "image/gif":
             w, h = struct.unpack("<HH", head[6:10])
             return w, h

@@ -73,6 +73,21 @@ def test_api_refuses_missing_revoked_and_wrong_scheme(client: TestClient, svc: S
     assert r.status_code == 401 and token not in r.text
 
 
+def test_who_may_ask_is_judged_before_what_is_asked(client: TestClient, svc: Services) -> None:
+    """A broken body of a caller with no token, or a token without the
+    scope, was told of its JSON (422) before it was told it may not ask."""
+    _, reader = svc.tokens.create("p1", ["jobs:read"])
+    _, writer = svc.tokens.create("p1", ["jobs:write"])
+    json_type = {"Content-Type": "application/json"}
+    for body in (b"{bad", b"\xff\xfe", b'{"job_type": 5}'):
+        r = client.post("/v1/jobs", content=body, headers=json_type)
+        assert (r.status_code, r.json()["code"]) == (401, "unauthorized"), body
+        r = client.post("/v1/jobs", content=body, headers={**json_type, **bearer(reader)})
+        assert (r.status_code, r.json()["code"]) == (403, "forbidden"), body
+        r = client.post("/v1/jobs", content=body, headers={**json_type, **bearer(writer)})
+        assert r.status_code == 422, body  # allowed to ask: told what is wrong
+
+
 def test_rate_limit_answers_429_with_retry_after(svc: Services) -> None:
     limited = Services.from_engine(svc.engine)
     limited.settings = svc.settings.with_(api_rate_per_second=0.5, api_rate_burst=3)

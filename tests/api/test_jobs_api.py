@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -223,7 +224,9 @@ def test_sse_streams_each_change_in_order_and_resumes(
     assert [int(m.split("\n")[0][4:]) for m in again] == ids[1:]
     # An id no database can hold, or not ASCII digits: ignored, the whole stream
     # comes (it once cut the stream, or answered 500).
-    for odd in (b"99999999999999999999", b"\xb2", b"abc"):  # \xb2: '²' in Latin-1
+    # Longer than any id: ignored too (a 422 stopped EventSource reconnecting).
+    odds = (b"99999999999999999999", b"1" * 21, b"1" * 300, b"\xb2", b"abc")
+    for odd in odds:  # \xb2: '²' in Latin-1
         with client.stream(
             "GET", f"/v1/jobs/{job_id}/events", headers={**h, "Last-Event-ID": odd}
         ) as r:
@@ -252,6 +255,38 @@ def test_an_open_stream_ends_when_its_token_is_revoked(
         rest = "\n".join(lines)  # ends: it would hang while the job is queued
     assert 'event: end\ndata: {"status": "unauthorized"}' in rest
     assert svc.engine.get(job_id)["status"] == "queued"
+
+
+@pytest.mark.timeout(60)
+def test_a_token_holds_a_bounded_number_of_streams(svc: Services, a: Project) -> None:
+    """Each stream polls the database four times a second: 300 of one token
+    slowed every other caller forty-fold."""
+    from hypermedia.api.app import create_app
+    from hypermedia.queue.models import NewJob
+
+    svc.settings = svc.settings.with_(api_max_streams=2)
+    job_id = svc.engine.enqueue(NewJob("debug.noop", project_id=a.id, queue="nobody-serves"))
+    h = {**bearer(a.admin), "Accept": "text/event-stream"}
+    other = {**bearer(a.scoped["jobs:read"]), "Accept": "text/event-stream"}
+    url = f"/v1/jobs/{job_id}/events"
+    with TestClient(create_app(svc)) as c:
+        with c.stream("GET", url, headers=h) as one, c.stream("GET", url, headers=h) as two:
+            assert (one.status_code, two.status_code) == (200, 200)
+            third = c.get(url, headers=h)
+            assert third.status_code == 429 and third.json()["code"] == "rate_limited"
+            assert "2 event streams open" in third.json()["message"]
+            assert third.headers["Retry-After"]
+            with c.stream("GET", url, headers=other) as theirs:  # another token's count
+                assert theirs.status_code == 200
+        # Closed streams are no longer counted: two may be open again.
+        deadline = time.monotonic() + 10
+        while True:
+            with c.stream("GET", url, headers=h) as one, c.stream("GET", url, headers=h) as two:
+                codes = (one.status_code, two.status_code)
+            if codes == (200, 200) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert codes == (200, 200)
 
 
 def test_errors_have_one_shape_and_a_request_id(client: TestClient, a: Project) -> None:

@@ -251,6 +251,36 @@ def test_a_corrupted_blob_is_cut_short(client: TestClient, a: Project, svc: Serv
         assert len(got.content) < len(data), what
 
 
+def test_a_small_corrupted_blob_is_refused_and_logged(
+    client: TestClient, a: Project, svc: Services, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A blob of one chunk is read whole before the headers go: it answered
+    a silent 404, as if the object were gone."""
+    data = b"thumbnail bytes" * 10
+    obj_id = upload(client, a.admin, data)["object_id"]
+    row = svc.storage.get(int(str(obj_id)))
+    blob = Path(svc.storage.backend(row["pool_id"]).root) / row["storage_key"]  # type: ignore[attr-defined]
+    url = client.get(f"/v1/objects/{obj_id}/url", headers=bearer(a.admin)).json()["url"]
+    blob.write_bytes(b"T" + data[1:])
+    with caplog.at_level("ERROR", logger="hypermedia.api.routes.objects"):
+        got = client.get(url)
+    assert got.status_code == 500 and got.json()["code"] == "object_corrupt"
+    assert data not in got.content
+    assert f"object {obj_id}: download refused" in caplog.text
+
+
+def test_head_answers_the_download_headers_without_the_bytes(
+    client: TestClient, a: Project
+) -> None:
+    obj = upload(client, a.admin, b"some bytes", filename="a.txt")
+    url = client.get(f"/v1/objects/{obj['object_id']}/url", headers=bearer(a.admin)).json()["url"]
+    got = client.head(url)
+    assert got.status_code == 200 and got.content == b""
+    assert got.headers["content-length"] == "10"
+    assert got.headers["content-disposition"] == "attachment; filename*=UTF-8''a.txt"
+    assert client.head(url.replace("sig=", "sig=0")).status_code == 403
+
+
 def test_list_is_the_projects_own_newest_first_with_a_cursor(
     client: TestClient, a: Project, b: Project
 ) -> None:

@@ -89,6 +89,14 @@ def _run(svc: Services, job_type: str, duration_ms: int, ok: bool = True) -> int
 # -- queues ------------------------------------------------------------------------------
 
 
+def test_health_probes_answer_head_as_get(client: TestClient) -> None:
+    """Load balancers probe with HEAD; it answered 405."""
+    for path in ("/healthz", "/readyz"):
+        got, head = client.get(path), client.head(path)
+        assert got.status_code == head.status_code == 200, path
+        assert head.content == b""
+
+
 def test_queues_show_summary_and_depth(client: TestClient, svc: Services, a: Project) -> None:
     _run(svc, "debug.noop", 5)
     for p in (1, 1, 9):

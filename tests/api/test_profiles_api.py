@@ -61,6 +61,17 @@ def test_create_versions_show_and_deactivate(client: TestClient, a: Project) -> 
     assert f"{key}:v2" not in {p["ref"] for p in active}
 
 
+def test_a_profile_of_the_longest_key_can_be_used(client: TestClient, a: Project) -> None:
+    """Keys have up to 100 characters; jobs took references of 80 at most."""
+    key = new_key() + "k" * 86
+    assert len(key) == 100
+    create(client, a.admin, key=key, job_type="debug.noop")
+    for ref in (key, f"{key}:v1"):
+        r = client.post("/v1/jobs", json={"profile": ref}, headers=bearer(a.admin))
+        assert r.status_code == 201, r.text
+        assert r.json()["job_type"] == "debug.noop"
+
+
 def test_invalid_profiles_are_422(client: TestClient, a: Project) -> None:
     key, h = new_key(), bearer(a.admin)
     bad = [

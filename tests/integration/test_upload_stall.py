@@ -15,17 +15,20 @@ from tests.harness import hypermedia, start_serve, stop
 
 
 @contextmanager
-def _upload(tmp_path: Path, declared: int, **env: str) -> Iterator[tuple[socket.socket, Path]]:
-    """A ``serve`` with ``env``, and a socket that sent the head of an upload
-    of ``declared`` bytes (the body is the caller's)."""
+def _upload(
+    tmp_path: Path, declared: int, path: str = "/v1/objects", extra: str = "", **env: str
+) -> Iterator[tuple[socket.socket, Path]]:
+    """A ``serve`` with ``env``, and a socket that sent the head of a POST to
+    ``path`` of ``declared`` bytes, with ``extra`` header lines (the body is
+    the caller's)."""
     home = tmp_path / "home"
     server, base = start_serve(tmp_path, home, **env)
     try:
         token = (home / "admin-token").read_text().strip()
         port = int(base.rsplit(":", 1)[1])
         head = (
-            "POST /v1/objects HTTP/1.1\r\nHost: test\r\n"
-            f"Authorization: Bearer {token}\r\nContent-Length: {declared}\r\n\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Length: {declared}\r\n{extra}\r\n"
         )
         with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
             s.sendall(head.encode())
@@ -63,6 +66,46 @@ def test_a_stalled_upload_is_dropped_and_leaves_nothing(tmp_path: Path) -> None:
         assert list((home / "tmp").glob("upload-*.part")) == []
         listed = hypermedia("objects", "ls", "--json", url="", home=home)
         assert listed.returncode == 0 and json.loads(listed.stdout) == []
+
+
+def _answer(s: socket.socket, code: bytes) -> bytes:
+    answer = s.recv(65536)
+    while code not in answer and (more := s.recv(65536)):
+        answer += more
+    return answer
+
+
+def _nothing_made(home: Path) -> None:
+    for what in ("objects", "jobs"):
+        listed = hypermedia(what, "ls", "--json", url="", home=home)
+        assert listed.returncode == 0 and json.loads(listed.stdout) == [], what
+
+
+def test_a_stalled_json_body_is_dropped_too(tmp_path: Path) -> None:
+    """A JSON route waited for the rest of a declared body for ever."""
+    with _upload(tmp_path, 100, "/v1/jobs", HYPERMEDIA_UPLOAD_IDLE_SECONDS="1") as (s, home):
+        s.sendall(b'{"prof')  # then nothing
+        started = time.monotonic()
+        answer = _answer(s, b'"request_timeout"')
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+        assert b"the request body stalled" in answer
+        assert 0.5 < time.monotonic() - started < 10
+        _closed_after(answer, s)
+        _nothing_made(home)
+
+
+def test_a_request_of_ambiguous_length_is_refused(tmp_path: Path) -> None:
+    """Content-Length with Transfer-Encoding: the parser took the chunked
+    body, a proxy trusting the length would read another request in it."""
+    body = json.dumps({"job_type": "debug.noop"}).encode()
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    smuggle = "Transfer-Encoding: chunked\r\n"
+    with _upload(tmp_path, 3, "/v1/jobs", smuggle) as (s, home):
+        s.sendall(chunked)
+        answer = _answer(s, b'"bad_request"')
+        assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
+        assert b"the request's length is ambiguous" in answer
+        _nothing_made(home)
 
 
 def test_a_refused_upload_closes_its_connection(tmp_path: Path) -> None:

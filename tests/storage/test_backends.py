@@ -546,8 +546,10 @@ def test_presign(backend: Backend) -> None:
         assert url is None  # the service signs local downloads
         return
     assert url is not None
-    status, body, _ = _get(url)
+    status, body, headers = _get(url)
     assert (status, body) == (200, data)
+    # Never shown inline by the store's origin, name or not.
+    assert headers["Content-Disposition"] == "attachment"
 
     name = 'résumé 2024 "final";.pdf'
     status, body, headers = _get(backend.presign(KEY, 300, filename=name) or "")

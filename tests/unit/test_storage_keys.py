@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from hypermedia.storage import sniff
@@ -86,3 +88,9 @@ def test_sniff_dimensions() -> None:
     assert sniff.dimensions(png()[:20], "image/png") == (0, 0)
     assert sniff.dimensions(b"\xff\xd8\xff\xe1\xff\xff", "image/jpeg") == (0, 0)
     assert sniff.dimensions(b"RIFF\x00\x00\x00\x00WEBPVP8X", "image/webp") == (0, 0)
+    # PNG's own bound is 2^31 - 1 a side: a header past it says nothing.
+    def png_head(w: int, h: int) -> bytes:
+        return png(1, 1)[:16] + struct.pack(">II", w, h) + png(1, 1)[24:]
+
+    assert sniff.dimensions(png_head(2**31 - 1, 5), "image/png") == (2**31 - 1, 5)
+    assert sniff.dimensions(png_head(0xFFFFFFFF, 0xFFFFFFFF), "image/png") == (0, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -11,6 +12,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from hypermedia.api.deps import Id, may_submit, owned, scoped, services, shown
 from hypermedia.api.paging import decode_cursor, page
@@ -42,7 +44,11 @@ class JobCreate(BaseModel):
 
     job_type: str | None = Field(None, min_length=1, max_length=50, examples=["image.thumbnail"])
     profile: str | None = Field(
-        None, min_length=1, max_length=80, description="`key` (newest active) or `key:vN`"
+        # A key has up to 100 characters, a version up to ":v" and 9 digits.
+        None,
+        min_length=1,
+        max_length=111,
+        description="`key` (newest active) or `key:vN`",
     )
     object_id: int | None = Field(None, ge=1, le=2**62, description="the input object")
     params: dict[str, Any] = Field(default_factory=dict)
@@ -173,7 +179,7 @@ async def job_events(
     job_id: Id,
     request: Request,
     after: int = Query(0, ge=0, le=2**62, description="only events after this event id"),
-    last_event_id: str | None = Header(None, max_length=20),
+    last_event_id: str | None = Header(None),
     principal: Principal = scoped("jobs:read"),
 ) -> Any:
     svc = services(request)
@@ -193,14 +199,34 @@ def sse_response(
     last_event_id: str | None,
 ) -> StreamingResponse:
     """The job's events as a stream, resuming after ``Last-Event-ID`` if given."""
-    resume = ascii_int(last_event_id)  # anything else is ignored, as browsers expect
+    # Anything but a plain id is ignored, as browsers expect: a 422 would
+    # stop an EventSource reconnecting.
+    resume = ascii_int(last_event_id)
     if resume is not None:
         after = max(after, resume)
-    return StreamingResponse(
+    streams = request.app.state.streams
+    streams.open(principal.token_id)
+    return _CountedStream(
         event_stream(svc, request, principal, job_id, after),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        release=lambda: streams.close(principal.token_id),
     )
+
+
+class _CountedStream(StreamingResponse):
+    """Counted as open until it is sent, however that ends (the client gone
+    before the first byte included, when the body is never iterated)."""
+
+    def __init__(self, *args: Any, release: Callable[[], None], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
 
 
 def sse_message(row: Row) -> str:
@@ -215,7 +241,7 @@ async def event_stream(
     loop = asyncio.get_running_loop()
     quiet_since = checked_at = loop.time()
     yield "retry: 1000\n\n"
-    while not await request.is_disconnected():
+    while not request.app.state.stopping and not await request.is_disconnected():
         if loop.time() - checked_at > SSE_RECHECK_SECONDS:
             if not await run_in_threadpool(svc.tokens.still_valid, principal):
                 yield f"event: end\ndata: {json.dumps({'status': 'unauthorized'})}\n\n"

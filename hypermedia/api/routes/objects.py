@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import parse_qs, quote, urlsplit
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
@@ -37,7 +37,7 @@ from hypermedia.db.schema_storage import OBJECT_STATES
 from hypermedia.errors import Forbidden, HypermediaError, InvalidRequest, NotFound
 from hypermedia.parse import ascii_int
 from hypermedia.services import Services
-from hypermedia.storage.base import StorageUnavailable, unavailable
+from hypermedia.storage.base import ChecksumMismatch, StorageUnavailable, unavailable
 from hypermedia.storage.ledger import Storage
 
 if TYPE_CHECKING:
@@ -409,21 +409,32 @@ async def object_content(
     request: Request,
     expires: str = Query(""),
     sig: str = Query(""),
-) -> StreamingResponse:
+) -> Response:
     st = services(request).storage
     at = ascii_int(expires, 12) or 0
     if len(sig) > 128 or not await run_in_threadpool(st.check_signature, object_id, at, sig):
         raise Forbidden("invalid or expired link")
     stack = contextlib.ExitStack()
+    head = request.method == "HEAD"  # the headers only: the blob is not read
     try:
-        row, src, first = await run_in_threadpool(_start, st, object_id, stack)
+        row, src, first = await run_in_threadpool(_start, st, object_id, stack, not head)
     except StorageUnavailable:
         stack.close()
         raise
+    except ChecksumMismatch as exc:
+        # A small blob is read whole before the headers go: its corruption is
+        # known before anything is sent, and is the operator's to hear of.
+        stack.close()
+        log.error("object %s: download refused (%s)", object_id, exc)
+        raise ApiError(500, CORRUPT, code="object_corrupt") from None
     except HypermediaError:
         # Gone since the link was made, not ready, blob missing: one answer.
         stack.close()
         raise NotFound("object not available") from None
+    if head:
+        stack.close()
+        media_type = str(row["mime_type"] or "application/octet-stream")
+        return Response(media_type=media_type, headers=_download_headers(row))
     return StreamingResponse(
         _held_back(stack, src, first, object_id),
         media_type=str(row["mime_type"] or "application/octet-stream"),
@@ -431,11 +442,20 @@ async def object_content(
     )
 
 
-def _start(st: Storage, object_id: int, stack: contextlib.ExitStack) -> tuple[Row, BinaryIO, bytes]:
+# HEAD answers the download's headers (a route of its own, out of the schema).
+router.add_api_route(
+    "/{object_id}/content", object_content, methods=["HEAD"], include_in_schema=False
+)
+CORRUPT = "the object's stored bytes do not match its checksum; quote the request id"
+
+
+def _start(
+    st: Storage, object_id: int, stack: contextlib.ExitStack, read: bool = True
+) -> tuple[Row, BinaryIO, bytes]:
     """The row, the open blob and its first chunk: what must work before the headers go."""
     row = st.get(object_id)
     src = stack.enter_context(st.open(object_id))
-    return row, src, src.read(CHUNK)
+    return row, src, src.read(CHUNK) if read else b""
 
 
 def _download_headers(row: Row) -> dict[str, str]:

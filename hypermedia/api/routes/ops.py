@@ -33,6 +33,12 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if storage == "ok" else 503)
 
 
+# HEAD as well: load balancers probe with it, and HTTP asks it of every GET.
+# Routes of their own, out of the OpenAPI document (one operation id per route).
+for _path, _probe in (("/healthz", healthz), ("/readyz", readyz)):
+    router.add_api_route(_path, _probe, methods=["HEAD"], include_in_schema=False)
+
+
 def _database(db: Driver) -> str:
     """The database's readiness: ok, unreachable, or not migrated (a deploy
     whose `db upgrade` has not run yet: not ready, though it answers)."""
