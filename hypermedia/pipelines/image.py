@@ -141,6 +141,12 @@ class Progress:
             self.ctx.progress(min(99, int(progress.percent)), "resizing and encoding")
 
 
+# Formats whose size the ledger reads from their header as they are stored
+# (storage/sniff.py): reported again, the completion would leave the fast path
+# (a result with input facts writes the input object too) for nothing.
+SNIFFED = frozenset({"jpegload", "pngload", "webpload", "gifload"})
+
+
 def _runner(job_type: str, schema: Schema, output_type: str) -> Runner:
     box = "fit" in schema
 
@@ -174,7 +180,12 @@ def _runner(job_type: str, schema: Schema, output_type: str) -> Runner:
             raise imaging.failure(exc, header) from None
         meta = {"width": width, "height": height, "format": fmt, "bytes": os.path.getsize(path)}
         ctx.output(output_type, mime, dict(meta), path=name)
-        return meta
+        if header.loader in SNIFFED:
+            return meta
+        # Only a decoder knows a TIFF's or a HEIF's size: the input object
+        # takes it from here (its header sniffing left it 0 x 0).
+        width, height = header.upright
+        return {**meta, "input_facts": {"width": width, "height": height}}
 
     return run
 

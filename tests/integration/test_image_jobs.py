@@ -146,6 +146,28 @@ def test_a_photo_gets_a_thumbnail_a_preview_and_a_compressed_copy(
     assert [p for p in (procs.home / "scratch").rglob("*") if p.is_file()] == []
 
 
+def test_a_tiff_input_learns_its_size_from_its_first_job(
+    driver: Driver, live: Engine, storage: Storage, procs: Procs
+) -> None:
+    """The ledger sniffs JPEG, PNG, WebP and GIF sizes; a TIFF stayed 0 x 0
+    for ever, though every job on it decoded its header."""
+    tiff = pyvips.Image.black(300, 200, bands=3).tiffsave_buffer()
+    src = storage.put(io.BytesIO(tiff), filename="scan.tif")
+    assert (src["mime_type"], src["width"], src["height"]) == ("image/tiff", 0, 0)
+    jpeg = storage.put(io.BytesIO(_photo(40, 30)), filename="a.jpg")
+    jobs = [live.enqueue(NewJob("image.thumbnail", object_id=o["object_id"])) for o in (src, jpeg)]
+    _burst(procs)
+    for job_id in jobs:
+        assert wait_job(driver, job_id, timeout=5)["status"] == "completed"
+    row = live.get(jobs[0])
+    assert row["result"]["input_facts"] == {"width": 300, "height": 200}
+    assert (storage.get(src["object_id"])["width"], storage.get(src["object_id"])["height"]) == (
+        300,
+        200,
+    )
+    assert "input_facts" not in live.get(jobs[1])["result"]  # sniffed already
+
+
 def test_hostile_files_fail_cleanly_and_the_worker_carries_on(
     driver: Driver, live: Engine, storage: Storage, procs: Procs
 ) -> None:
