@@ -109,10 +109,13 @@ class BodyLimit:
         if len(lengths) > 1 or (lengths and chunked):
             await self._refuse(scope, send, 400, "bad_request", AMBIGUOUS)
             return
-        if self._exempt(scope):
+        declared = lengths[0] if lengths else b""
+        # Without a length or chunks HTTP/1.1 has no body (a GET): nothing to
+        # read, and no timer to start for it.
+        bodiless = not chunked and declared in (b"", b"0")
+        if bodiless or self._exempt(scope):
             await self.app(scope, receive, send)
             return
-        declared = lengths[0] if lengths else b""
         if declared.isdigit() and int(declared) > self.limit:
             await self._refuse(scope, send, 413, "payload_too_large", self._too_large())
             return
