@@ -11,21 +11,23 @@ from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import Match
 
-from hypermedia.api.deps import COOKIE, Id, authenticate, may_submit, services, shown
+from hypermedia.api.deps import COOKIE, authenticate, may_submit, services, shown
+from hypermedia.api.errors import error_response
 from hypermedia.api.routes.jobs import check_owner, owned_job, public_job, sse_response
 from hypermedia.api.routes.objects import receive_upload
 from hypermedia.auth.tokens import Principal
-from hypermedia.errors import HypermediaError, InvalidRequest, NotFound, Unauthorized
+from hypermedia.errors import InvalidRequest, NotFound, Unauthorized
+from hypermedia.parse import ascii_int
 from hypermedia.pipelines import registry
 from hypermedia.queue.models import NewJob
-from hypermedia.queue.states import STATUSES, TERMINAL
+from hypermedia.queue.states import QUEUED_SIDE, STATUSES, TERMINAL
 from hypermedia.services import Services
 from hypermedia.ui.web import (
     STATIC,
     Row,
     UiRoute,
     clear_legacy_cookie,
-    error_page,
+    home,
     login_required,
     need,
     page,
@@ -36,6 +38,19 @@ router = APIRouter(prefix="/ui", include_in_schema=False, route_class=UiRoute)
 # Outside /ui: what browsers ask of any site (the favicon).
 root = APIRouter(include_in_schema=False, route_class=UiRoute)
 PAGE_SIZE = 50
+# The methods the catch-all takes (HEAD comes with GET), so that a path that
+# is no page is a 404 for each, not the router's 405 for any it does not list.
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def _id(raw: str, what: str) -> int:
+    """A database id from a path.  Taken as text: a typed parameter was
+    refused (422) before the page's login check, with none of the page; an
+    id that cannot exist is as unknown as one that does not."""
+    value = ascii_int(raw)
+    if value is None or not 1 <= value <= 2**62:
+        raise NotFound(f"no such {what}")
+    return value
 
 
 # -- static files, login, logout ------------------------------------------------------
@@ -62,8 +77,15 @@ async def favicon() -> Response:
 
 
 @router.get("/login")
-async def login_form(request: Request, next: str = Query("/ui", max_length=500)) -> Response:
+async def login_form(request: Request, next: str = "/ui") -> Response:
+    # Unchecked here (safe_next bounds it): a refused parameter would send a
+    # stranger to log in, back to this very page.
     return page(request, "login.html", title="Log in", next=safe_next(next), error=None)
+
+
+def _start_session(svc: Services, token: str) -> tuple[str, Principal]:
+    secret = svc.tokens.start_session(token, svc.settings.session_hours)
+    return secret, svc.tokens.authenticate_session(secret)
 
 
 @router.post("/login")
@@ -76,9 +98,7 @@ async def login(request: Request) -> Response:
         if not token or len(token) > 200:
             raise Unauthorized("no token")
         # A session of its own: the cookie never holds the token.
-        secret = await run_in_threadpool(
-            svc.tokens.start_session, token, svc.settings.session_hours
-        )
+        secret, principal = await run_in_threadpool(_start_session, svc, token)
     except Unauthorized:
         return page(
             request,
@@ -91,6 +111,8 @@ async def login(request: Request) -> Response:
     previous = request.cookies.get(COOKIE)
     if previous:  # logging in again ends the session this browser had
         await run_in_threadpool(svc.tokens.end_session, previous)
+    if target in ("/ui", "/ui/"):  # no page asked for: one this token can open
+        target = home(principal)[1]
     response = RedirectResponse(target, status_code=303)
     response.set_cookie(
         COOKIE,
@@ -153,58 +175,73 @@ def _blank(value: str | None) -> str | None:
     return value or None
 
 
+# The filters are plain text, checked by the engine (as for /v1/jobs): a
+# mistaken one ("Images") is said on the page, next to the form to fix it.
 @router.get("/jobs")
 async def jobs_page(
     request: Request,
-    status: str | None = Query(None, max_length=20),
-    job_type: str | None = Query(None, max_length=50),
-    queue: str | None = Query(None, max_length=50),
-    before: int | None = Query(None, ge=1, le=2**62),
+    status: str | None = None,
+    job_type: str | None = None,
+    queue: str | None = None,
+    before: str | None = None,
 ) -> Response:
     principal = await login_required(request)
     need(principal, "jobs:read")
     status, job_type, queue = _blank(status), _blank(job_type), _blank(queue)
-    if status is not None and status not in STATUSES:
-        raise InvalidRequest(f"status must be one of {', '.join(STATUSES)}")
+    filters = {"status": status or "", "job_type": job_type or "", "queue": queue or ""}
     svc = services(request)
-    rows = await run_in_threadpool(
-        lambda: svc.engine.list(
-            project_id=principal.project_id,
-            status=status,
-            job_type=job_type,
-            queue=queue,
-            before_id=before,
-            limit=PAGE_SIZE + 1,
+    try:
+        before_id = _before(before)
+        rows = await run_in_threadpool(
+            lambda: svc.engine.list(
+                project_id=principal.project_id,
+                status=status,
+                job_type=job_type,
+                queue=queue,
+                before_id=before_id,
+                limit=PAGE_SIZE + 1,
+            )
         )
-    )
+    except InvalidRequest as exc:
+        return _jobs(request, 422, filters, error=str(exc))
     more = len(rows) > PAGE_SIZE
     rows = rows[:PAGE_SIZE]
-    filters = {"status": status or "", "job_type": job_type or "", "queue": queue or ""}
+    return _jobs(
+        request,
+        200,
+        filters,
+        jobs=rows,
+        older={**filters, "before": rows[-1]["job_id"]} if more else None,
+        first_page=before_id is None,
+    )
+
+
+def _before(raw: str | None) -> int | None:
+    if _blank(raw) is None:
+        return None
+    value = ascii_int(raw)
+    if value is None or not 1 <= value <= 2**62:
+        raise InvalidRequest("before must be a job id")
+    return value
+
+
+def _jobs(request: Request, code: int, filters: dict[str, str], **context: object) -> Response:
+    context = {"jobs": [], "older": None, "first_page": True, "error": None, **context}
     return page(
         request,
         "jobs.html",
+        code,
         title="Jobs",
         nav="jobs",
-        jobs=rows,
         filters=filters,
         statuses=STATUSES,
         job_types=registry.known(),
-        older={**filters, "before": rows[-1]["job_id"]} if more else None,
-        first_page=before is None,
+        **context,
     )
 
 
-def _job_view(svc: Services, job_id: int, principal: Principal, base_url: str) -> Row:
+def _job_view(svc: Services, job_id: int, principal: Principal) -> Row:
     job = public_job(owned_job(svc, job_id, principal), principal)
-    outputs = []
-    for out in job["outputs"]:
-        url = None
-        if out.get("object_id") is not None:
-            try:
-                url = svc.storage.signed_url(int(out["object_id"]), base_url=base_url)
-            except HypermediaError:
-                url = None
-        outputs.append({**out, "url": url, "image": str(out["mime_type"]).startswith("image/")})
     source = None
     if job.get("object_id") is not None:
         try:
@@ -213,16 +250,49 @@ def _job_view(svc: Services, job_id: int, principal: Principal, base_url: str) -
                 source = obj
         except NotFound:
             source = None
-    return {"job": job, "outputs": outputs, "source": source}
+    outputs = [_output(svc, job, out) for out in job["outputs"]]
+    return {"job": job, "outputs": outputs, "source": source, "progress": _progress(job)}
+
+
+def _output(svc: Services, job: Row, out: Row) -> Row:
+    """A blob links to a route that signs a fresh URL at each click (a signed
+    URL in the page went stale while the page stayed open); data alone (a
+    verdict, a debug result) is shown, its size being no size of anything."""
+    view = {**out, "image": str(out["mime_type"]).startswith("image/"), "href": None, "data": None}
+    if out.get("object_id") is None:
+        view["data"] = out.get("metadata") or job.get("result")
+    elif _ready(svc, int(out["object_id"])):
+        view["href"] = f"/ui/jobs/{job['job_id']}/outputs/{out['output_id']}"
+    return view
+
+
+def _ready(svc: Services, object_id: int) -> bool:
+    try:
+        return svc.storage.get(object_id)["state"] == "ready"
+    except NotFound:
+        return False
+
+
+def _progress(job: Row) -> Row | None:
+    """The progress of the attempt that runs (or of the last one, where a
+    failed or cancelled job stopped).  The job keeps its newest report across
+    attempts: one in retry_wait showed the previous attempt's full bar."""
+    snap = job.get("progress")
+    if not snap or job["status"] == "completed" or job["status"] in QUEUED_SIDE:
+        return None
+    reports = [e for e in job["events"] if e["kind"] == "progress"]
+    if not reports or reports[-1].get("attempt_number") != job["attempt_count"]:
+        return None  # this attempt has reported nothing yet
+    # The report's own text, as the live page shows it ("100%", not "100.0%").
+    return {"percent": snap.get("percent"), "text": reports[-1]["message"]}
 
 
 @router.get("/jobs/{job_id}")
-async def job_page(request: Request, job_id: Id) -> Response:
+async def job_page(request: Request, job_id: str) -> Response:
     principal = await login_required(request)
     need(principal, "jobs:read")
     svc = services(request)
-    base_url = str(request.base_url).rstrip("/")
-    view = await run_in_threadpool(_job_view, svc, job_id, principal, base_url)
+    view = await run_in_threadpool(_job_view, svc, _id(job_id, "job"), principal)
     job = view["job"]
     last_event = max((int(e["event_id"]) for e in job["events"]), default=0)
     writable = principal.allows("jobs:write")
@@ -230,48 +300,83 @@ async def job_page(request: Request, job_id: Id) -> Response:
     return page(
         request,
         "job.html",
-        title=f"Job {job_id}",
+        title=f"Job {job['job_id']}",
         nav="jobs",
         terminal=status in TERMINAL,
-        stream_url=f"/ui/jobs/{job_id}/stream?after={last_event}",
+        stream_url=f"/ui/jobs/{job['job_id']}/stream?after={last_event}",
+        final=" ".join(sorted(TERMINAL)),
+        waiting=" ".join(sorted(QUEUED_SIDE)),
         can_cancel=writable and status not in TERMINAL and status != "cancel_requested",
         can_retry=writable and bool(job.get("can_retry")),
         **view,
     )
 
 
+@router.get("/jobs/{job_id}/outputs/{output_id}")
+async def output_content(request: Request, job_id: str, output_id: str) -> Response:
+    """To a freshly signed URL of the output's blob: the page's link never expires."""
+    principal = await login_required(request)
+    need(principal, "jobs:read")  # as the page that shows the link
+    svc = services(request)
+    ids = _id(job_id, "job"), _id(output_id, "output")
+    base_url = str(request.base_url).rstrip("/")
+    url = await run_in_threadpool(_output_url, svc, *ids, principal, base_url)
+    return RedirectResponse(url, status_code=303, headers={"Cache-Control": "no-store"})
+
+
+def _output_url(
+    svc: Services, job_id: int, output_id: int, principal: Principal, base_url: str
+) -> str:
+    job = owned_job(svc, job_id, principal)
+    found = [o for o in job["outputs"] if o["output_id"] == output_id and o.get("object_id")]
+    if not found:
+        raise NotFound("no such output")
+    try:
+        return svc.storage.signed_url(int(found[0]["object_id"]), base_url=base_url)
+    except (NotFound, InvalidRequest):  # collected, or not ready: gone for the page
+        raise NotFound("this output is no longer stored") from None
+
+
 @router.get("/jobs/{job_id}/stream")
 async def job_stream(
     request: Request,
-    job_id: Id,
+    job_id: str,
     after: int = Query(0, ge=0, le=2**62),
-    last_event_id: str | None = Header(None, max_length=20),
+    # Unbounded, as in /v1: anything but a plain id is ignored (a 422 would
+    # stop the browser's EventSource reconnecting).
+    last_event_id: str | None = Header(None),
 ) -> Response:
     principal = await authenticate(request, cookie=True)
     need(principal, "jobs:read")
     svc = services(request)
-    await run_in_threadpool(check_owner, svc, job_id, principal)
-    return sse_response(svc, request, principal, job_id, after, last_event_id)
+    ident = _id(job_id, "job")
+    await run_in_threadpool(check_owner, svc, ident, principal)
+    if request.method == "HEAD":  # headers only: no stream opened (each is counted)
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return Response(media_type="text/event-stream", headers=headers)
+    return sse_response(svc, request, principal, ident, after, last_event_id)
 
 
 @router.post("/jobs/{job_id}/cancel")
-async def cancel(request: Request, job_id: Id) -> Response:
+async def cancel(request: Request, job_id: str) -> Response:
     principal = await login_required(request)
     need(principal, "jobs:write")
     svc = services(request)
-    await run_in_threadpool(check_owner, svc, job_id, principal)
-    await run_in_threadpool(svc.engine.cancel, job_id, principal.actor)
-    return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
+    ident = _id(job_id, "job")
+    await run_in_threadpool(check_owner, svc, ident, principal)
+    await run_in_threadpool(svc.engine.cancel, ident, principal.actor)
+    return RedirectResponse(f"/ui/jobs/{ident}", status_code=303)
 
 
 @router.post("/jobs/{job_id}/retry")
-async def retry(request: Request, job_id: Id) -> Response:
+async def retry(request: Request, job_id: str) -> Response:
     principal = await login_required(request)
     need(principal, "jobs:write")
     svc = services(request)
-    await run_in_threadpool(check_owner, svc, job_id, principal)
-    await run_in_threadpool(svc.engine.retry, job_id, principal.actor)
-    return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
+    ident = _id(job_id, "job")
+    await run_in_threadpool(check_owner, svc, ident, principal)
+    await run_in_threadpool(svc.engine.retry, ident, principal.actor)
+    return RedirectResponse(f"/ui/jobs/{ident}", status_code=303)
 
 
 # -- upload -----------------------------------------------------------------------------
@@ -285,11 +390,12 @@ def upload_profiles(svc: Services, principal: Principal) -> list[Row]:
 
 
 @router.get("/upload")
-async def upload_form(request: Request) -> Response:
+async def upload_form(request: Request, created: str | None = None) -> Response:
     principal = await login_required(request)
     need(principal, "objects:write")
     need(principal, "jobs:write")
-    profiles = await run_in_threadpool(upload_profiles, services(request), principal)
+    svc = services(request)
+    profiles = await run_in_threadpool(upload_profiles, svc, principal)
     # Preselected: what image-thumbnail means, its newest version (listed last).
     thumbs = [p["ref"] for p in profiles if p["profile_key"] == "image-thumbnail"]
     return page(
@@ -299,7 +405,21 @@ async def upload_form(request: Request) -> Response:
         nav="upload",
         profiles=profiles,
         chosen=thumbs[-1] if thumbs else None,
+        created=await run_in_threadpool(_created, svc, created, principal),
     )
+
+
+def _created(svc: Services, raw: str | None, principal: Principal) -> int | None:
+    """The job an upload just made, when it is this project's: what the
+    form confirms to a token that may not open the job's page."""
+    job_id = ascii_int(raw)
+    if job_id is None:
+        return None
+    try:
+        check_owner(svc, job_id, principal)
+    except NotFound:
+        return None
+    return job_id
 
 
 @router.post("/upload")
@@ -334,6 +454,8 @@ async def upload(request: Request) -> Response:
             created_by=principal.actor,
         ),
     )
+    if not principal.allows("jobs:read"):  # the job's page would refuse it (403)
+        return RedirectResponse(f"/ui/upload?created={job_id}", status_code=303)
     return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
 
 
@@ -369,7 +491,9 @@ async def profiles_page(request: Request) -> Response:
 
 # Anything else under /ui: a page, not the API's JSON 404; or, for a page
 # that exists with other methods (`GET /ui/logout`), the 405 it is elsewhere.
-@router.api_route("/{rest:path}", methods=["GET", "POST"])
+# Through the API's error_response: the page for a browser, the API's JSON
+# for a client that asks for JSON.
+@router.api_route("/{rest:path}", methods=METHODS)
 async def not_found(request: Request, rest: str) -> Response:
     allowed: set[str] = set()
     for route in router.routes:
@@ -378,7 +502,11 @@ async def not_found(request: Request, rest: str) -> Response:
             if match is Match.PARTIAL:  # the path, not the method
                 allowed |= getattr(route, "methods", None) or set()
     if not allowed:
-        return error_page(request, 404, "no such page")
-    answer = error_page(request, 405, "this page does not take that method")
-    answer.headers["Allow"] = ", ".join(sorted(allowed))
-    return answer
+        return error_response(request, 404, "not_found", "no such page")
+    return error_response(
+        request,
+        405,
+        "method_not_allowed",
+        "this page does not take that method",
+        headers={"Allow": ", ".join(sorted(allowed))},
+    )

@@ -9,9 +9,10 @@ host.  Every error renders a small page (never a traceback).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Coroutine
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -50,11 +51,22 @@ PAGE_HEADERS = {
 
 
 def _when(value: Any) -> str:
+    """Every time the database holds is UTC (naive ones too): said so, as the
+    live script says it of the times it adds."""
     if value is None or value == "":
         return "—"
     if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S")
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC)
+        return value.strftime("%Y-%m-%d %H:%M:%S UTC")
     return str(value)
+
+
+def _json(value: Any, indent: int | None = None) -> str:
+    """JSON as people read it ("café", not "caf\\u00e9").  A plain string, so
+    autoescaping escapes it like any other value (``tojson`` marks its output
+    safe, and so must escape the characters itself)."""
+    return json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=True, default=str)
 
 
 def human_size(value: Any) -> str:
@@ -81,7 +93,7 @@ env = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-env.filters.update(when=_when, size=human_size, ms=_ms)
+env.filters.update(when=_when, size=human_size, ms=_ms, json=_json)
 
 # The static files, read once: only these names are served.
 _STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
@@ -113,10 +125,22 @@ def nav_links(principal: Principal | None) -> list[tuple[str, str, str]]:
     ]
 
 
+def home(principal: Principal | None) -> tuple[str, str]:
+    """(label, href) of the first page the token can open: where a login
+    lands and an error page leads back to.  The overview needs jobs:read,
+    and a token without it (an uploader's) was sent from one 403 to the next;
+    Profiles needs no scope, so there is always one."""
+    links = nav_links(principal)
+    if not links:  # logged out: /ui sends to the login form
+        return "Overview", "/ui"
+    _, label, href = links[0]
+    return label, href
+
+
 def page(request: Request, template: str, code: int = 200, **context: Any) -> HTMLResponse:
     principal = getattr(request.state, "principal", None)
     html = env.get_template(template).render(
-        principal=principal, nav_links=nav_links(principal), **context
+        principal=principal, nav_links=nav_links(principal), home=home(principal), **context
     )
     return HTMLResponse(html, status_code=code, headers=PAGE_HEADERS)
 
@@ -241,26 +265,38 @@ class UiRoute(APIRoute):
                 return error_page(request, 403, "this form was sent from another site")
             try:
                 return await handler(request)
-            except (LoginRequired, Unauthorized):
-                if "text/event-stream" in request.headers.get("accept", ""):
-                    return PlainTextResponse("log in first", status_code=401)
-                return _login_redirect(request)
-            except ApiError as exc:
-                response = error_page(request, exc.status, str(exc))
-                response.headers.update(exc.headers)
-                return response
-            except HypermediaError as exc:
-                return error_page(request, _status_of(exc), str(exc))
             except RequestValidationError:
+                # FastAPI checks parameters before the page's code runs, so
+                # before its login check: a stranger is sent to log in first,
+                # as by any page, and learns nothing of what it would take.
+                try:
+                    await login_required(request)
+                except Exception as exc:
+                    return _failure(request, exc)
                 return error_page(request, 422, "the request is not valid")
-            except StarletteHTTPException as exc:
-                message = exc.detail if isinstance(exc.detail, str) else "request refused"
-                return error_page(request, exc.status_code, message)
-            except Exception:
-                log.exception("dashboard request %s failed", request_id(request))
-                return error_page(request, 500, "internal error; quote the request id")
+            except Exception as exc:
+                return _failure(request, exc)
 
         return run
+
+
+def _failure(request: Request, exc: Exception) -> Response:
+    """What a page answers for a failure: a login redirect or an error page."""
+    if isinstance(exc, LoginRequired | Unauthorized):
+        if "text/event-stream" in request.headers.get("accept", ""):
+            return PlainTextResponse("log in first", status_code=401)
+        return _login_redirect(request)
+    if isinstance(exc, ApiError):
+        response = error_page(request, exc.status, str(exc))
+        response.headers.update(exc.headers)
+        return response
+    if isinstance(exc, HypermediaError):
+        return error_page(request, _status_of(exc), str(exc))
+    if isinstance(exc, StarletteHTTPException):
+        message = exc.detail if isinstance(exc.detail, str) else "request refused"
+        return error_page(request, exc.status_code, message)
+    log.exception("dashboard request %s failed", request_id(request), exc_info=exc)
+    return error_page(request, 500, "internal error; quote the request id")
 
 
 async def login_required(request: Request) -> Principal:
@@ -279,6 +315,7 @@ def safe_next(target: str | None) -> str:
     """Only a path inside the dashboard: never another host."""
     if (
         not target
+        or len(target) > 500
         or not target.startswith("/ui")
         or target.startswith("//")
         or "\\" in target

@@ -161,7 +161,8 @@ def test_the_progress_bar_stays_while_it_means_something(
     assert eng.settle("w-ui", finished) == {done, stopped}
     assert 'id="progress"' not in client.get(f"/ui/jobs/{done}").text
     page = client.get(f"/ui/jobs/{stopped}").text
-    assert 'value="90.0"' in page and "90.0% hashed" in page
+    # The report's own text, as the live page shows it.
+    assert 'value="90.0"' in page and '<span id="progress-text">90% hashed<' in page
 
 
 def test_cancel_and_retry_forms(client: TestClient, svc: Services, a: Project) -> None:
@@ -265,7 +266,7 @@ def test_hostile_parameters_are_escaped(client: TestClient, a: Project) -> None:
     r = client.get("/ui/login", params={"next": '/ui"><script>x()</script>'})
     assert "<script>x()" not in r.text
     r = client.get("/ui/jobs/not-a-number")
-    assert r.status_code == 422 and "Traceback" not in r.text
+    assert r.status_code == 404 and "Traceback" not in r.text
     assert client.get("/ui/jobs/999999999").status_code == 404
 
 
@@ -361,6 +362,12 @@ def test_head_answers_like_get_without_a_body(
     r = client.head(f"/ui/jobs/{job_id}/stream")
     assert r.status_code == 200 and r.content == b""
     assert r.headers["content-type"].startswith("text/event-stream")
+    # Nor is a stream opened, and counted against the token's, by any of them.
+    for _ in range(svc.settings.api_max_streams + 1):
+        assert client.head(f"/ui/jobs/{job_id}/stream").status_code == 200
+    svc.engine.cancel(job_id)
+    with client.stream("GET", f"/ui/jobs/{job_id}/stream") as r:
+        assert r.status_code == 200
 
 
 def test_favicon_is_no_json_404(client: TestClient, a: Project) -> None:
@@ -423,7 +430,7 @@ def test_the_clamd_socket_is_shown_to_admins_only(
     )
     login(client, a.scoped["jobs:read"])
     for path in ("/ui/profiles", f"/ui/jobs/{job_id}"):
-        page = client.get(path).text
+        page = html.unescape(client.get(path).text)  # JSON's quotes are escaped
         assert "max_bytes" in page, path
         # The socket setting, not clamd_max_file_size (a limit, no address).
         assert '"clamd":' not in page and "/run/clamav" not in page, path
@@ -465,3 +472,128 @@ def test_the_upload_form_preselects_one_profile(
 def _profile_row(page: str, ref: str) -> str:
     (row,) = [r for r in page.split("<tr") if f"<td>{ref}</td>" in r]
     return row
+
+
+def test_a_token_without_jobs_read_never_meets_a_dead_end(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    """An uploader's token (objects:write, jobs:write) landed on the overview's
+    403, whose way back led to the same 403, and each upload ended on the
+    job page's 403."""
+    _, uploader = svc.tokens.create(a.id, ["objects:write", "jobs:write"])
+    client.cookies.clear()
+    r = client.post("/ui/login", data={"token": uploader}, follow_redirects=False)
+    assert (r.status_code, r.headers["location"]) == (303, "/ui/upload")
+    assert client.get("/ui/upload").status_code == 200
+    refused = client.get("/ui")
+    assert refused.status_code == 403 and "lacks the jobs:read scope" in refused.text
+    assert '<a href="/ui/upload" id="back">Back to the upload page</a>' in refused.text
+    assert '<a class="brand" href="/ui/upload">' in refused.text
+    r = client.post(
+        "/ui/upload",
+        data={"profile": "image-thumbnail:v1"},
+        files={"file": ("a.png", png(8, 6), "image/png")},
+        follow_redirects=False,
+    )
+    assert r.status_code == 303 and r.headers["location"].startswith("/ui/upload?created=")
+    job_id = int(r.headers["location"].rsplit("=", 1)[1])
+    assert svc.engine.get(job_id)["project_id"] == a.id
+    done = client.get(r.headers["location"])
+    assert done.status_code == 200
+    assert f'id="created">Uploaded: job\n<b>#{job_id}</b> was created.' in done.text
+    assert 'id="file"' in done.text  # and the form, for the next file
+    # Only this project's jobs are confirmed; junk is ignored.
+    other = svc.engine.enqueue(NewJob("debug.noop", project_id="proj-other"))
+    for junk in (str(other), "abc", "99999999999999999999"):
+        assert 'id="created"' not in client.get(f"/ui/upload?created={junk}").text, junk
+    # Only the objects:write scope: Profiles is all it can open, and where it lands.
+    r = client.post(
+        "/ui/login",
+        data={"token": a.scoped["objects:write"], "next": "/ui/"},
+        follow_redirects=False,
+    )
+    assert r.headers["location"] == "/ui/profiles"
+    # A page asked for is where the login goes, whatever the token may see there.
+    r = client.post(
+        "/ui/login", data={"token": uploader, "next": "/ui/jobs"}, follow_redirects=False
+    )
+    assert r.headers["location"] == "/ui/jobs"
+    # A reader lands on the overview, and an upload by a reader goes to the job.
+    r = client.post("/ui/login", data={"token": a.admin}, follow_redirects=False)
+    assert r.headers["location"] == "/ui"
+    r = client.post(
+        "/ui/upload",
+        data={"profile": "image-thumbnail:v1"},
+        files={"file": ("a.png", png(8, 6), "image/png")},
+        follow_redirects=False,
+    )
+    assert re.fullmatch(r"/ui/jobs/\d+", r.headers["location"])
+
+
+def test_a_mistaken_filter_is_said_on_the_jobs_page(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    """It was a bare 422 page, without the form to correct it in."""
+    sleep_job(svc, a.id)
+    login(client, a.admin)
+    cases = [
+        ({"queue": "Images"}, "a queue name has 1 to 50 characters"),
+        ({"job_type": "DEBUG.noop"}, "a job type has 1 to 50 characters"),
+        ({"status": "bogus"}, "status must be one of"),
+        ({"queue": "q" * 80}, "a queue name has 1 to 50 characters"),
+        ({"before": "abc"}, "before must be a job id"),
+        ({"before": "0"}, "before must be a job id"),
+    ]
+    for params, message in cases:
+        r = client.get("/ui/jobs", params=params)
+        assert r.status_code == 422, params
+        assert '<form method="get" action="/ui/jobs" class="filters">' in r.text, params
+        assert '<a href="/ui/jobs" aria-current="page">Jobs</a>' in r.text
+        assert f'<p class="error" id="filter-error">{message}' in r.text, params
+        assert 'id="jobs"' not in r.text  # no table of jobs it did not look for
+    # What was typed stays in the form, to be corrected there.
+    r = client.get("/ui/jobs", params={"queue": "Images", "job_type": "a.b"})
+    assert 'id="filter-queue" value="Images"' in r.text
+    assert 'id="filter-type" value="a.b"' in r.text
+
+
+def test_a_malformed_job_id_is_an_unknown_job(client: TestClient, a: Project) -> None:
+    """/ui/jobs/abc answered a bare 422, before and instead of the login."""
+    bad = ("abc", "0", "-1", "99999999999999999999", "1.5")
+    for raw in bad:
+        r = client.get(f"/ui/jobs/{raw}", follow_redirects=False)
+        assert r.status_code == 303, raw
+        assert r.headers["location"] == f"/ui/login?next=%2Fui%2Fjobs%2F{raw}"
+    # Any other refused parameter asks for the login first too.
+    r = client.get("/ui/jobs/1/stream?after=x", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/ui/login?next=")
+    login(client, a.admin)
+    unknown = client.get("/ui/jobs/999999999")
+    assert unknown.status_code == 404
+    for raw in bad:
+        r = client.get(f"/ui/jobs/{raw}")
+        assert r.status_code == 404, raw
+        assert "<h1>Not found</h1>" in r.text and "<nav>" in r.text
+        assert client.get(f"/ui/jobs/{raw}/stream").status_code == 404
+        assert client.post(f"/ui/jobs/{raw}/cancel").status_code == 404
+        assert client.post(f"/ui/jobs/{raw}/retry").status_code == 404
+    # Logged in, a refused parameter is the error page, with the nav.
+    r = client.get("/ui/jobs/1/stream?after=x")
+    assert r.status_code == 422 and "<nav>" in r.text
+
+
+def test_an_unknown_path_is_a_404_whatever_the_method(client: TestClient, a: Project) -> None:
+    """PATCH, PUT, DELETE and OPTIONS of a path that is no page answered 405."""
+    login(client, a.admin)
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"):
+        r = client.request(method, "/ui/no/such/page", headers=HTML)
+        assert r.status_code == 404, method
+        assert r.headers["content-type"].startswith("text/html"), method
+        assert "allow" not in r.headers
+    r = client.request("PATCH", "/ui/no/such/page", headers={"Accept": "application/json"})
+    assert r.status_code == 404 and r.json()["code"] == "not_found"
+    # A page that exists answers what it allows.
+    r = client.options("/ui/jobs", headers=HTML)
+    assert (r.status_code, r.headers["allow"]) == (405, "GET, HEAD")
+    r = client.patch("/ui/jobs/1/cancel", headers=HTML)
+    assert (r.status_code, r.headers["allow"]) == (405, "POST")

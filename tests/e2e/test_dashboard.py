@@ -320,3 +320,70 @@ def test_sessions_and_error_pages_over_real_http(stack: Stack) -> None:
     assert (status, headers["location"]) == (303, "/ui/login")
     status, headers, _, _ = _http(base, "GET", "/ui/jobs", cookie=cookie)
     assert status == 303 and headers["location"].startswith("/ui/login")
+
+
+def _log_in(page: Any, base: str, token: str, path: str) -> None:
+    page.goto(f"{base}{path}")  # the login form, then back to path
+    page.fill("#token", token)
+    page.click("#login")
+    page.wait_for_url(f"{base}{path}")
+
+
+def test_an_ended_session_goes_to_login_without_a_badge(
+    chromium: Any, stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream's end for a revoked token ({"status": "unauthorized"}) was
+    written into the status badge (class s-unauthorized) before the reload."""
+    from hypermedia.api.routes import jobs as jobs_api
+
+    monkeypatch.setattr(jobs_api, "SSE_RECHECK_SECONDS", 0.3)  # the server's check, sooner
+    base, svc = stack.base, stack.svc
+    job_id = svc.engine.enqueue(
+        NewJob("debug.noop", project_id="default", owner_id="e2e", queue="nobody-serves")
+    )
+    row, token = svc.tokens.create("default", ["jobs:read"])
+    context = chromium.new_context()
+    context.add_init_script(WATCH_STATUS)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        with page.expect_response(lambda r: "/stream" in r.url) as opened:
+            _log_in(page, base, token, f"/ui/jobs/{job_id}")
+        assert opened.value.status == 200  # the stream is open: its token checked
+        assert page.locator("#status").text_content() == "queued"
+        svc.tokens.revoke(int(row["token_id"]))
+        page.wait_for_url(re.compile(r"/ui/login\?next="), timeout=15_000)
+        assert "unauthorized" not in _live_statuses(page), _live_statuses(page)
+        assert not errors, errors
+    finally:
+        context.close()
+
+
+def test_a_long_file_name_keeps_the_page_in_the_window(
+    chromium: Any, stack: Stack, tmp_path: Path
+) -> None:
+    """A 1000-character file name without a space made the job page 2445 px
+    wide in a 1280 px window."""
+    base, svc = stack.base, stack.svc
+    source = tmp_path / "long.png"
+    source.write_bytes(png(8, 6))
+    obj = svc.storage.put_file(source, filename="n" * 1000 + ".png", project_id="default")
+    job_id = svc.engine.enqueue(
+        NewJob(
+            "debug.sleep",
+            {"ms": 1, "marker": "m" * 1000},
+            project_id="default",
+            object_id=int(obj["object_id"]),
+            queue="nobody-serves",
+        )
+    )
+    context = chromium.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    try:
+        _log_in(page, base, stack.token, f"/ui/jobs/{job_id}")
+        assert "n" * 200 in (page.locator("#input").text_content() or "")
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 1280, width
+    finally:
+        context.close()

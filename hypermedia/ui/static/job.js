@@ -8,6 +8,10 @@
   var bar = document.getElementById("progress");
   var barText = document.getElementById("progress-text");
   var body = document.getElementById("events-body");
+  // Statuses from the server (queue/states.py): a job's end, and the waits
+  // between attempts, where the last attempt's progress no longer holds.
+  var FINAL = (root.dataset.final || "").split(" ");
+  var WAITING = (root.dataset.waiting || "").split(" ");
   var source = new EventSource(root.dataset.stream);
 
   function cell(tr, text) {
@@ -20,6 +24,10 @@
     statusEl.textContent = status;
     statusEl.className = "status s-" + status.replace(/[^a-z_]/g, "");
     root.dataset.status = status;
+    if (WAITING.indexOf(status) >= 0 && bar && barText) {  // as the server renders it
+      bar.removeAttribute("value");
+      barText.textContent = "";
+    }
   }
 
   // The browser fires a plain "error" (no data) when the connection drops;
@@ -39,7 +47,9 @@
     var row = JSON.parse(e.data);
     var tr = document.createElement("tr");
     tr.className = "live";
-    cell(tr, String(row.created_at || "").replace("T", " ").slice(0, 19));
+    // UTC, as the server writes every time ("2024-05-01 12:00:00 UTC").
+    var when = String(row.created_at || "").replace("T", " ").slice(0, 19);
+    cell(tr, when ? when + " UTC" : "");
     cell(tr, row.kind);
     cell(tr, row.to_status ? (row.from_status || "∅") + " → " + row.to_status : "");
     cell(tr, row.attempt_number);
@@ -59,8 +69,12 @@
   });
   source.addEventListener("end", function (e) {
     source.close();
-    setStatus(JSON.parse(e.data).status);
     root.dataset.ended = "1";
+    var status = JSON.parse(e.data).status;
+    // Not the job's end but the stream's ("unauthorized": the session or its
+    // token ended): no badge for it; the reload leads to the login form.
+    if (FINAL.indexOf(status) < 0) return window.location.reload();
+    setStatus(status);
     window.setTimeout(function () { window.location.reload(); }, 400);
   });
 })();
