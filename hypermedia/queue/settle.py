@@ -177,6 +177,10 @@ def _failure(
             "status": "retry_wait",
             "available_at": now + timedelta(seconds=delay),
             "retryable": True,
+            # The next attempt starts from nothing: the last one's bar (100 %
+            # at its final step) was shown while the job waited.  A job that
+            # fails for good keeps where it stopped.
+            "progress": None,
         }
         if grows:
             grown = int(memory * pol.memory_factor)

@@ -197,6 +197,26 @@ def test_reaper_guard_ignores_results_for_another_holder(engine, driver):
     assert snapshot(driver, job_id) == before
 
 
+@pytest.mark.parametrize("flush", [False, True])
+def test_a_retry_forgets_the_last_attempts_progress(engine, driver, flush):
+    """A failed attempt's progress stays (where it stopped), but not while
+    the job waits for its next attempt: the worker's batch path too."""
+    waits, fails = _running(engine), _running(engine, max_attempts=1)
+    for job_id, a in (waits, fails):
+        assert engine.report_progress(W1, {(job_id, a): {"percent": 100, "step": "4/4"}}) == 1
+    results = [failed(job_id, a, "CRASHED") for job_id, a in (waits, fails)]
+    if flush:
+        engine.flush(W1, [], results)
+    else:
+        engine.settle(W1, results)
+    assert (status_of(driver, waits[0]), job_row(driver, waits[0])["progress"]) == (
+        "retry_wait",
+        None,
+    )
+    assert status_of(driver, fails[0]) == "failed"
+    assert job_row(driver, fails[0])["progress"]["percent"] == 100.0
+
+
 def test_progress_reports_are_fenced_and_batched(engine, driver, clock):
     j1, a1 = _running(engine)
     j2, a2 = _running(engine)
