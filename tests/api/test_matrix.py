@@ -27,7 +27,7 @@ BODIES = {
     ("PATCH", "/v1/photos/{photo_id}"): {"title": "mine now"},
 }
 # Reachable without a token: the signed link is the capability.
-PUBLIC = {("GET", "/v1/objects/{object_id}/content")}
+PUBLIC = {("GET", "/v1/objects/{object_id}/content"), ("HEAD", "/v1/objects/{object_id}/content")}
 
 
 @dataclass
