@@ -300,3 +300,5 @@ def gc_run_once(as_json: bool = typer.Option(False, "--json")) -> None:
                 console.print(line, highlight=False)
         if report.failed:
             raise HypermediaError(f"{report.failed} blob(s) could not be deleted; will retry")
+        if report.kept:
+            raise HypermediaError(f"{report.kept} deleting object(s) kept: see why above")

@@ -106,7 +106,8 @@ def show(
         for role, v in row["variants"].items():
             if v["status"]:
                 job = f" (job {v['job_id']})" if v["job_id"] else ""
-                console.print(f"{role:>10}: {v['status']}{job}")
+                why = f": {v['error']}" if v.get("error") else ""  # failed, or waiting, and why
+                console.print(f"{role:>10}: {v['status']}{job}{why}", soft_wrap=True)
 
 
 @app.command("copy")

@@ -16,6 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from hypermedia.db.schema import job_outputs as O
+from hypermedia.db.schema import processing_jobs as J
 from hypermedia.db.schema_storage import bridge_hits as BH
 from hypermedia.db.schema_storage import objects as OB
 from hypermedia.db.schema_storage import photo_objects as PO
@@ -24,6 +25,23 @@ from hypermedia.db.schema_storage import variant_jobs as VJ
 from hypermedia.errors import Conflict
 
 Row = dict[str, Any]
+
+# The roles a photo's variants are bound to (photos/service.py: VARIANTS maps
+# each to the job type that makes it).  Here because the engine asks too
+# (``jobs_of_deleted_photos``), and it cannot import the photo service.
+VARIANT_ROLES = ("thumb", "preview")
+
+
+def variant_key(photo_id: str, role: str) -> str:
+    """The idempotency key of a photo's variant job; ``add`` and the bridge share it."""
+    return f"photo:{photo_id}:{role}"
+
+
+def photo_of_variant_key(key: str | None) -> str | None:
+    """The photo whose variant job has idempotency key ``key``, if it is one."""
+    kind, _, rest = (key or "").partition(":")
+    photo_id, _, role = rest.rpartition(":")
+    return photo_id if kind == "photo" and photo_id and role in VARIANT_ROLES else None
 
 
 def _rows(result: sa.CursorResult[Any]) -> list[Row]:
@@ -259,6 +277,22 @@ class PhotoQueries:
             .values(deleted_at=now)
         )
         return int(self.conn.execute(q).rowcount)
+
+    def jobs_of_deleted_photos(self, job_ids: Sequence[int]) -> list[int]:
+        """Those of ``job_ids`` that are variant jobs of a photo that no longer exists."""
+        if not job_ids:
+            return []
+        q = sa.select(J.c.job_id, J.c.idempotency_key).where(J.c.job_id.in_(list(job_ids)))
+        photo_of = {
+            job_id: photo
+            for job_id, key in self.conn.execute(q)
+            if (photo := photo_of_variant_key(key)) is not None
+        }
+        if not photo_of:
+            return []
+        q = sa.select(PH.c.photo_id).where(PH.c.photo_id.in_(sorted(set(photo_of.values()))))
+        alive = {r[0] for r in self.conn.execute(q)}
+        return sorted(j for j, p in photo_of.items() if p not in alive)
 
     # -- compatibility bridge hits (seed 004) ---------------------------------
 

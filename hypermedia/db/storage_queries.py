@@ -41,10 +41,15 @@ class StorageQueries:
 
     def pool_users(self, pool_id: int) -> tuple[dict[str, int], int]:
         """What refers to a pool: its objects by state (any state: a ``deleting``
-        row still needs the pool to delete its blob), and unfinished jobs."""
+        row still needs the pool to delete its blob), and unfinished jobs.
+
+        Not the rows a worker reserved for outputs (storage/reserve.py): no
+        blob, nothing refers to them, nobody sees them, and a running worker
+        keeps its unused ones until it stops.  ``delete_reservations`` drops
+        them with the pool."""
         q = (
             sa.select(OB.c.state, sa.func.count())
-            .where(OB.c.pool_id == pool_id)
+            .where(OB.c.pool_id == pool_id, ~_reserved())
             .group_by(OB.c.state)
         )
         objects = {str(state): int(n) for state, n in self.conn.execute(q)}
@@ -52,6 +57,14 @@ class StorageQueries:
             J.c.pool_id == pool_id, J.c.status.in_(LIVE_JOB_STATUSES)
         )
         return objects, int(self.conn.execute(jobs).scalar_one())
+
+    def delete_reservations(self, pool_id: int) -> int:
+        """The pool's reserved output rows (see ``pool_users``).  A worker that
+        takes one of them later has its completion refused as swept, and retried
+        (``Engine._lost_outputs``); reserving more in the pool fails on the
+        foreign key (``STORAGE_UNAVAILABLE``, retried too)."""
+        q = sa.delete(OB).where(OB.c.pool_id == pool_id, _reserved())
+        return int(self.conn.execute(q).rowcount)
 
     def delete_pool(self, pool_id: int) -> None:
         self.conn.execute(sa.delete(PL).where(PL.c.pool_id == pool_id))
@@ -107,6 +120,52 @@ class StorageQueries:
         row = self.conn.execute(q).first()
         return dict(row._mapping) if row else None
 
+    def shown_object(self, object_id: int) -> Row | None:
+        """The object as users see it (``objects show``, ``GET /v1/objects/{id}``):
+        ``ready`` only.  A ``pending`` row is an upload or an output still on
+        its way (or a reservation), a ``deleting`` one is GC's to remove (a
+        refused or failed upload, an object nothing uses): no object to show."""
+        q = sa.select(OB).where(OB.c.object_id == object_id, OB.c.state == "ready")
+        row = self.conn.execute(q).first()
+        return dict(row._mapping) if row else None
+
+    def object_states(self, ids: Sequence[int], *, lock: bool = False) -> dict[int, str]:
+        """The state of each of ``ids`` that has a row; with ``lock``, the rows
+        locked (a completing job's outputs: GC's mark skips locked rows)."""
+        if self.dialect == "sqlite":  # the write lock is held already; see db/fast.py
+            prepared = fast.prepare(
+                self.conn,
+                ("object_states", len(ids)),
+                lambda: sa.select(OB.c.object_id, OB.c.state).where(
+                    sa.or_(*(OB.c.object_id == p for p in fast.id_params(ids)))
+                ),
+            )
+            found = fast.rows(self.conn, prepared, fast.id_values(ids))
+            return {r["object_id"]: r["state"] for r in found}
+        q = sa.select(OB.c.object_id, OB.c.state).where(OB.c.object_id.in_(list(ids)))
+        if lock:
+            q = q.with_for_update()
+        return {i: str(st) for i, st in self.conn.execute(q)}
+
+    def record_orphan(self, pool_id: int, key: str, project_id: str, now: datetime) -> bool:
+        """A ``deleting`` row for a blob no row leads to (an output whose reserved
+        row GC swept while it was stored), so that GC deletes it; False when a
+        row has that key already (it governs the blob)."""
+        taken = sa.select(OB.c.object_id).where(OB.c.storage_key == key)
+        if self.conn.execute(taken).first() is not None:
+            return False
+        self.insert_object(
+            {
+                "pool_id": pool_id,
+                "storage_key": key,
+                "project_id": project_id,
+                "state": "deleting",
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+        return True
+
     def ready_inputs(self, ids: Sequence[int]) -> dict[int, Row]:
         """pool_id, storage_key and checksum of those of ``ids`` that are ready."""
         cols = (OB.c.object_id, OB.c.pool_id, OB.c.storage_key, OB.c.checksum)
@@ -142,11 +201,15 @@ class StorageQueries:
         project_id: str | None = None,
         reserved: bool = False,
     ) -> list[Row]:
-        """Objects, newest first; without ``reserved``, not the rows a worker holds
-        for outputs still being made (storage/reserve.py): nothing to show yet."""
+        """Objects, newest first.  Without ``reserved``, as users see them
+        (``objects ls``, ``GET /v1/objects``): ``ready`` ones, as
+        ``shown_object``, unless ``state`` asks for uploads on their way or
+        rows GC is to delete (what an operator looks for), but never the
+        rows workers reserved for outputs (storage/reserve.py); with
+        ``reserved``, every row of the ledger."""
         q = sa.select(OB)
         if not reserved:
-            q = q.where(OB.c.storage_key.not_like("pending/%"))
+            q = q.where(~_reserved()) if state is not None else q.where(OB.c.state == "ready")
         if project_id is not None:
             q = q.where(OB.c.project_id == project_id)
         if state is not None:
@@ -303,13 +366,16 @@ class StorageQueries:
         """Reserved output rows no output took (storage/reserve.py): no blob, no reference."""
         if not ids:
             return 0
-        q = sa.delete(OB).where(
-            OB.c.object_id.in_(list(ids)),
-            OB.c.state == "pending",
-            OB.c.storage_key.startswith("pending/"),
-        )
+        q = sa.delete(OB).where(OB.c.object_id.in_(list(ids)), _reserved())
         return int(self.conn.execute(q).rowcount)
 
     def delete_object_row(self, object_id: int) -> bool:
         q = sa.delete(OB).where(OB.c.object_id == object_id, OB.c.state == "deleting")
         return self.conn.execute(q).rowcount == 1
+
+
+def _reserved() -> sa.ColumnElement[bool]:
+    """A row reserved for an output (storage/reserve.py): still ``pending``,
+    with its placeholder key.  An upload's own row gets its real key in the
+    transaction that inserts it, so only reservations keep one."""
+    return sa.and_(OB.c.state == "pending", OB.c.storage_key.startswith("pending/"))

@@ -7,8 +7,9 @@
   and the role, so the bridge adopting the same row can never make a second job.
 * ``copy`` and ``move`` are metadata-only: a copy binds the same objects (locked,
   ``ready`` required, as GC's protocol asks), nothing is uploaded again.
-* ``delete`` removes the photo and its bindings; GC collects the objects once
-  nothing else references them.
+* ``delete`` removes the photo and its bindings and stops its variant jobs;
+  GC collects the objects once nothing else references them (outputs of a
+  variant job that completes anyway are retired as they arrive).
 * ``attach_variants`` binds finished variant outputs to their photos.
 """
 
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from hypermedia.config import DEFAULT_PROJECT
+from hypermedia.db.photo_queries import VARIANT_ROLES, variant_key
+from hypermedia.db.photo_queries import photo_of_variant_key as photo_of_variant_key
 from hypermedia.errors import HypermediaError, InvalidRequest, JobError, NotFound, StaleTransition
 from hypermedia.pipelines import registry
 from hypermedia.queue import states
@@ -38,8 +41,11 @@ Row = dict[str, Any]
 Rows = list[Row]
 JobIds = list[int]
 
-# role → engine job type (its profile is the job type with dashes, queue "images").
-VARIANTS: dict[str, str] = {"thumb": "image.thumbnail", "preview": "image.preview"}
+# role → engine job type (its profile is the job type with dashes, queue "images"),
+# for each of the roles variant keys name (db/photo_queries.py).
+VARIANTS: dict[str, str] = dict(
+    zip(VARIANT_ROLES, ("image.thumbnail", "image.preview"), strict=True)
+)
 BATCH = 100
 MAX_ERROR = 500
 
@@ -51,21 +57,11 @@ _VARIANT_STATUS = {
     "claimed": "processing",
     "processing": "processing",
     "cancel_requested": "processing",
+    # An attempt failed and another comes after a backoff: said, with why.
+    "retry_wait": "retry_wait",
 }
 # Jobs a cancel still stops: not finished, and not already asked to stop.
 _LIVE = frozenset(states.STATUSES) - states.TERMINAL - {"cancel_requested"}
-
-
-def variant_key(photo_id: str, role: str) -> str:
-    """The idempotency key of a photo's variant job; ``add`` and the bridge share it."""
-    return f"photo:{photo_id}:{role}"
-
-
-def photo_of_variant_key(key: str | None) -> str | None:
-    """The photo whose variant job has idempotency key ``key``, if it is one."""
-    kind, _, rest = (key or "").partition(":")
-    photo_id, _, role = rest.rpartition(":")
-    return photo_id if kind == "photo" and photo_id and role in VARIANTS else None
 
 
 def project_of(photo: Row) -> str:
@@ -218,6 +214,9 @@ class Photos:
             entry: Row = {"status": status, "job_id": job["job_id"] if job else None}
             if status == "failed":
                 entry["error"] = (job or {}).get("safe_reason") or (pending or {}).get("last_error")
+            elif status == "retry_wait" and job is not None:
+                # Why its last attempt failed (a store away, a pool full).
+                entry["error"] = job["safe_reason"] or job["error_code"]
             elif status == "queued" and job is None and pending and pending["last_error"]:
                 # The engine refused its jobs so far (a credit budget, no original):
                 # say why it waits; the bridge tries again later.
@@ -324,15 +323,27 @@ class Photos:
                 if (j := tx.job_by_idempotency_key(project_of(photo), variant_key(photo_id, role)))
             ]
             tx.delete_photo(photo_id)
+            self._stop(tx, jobs)
             # Its variant outputs no longer pin their objects (a copy's binding still does).
             tx.retire_outputs([j["job_id"] for j in jobs], now)
             if pending is not None:
                 self._hand_over(tx, photo, bindings, now)
-        # Variants nobody will see: stop them (they also pin the original).
+
+    def _stop(self, tx: Any, jobs: Rows) -> None:
+        """Variants nobody will see: stop them (they also pin the original).
+
+        In the delete's transaction, each job row locked: an attempt that
+        completes meanwhile either committed first (its outputs exist, and
+        are retired next) or ends a job that is ``cancel_requested`` of a
+        photo that is gone, and the engine retires them as they arrive
+        (``Engine._apply``).  Stopped after the commit, the attempt could
+        complete in between and its outputs pin their objects for the
+        month job retention keeps the job.
+        """
         for j in jobs:
             if j["status"] in _LIVE:
                 with contextlib.suppress(StaleTransition, NotFound):
-                    self.engine.cancel(j["job_id"], actor="photos")
+                    self.engine.cancel_in(tx, j["job_id"], actor="photos")
 
     def _hand_over(self, tx: Any, photo: Row, bindings: Rows, now: datetime) -> None:
         """The deleted photo's variants were still coming: a copy waiting for them

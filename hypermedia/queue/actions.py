@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from hypermedia.db.driver import Driver
-from hypermedia.errors import Conflict, InvalidRequest, NotFound, StaleTransition
+from hypermedia.errors import InvalidRequest, NotFound, StaleTransition
 from hypermedia.queue import states
 from hypermedia.queue.enqueue import check_budgets
 from hypermedia.queue.events import event
@@ -30,26 +30,31 @@ class UserActions:
 
     def cancel(self, job_id: int, actor: str | None = None) -> str:
         """Cancel: waiting jobs at once; running ones are asked to stop. Returns the new status."""
-        now = self.clock()
         with self.db.tx() as tx:
-            job = _locked_job(tx, job_id)
-            status = job["status"]
-            if status == "cancel_requested":
-                return status
-            if status in states.sources("cancel"):
-                values = {
-                    "outcome": "cancelled",
-                    "category": "cancellation",
-                    "retryable": True,
-                    "safe_reason": "cancelled by request",
-                    "completed_at": now,
-                }
-                self._guarded(tx, job, "cancel", values, actor, "cancelled by request")
-                return "cancelled"
-            if status in states.sources("request_cancel"):
-                self._guarded(tx, job, "request_cancel", {}, actor, "cancel requested")
-                return "cancel_requested"
-            raise StaleTransition(job_id, "cancel", status)
+            return self.cancel_in(tx, job_id, actor)
+
+    def cancel_in(self, tx: Any, job_id: int, actor: str | None = None) -> str:
+        """``cancel`` inside ``tx``, the job row locked until it commits (a
+        photo's delete stops its variant jobs in its own transaction)."""
+        now = self.clock()
+        job = _locked_job(tx, job_id)
+        status = job["status"]
+        if status == "cancel_requested":
+            return status
+        if status in states.sources("cancel"):
+            values = {
+                "outcome": "cancelled",
+                "category": "cancellation",
+                "retryable": True,
+                "safe_reason": "cancelled by request",
+                "completed_at": now,
+            }
+            self._guarded(tx, job, "cancel", values, actor, "cancelled by request")
+            return "cancelled"
+        if status in states.sources("request_cancel"):
+            self._guarded(tx, job, "request_cancel", {}, actor, "cancel requested")
+            return "cancel_requested"
+        raise StaleTransition(job_id, "cancel", status)
 
     def retry(self, job_id: int, actor: str | None = None) -> None:
         """failed/cancelled → queued as a new attempt; earlier attempts stay in history."""
@@ -125,7 +130,7 @@ class UserActions:
             job["events"] = tx.events(job_id)
             job["outputs"] = tx.outputs(job_id)
             # And only while its input is there: a retry of a job whose input
-            # GC collected is refused (409), so it said true for nothing.
+            # GC collected is refused (422), so it said true for nothing.
             retry = self.can_retry(job) and _input_ready(tx, job)
         job["legacy_status"] = states.LEGACY_STATUS[job["status"]]
         job["can_retry"] = retry
@@ -184,7 +189,9 @@ def _input_still_there(tx: Any, job: Row) -> None:
         return
     obj = tx.object(job["object_id"], lock=True)
     if obj is None or obj["state"] != "ready":
-        raise Conflict(
+        # Wrong in itself, as an enqueue naming that object is: no retry of
+        # this job can ever succeed (the CLI's exit 2, the API's 422).
+        raise InvalidRequest(
             f"job {job['job_id']}'s input object {job['object_id']} no longer exists "
             "(collected after the job ended): upload the file again for a new job"
         )

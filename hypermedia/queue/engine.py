@@ -11,7 +11,9 @@ user asks for (release, cancel, retry) and the reads in actions.py
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -28,6 +30,9 @@ from hypermedia.queue.events import event
 from hypermedia.queue.models import AttemptResult, Claimed
 from hypermedia.queue.settle import Decision, decide
 from hypermedia.redact import redact
+from hypermedia.storage.keys import object_prefix
+
+log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
 # Carried with a decision's outputs for their objects' rows, not job_outputs columns.
@@ -35,6 +40,9 @@ _OBJECT_ONLY = ("checksum", "width", "height")
 # A job keeps its newest 50 progress and log entries (seed 004, DESIGN §7);
 # every state change is kept.
 DIAGNOSTIC_HISTORY = 50
+# Why a completion is refused when an output's ledger row is gone: the
+# pending sweep took it while the output was on its way (see _lost_outputs).
+LOST_OUTPUT = "an output's ledger row was swept before the job could complete"
 
 
 class Engine(Enqueuing, UserActions):
@@ -262,7 +270,7 @@ class Engine(Enqueuing, UserActions):
         lease_expired_before: datetime | None = None,
     ) -> set[int]:
         now = self.clock()
-        decisions = self._decide(tx, worker_id, results, now, lease_expired_before)
+        decisions = self._decide(tx, worker_id, results, now, lease_expired_before, careful=True)
         self._apply(tx, worker_id, decisions, now)
         return {d.job_id for d in decisions}
 
@@ -273,7 +281,11 @@ class Engine(Enqueuing, UserActions):
         results: Sequence[AttemptResult],
         now: datetime,
         lease_expired_before: datetime | None = None,
+        *,
+        careful: bool = False,
     ) -> list[Decision]:
+        """The decisions for ``results``; ``careful``: in the transaction that
+        writes them, the jobs locked (not ``_flush_optimistic``'s read)."""
         if not results:
             return []
         # The reaper (no worker) skips rows another transaction holds: one
@@ -305,6 +317,8 @@ class Engine(Enqueuing, UserActions):
                 continue
             taken.append((row, res))
             decided.add(res.job_id)
+        if careful:
+            taken = self._lost_outputs(tx, taken, now)
         inputs = self._credit_inputs(tx, taken)
         decisions: list[Decision] = []
         for row, res in taken:
@@ -322,6 +336,78 @@ class Engine(Enqueuing, UserActions):
                 d.object_id = job_input["object_id"]
             decisions.append(d)
         return decisions
+
+    def _lost_outputs(
+        self, tx: Any, taken: list[tuple[Row, AttemptResult]], now: datetime
+    ) -> list[tuple[Row, AttemptResult]]:
+        """Completions whose output rows are still there, and in place of the
+        others a retryable failure, ``STORAGE_UNAVAILABLE``.
+
+        An output's blob is stored under a ``pending`` row reserved for it
+        (storage/reserve.py) and the completion makes the row ready.  A row
+        the pending sweep took meanwhile (GC marked it ``deleting``, or
+        removed it) would have left the job completed with an output object
+        that does not exist, its blob on no row GC or a scrub ever sees.  As
+        an upload swept on its way fails ("took too long and was swept"), the
+        attempt fails, and is tried again.  The rows checked are locked: GC's
+        mark skips locked rows, so none is taken between this check and the
+        promotion that makes them ready.
+        """
+        ids = [i for _, res in taken if res.status == "completed" for i in _output_ids(res)]
+        if not ids:
+            return taken
+        found: dict[int, str] = tx.object_states(ids, lock=True)
+        checked = []
+        for row, res in taken:
+            lost = [i for i in _output_ids(res) if found.get(i) in (None, "deleting")]
+            if res.status != "completed" or not lost:
+                checked.append((row, res))
+                continue
+            self._hand_to_gc(tx, row["job_id"], res, found, now)
+            failed = dataclasses.replace(
+                res,
+                status="failed",
+                code="STORAGE_UNAVAILABLE",
+                message=LOST_OUTPUT,
+                result=None,
+                outputs=[],
+                actual_credits=None,
+            )
+            checked.append((row, failed))
+        return checked
+
+    def _hand_to_gc(
+        self, tx: Any, job_id: int, res: AttemptResult, found: Mapping[int, str], now: datetime
+    ) -> None:
+        """The blobs of a completion refused by ``_lost_outputs``, for GC: its
+        outputs' rows still ``pending`` are marked ``deleting`` (nothing will
+        make them ready now), and a blob whose row is gone gets a ``deleting``
+        row of its own, since GC works from rows and would never find it."""
+        ids = _output_ids(res)
+        tx.mark_deleting([i for i in ids if found.get(i) == "pending"], "pending", now)
+        # Only a key under the output's own prefix: that is where its blob went
+        # (storage/reserve.py), and no other object's blob is there.
+        orphans = [
+            o.output_key
+            for o in res.outputs
+            if o.object_id
+            and o.object_id not in found
+            and o.output_key.startswith(object_prefix(o.object_id))
+        ]
+        if not orphans:
+            return
+        job = tx.job(job_id) or {}
+        # Where the worker stored them: the input's pool, else the default one.
+        pool = (
+            tx.pool(pool_id=job["pool_id"])
+            if job.get("pool_id") is not None
+            else tx.pool(name=self.settings.default_pool)
+        )
+        if pool is None:  # removed meanwhile (`pools rm`): nothing in its store is deleted
+            log.warning("job %d: the blob of a swept output is left in a removed pool", job_id)
+            return
+        for key in orphans:
+            tx.record_orphan(pool["pool_id"], key, job.get("project_id", ""), now)
 
     def _priced(self, tx: Any, profile_id: int) -> tuple[str, pricing.Prices]:
         """A job's profile version ("key:vN") and prices, looked up once.
@@ -377,6 +463,7 @@ class Engine(Enqueuing, UserActions):
         tx.finish_attempts([d.attempt_values for d in decisions])
         outputs = [o for d in decisions for o in d.outputs]
         tx.insert_outputs([{k: v for k, v in o.items() if k not in _OBJECT_ONLY} for o in outputs])
+        self._retire_unwanted(tx, decisions, now)
         # Output blobs were uploaded under reserved pending rows; the completion
         # makes them ready, with their key, type, size and checksum, in the same
         # transaction (DESIGN §3; storage/reserve.py).
@@ -402,6 +489,17 @@ class Engine(Enqueuing, UserActions):
             if d.input_facts and d.object_id is not None:
                 tx.set_object_facts(d.object_id, {**d.input_facts, "updated_at": now})
         tx.insert_events([d.event for d in decisions])
+
+    @staticmethod
+    def _retire_unwanted(tx: Any, decisions: list[Decision], now: datetime) -> None:
+        """Outputs of a photo's variant job that completed after the photo was
+        deleted: the delete asked the job to stop (cancel_requested), too
+        late, and retired the outputs there were then.  These are retired as
+        they arrive, so that they pin nothing: GC collects what no photo
+        uses, instead of keeping it as long as job retention keeps the job."""
+        late = [d.job_id for d in decisions if d.outputs and d.seen == "cancel_requested"]
+        if late:
+            tx.retire_outputs(tx.jobs_of_deleted_photos(late), now)
 
     def renew(self, worker_id: str, items: Sequence[tuple[int, int]]) -> dict[int, str]:
         """Extend the leases of running attempts; return each job's status.
@@ -543,6 +641,11 @@ def _same_values_key(values: Row) -> Any:
     except TypeError:  # a JSON result (dict or list)
         return json.dumps(values, sort_keys=True, default=str)
     return key
+
+
+def _output_ids(res: AttemptResult) -> list[int]:
+    """The object ids of a result's outputs (data-only outputs have none)."""
+    return [o.object_id for o in res.outputs if o.object_id]
 
 
 def _actual_credits(prices: pricing.Prices, job_input: Row | None, res: AttemptResult) -> int:

@@ -6,6 +6,10 @@
    outputs of attempts that never completed) become ``deleting``.
 2. **Sweep**: for each ``deleting`` object, delete the blob, then the row.  A
    crash between the two only repeats the (idempotent) blob delete next time.
+   A ``deleting`` row that something still references (only a write behind
+   the service's back makes one: a binding is refused for a row that is not
+   ``ready``) keeps its blob and its row, and is reported; so is a row the
+   database will not delete.  Either is skipped, not the end of the run.
 
 Never a referenced object: candidates are locked (skipping rows a binding
 transaction holds), then their references are checked again by a fresh
@@ -22,6 +26,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
+import sqlalchemy as sa
+
+from hypermedia.db.dialects import is_transient
 from hypermedia.scheduler.budget import Backlog, Backlogged
 from hypermedia.storage.base import BucketMissing, StorageError
 from hypermedia.storage.keys import object_prefix
@@ -31,6 +38,13 @@ from hypermedia.storage.reserve import is_placeholder
 log = logging.getLogger(__name__)
 
 BATCH = 200
+# Why the sweep leaves a ``deleting`` row (GcReport.kept).
+STILL_REFERENCED = (
+    "still referenced (a photo binding, a job's output or a live job's input); blob not deleted"
+)
+ROW_REFUSED = "the database refused to delete the row"
+# Object ids a report line names at most, for someone to look at.
+SHOWN_IDS = 10
 
 
 @dataclass
@@ -39,6 +53,7 @@ class GcReport:
     marked_pending: int = 0
     deleted: int = 0
     failed: int = 0
+    kept: int = 0
     # (pool name, what went wrong) -> blobs not deleted for that reason: a
     # store that is away fails every object alike, and says so once.
     failures: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -46,12 +61,17 @@ class GcReport:
     bucket_missing: dict[str, int] = field(default_factory=dict)
     # pool name -> why its unfinished uploads could not be swept
     uploads_not_swept: dict[str, str] = field(default_factory=dict)
+    # (pool name, why) -> ids of ``deleting`` rows the sweep left as they are
+    # (still referenced, or refused by the database): every run meets them
+    # again until someone fixes them, and the rest of the run goes on.
+    kept_rows: dict[tuple[str, str], list[int]] = field(default_factory=dict)
 
     COUNTS: ClassVar[tuple[str, ...]] = (
         "marked_unreferenced",
         "marked_pending",
         "deleted",
         "failed",
+        "kept",
     )
 
     def counts(self) -> dict[str, int]:
@@ -62,11 +82,16 @@ class GcReport:
             {"pool": pool, "error": error, "count": n}
             for (pool, error), n in sorted(self.failures.items())
         ]
+        kept = [
+            {"pool": pool, "reason": why, "count": len(ids), "object_ids": ids[:SHOWN_IDS]}
+            for (pool, why), ids in sorted(self.kept_rows.items())
+        ]
         return {
             **self.counts(),
             "failures": failures,
             "bucket_missing": self.bucket_missing,
             "uploads_not_swept": self.uploads_not_swept,
+            "kept_rows": kept,
         }
 
     def lines(self) -> list[str]:
@@ -82,6 +107,10 @@ class GcReport:
         said += [
             f"pool {pool}: unfinished uploads not swept: {error}"
             for pool, error in sorted(self.uploads_not_swept.items())
+        ]
+        said += [
+            f"pool {pool}: {len(ids)} deleting object(s) kept: {why} (ids {_ids(ids)})"
+            for (pool, why), ids in sorted(self.kept_rows.items())
         ]
         return said
 
@@ -160,22 +189,44 @@ class GarbageCollector(Backlogged):
         while True:
             with self.storage.db.read() as tx:
                 found = tx.deleting_objects(BATCH + len(skip))
-            rows = [r for r in found if r["object_id"] not in skip]
+                rows = [r for r in found if r["object_id"] not in skip]
+                # Checked before any blob goes: a blob something still uses is kept.
+                used = tx.referenced([r["object_id"] for r in rows])
             if not rows:
                 return
             for row in rows:
-                if not self._delete_blob(row, names.get(row["pool_id"], str(row["pool_id"]))):
+                pool = names.get(row["pool_id"], str(row["pool_id"]))
+                if row["object_id"] in used:
+                    self._kept(row, pool, STILL_REFERENCED)
+                    skip.add(row["object_id"])
+                elif not self._delete_blob(row, pool):
                     skip.add(row["object_id"])  # kept for the next round
-                elif self._delete_row(row):
+                elif self._delete_row(row, pool):
                     self.report.deleted += 1
+                else:
+                    skip.add(row["object_id"])
                 if self.backlog.spent():  # per blob: a store that hangs takes a call each
                     return
             if len(rows) < BATCH:
                 return
 
-    def _delete_row(self, row: dict[str, Any]) -> bool:
-        with self.storage.db.tx() as tx:
-            return bool(tx.delete_object_row(row["object_id"]))
+    def _delete_row(self, row: dict[str, Any], pool: str) -> bool:
+        """Delete a swept row; False (and said) if the database refuses, as it
+        will every time: the run goes on with the other rows."""
+        try:
+            with self.storage.db.tx() as tx:
+                return bool(tx.delete_object_row(row["object_id"]))
+        except sa.exc.DBAPIError as exc:
+            if is_transient(exc):  # the database is away: the next run tries again
+                raise
+            self._kept(row, pool, f"{ROW_REFUSED} ({type(exc).__name__})")
+            return False
+
+    def _kept(self, row: dict[str, Any], pool: str, why: str) -> None:
+        """A row the sweep leaves as it is: reported with its id (someone has
+        to look at it), and the sweep goes on with the others."""
+        self.report.kept_rows.setdefault((pool, why), []).append(row["object_id"])
+        self.report.kept += 1
 
     def _delete_blob(self, row: dict[str, Any], pool: str) -> bool:
         """Delete a ``deleting`` row's blob; False (and counted) if it may still be there."""
@@ -201,6 +252,11 @@ class GarbageCollector(Backlogged):
             self.report.failed += 1
             return False
         return True
+
+
+def _ids(ids: list[int]) -> str:
+    shown = ", ".join(map(str, ids[:SHOWN_IDS]))
+    return shown + (", …" if len(ids) > SHOWN_IDS else "")
 
 
 def _os_error(exc: OSError) -> str:

@@ -41,7 +41,7 @@ from hypermedia.storage.base import (
     algorithm_of,
 )
 from hypermedia.storage.keys import display_name, object_key
-from hypermedia.storage.reserve import Reservations, is_placeholder
+from hypermedia.storage.reserve import Reservations
 
 Row = dict[str, Any]
 DEFAULT_POOL = "local"
@@ -105,7 +105,9 @@ class Storage:
 
         The pool row is locked first: an object being stored into the pool
         meanwhile (its foreign key locks the row too) either commits before
-        the count, which then sees it, or waits and then fails on the key."""
+        the count, which then sees it, or waits and then fails on the key.
+        Rows workers reserved for outputs (storage/reserve.py) are no use of
+        the pool: they go with it (``Tx.pool_users``)."""
         if name == DEFAULT_POOL:
             raise Refused(f"{DEFAULT_POOL!r} is the default pool: it cannot be removed")
         with self.db.tx() as tx:
@@ -115,6 +117,7 @@ class Storage:
             objects, jobs = tx.pool_users(row["pool_id"])
             if objects or jobs:
                 raise Refused(f"pool {name!r} is in use: {_users(objects, jobs)}")
+            tx.delete_reservations(row["pool_id"])
             tx.delete_pool(row["pool_id"])
         dropped = self._backends.pop(row["pool_id"], None)
         close = getattr(dropped, "close", None)
@@ -333,7 +336,12 @@ class Storage:
         width, height = sniff.dimensions(head, mime)
         object_id = self.reservations.take(pool_id, project_id)
         key = object_key(object_id, role, mime)
-        backend = self.backend(pool_id)
+        try:
+            backend = self.backend(pool_id)
+        except NotFound:  # `pools rm` took it, and our reservations with it
+            raise StorageUnavailable(
+                f"pool {pool_id} was removed: the output is not stored"
+            ) from None
         try:
             stored = self._put_path(backend, key, path, durable, move)
         except Exception:
@@ -468,10 +476,11 @@ class Storage:
     # -- reading -------------------------------------------------------------
 
     def get(self, object_id: int) -> Row:
+        """A ``ready`` object: what is still on its way (an upload, an output, a
+        reservation) or GC's to delete is no object to show, as in listings."""
         with self.db.read() as tx:
-            row = tx.object(object_id)
-        # A reserved output row is no object yet, as in listings.
-        if row is None or is_placeholder(row["storage_key"]):
+            row = tx.shown_object(object_id)
+        if row is None:
             raise NotFound(f"object {object_id} not found")
         return row
 

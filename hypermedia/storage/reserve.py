@@ -14,7 +14,12 @@ what is under that prefix when it collects a row that still has its
 placeholder (``is_placeholder``).  Reservations are used within
 ``RESERVE_TTL`` seconds or deleted (no blob, nothing refers to them): the
 pending sweep (``gc_pending_seconds``, hours) must never collect a row a
-worker is about to use.
+worker is about to use.  The settings refuse a sweep age under an hour
+(config.MIN_GC_PENDING_SECONDS, sixty times ``RESERVE_TTL``); and should a
+row go all the same (a sweep that came anyway, ``pools rm``, which drops a
+pool's reservations with it), the job's completion is refused and its
+attempt retried (``Engine._lost_outputs``), never completed with an output
+that does not exist.
 """
 
 from __future__ import annotations

@@ -257,8 +257,11 @@ def test_add_refuses_what_is_not_an_image(photos: Photos, driver: Driver) -> Non
     with pytest.raises(InvalidRequest, match="must be an image"):
         photos.add(io.BytesIO(b"just some text"))
     assert photos.list()["photos"] == []
-    (obj,) = photos.storage.list()
+    assert photos.storage.list() == []  # nothing is kept, for users
+    (obj,) = photos.storage.list(reserved=True)
     assert obj["state"] == "deleting"  # handed to GC at once
+    with pytest.raises(NotFound):
+        photos.storage.get(obj["object_id"])
     with pytest.raises(InvalidRequest):
         _add(photos, album="x" * 201)
     for control in ("\x00", "\x7f", "\x85"):  # C0, DEL, C1 (NEL)

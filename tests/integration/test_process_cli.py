@@ -391,7 +391,7 @@ def test_process_refusals_exit_nonzero_with_a_clear_message(procs: Procs, tmp_pa
     assert "credit budget exceeded: 0 of 4 used, this request needs 5" in broke.stderr
     assert _jobs(procs) == 0
     # Told only after the upload (the estimate needs it): handed to GC at once.
-    (upload,) = [o for o in objects() if o not in before]
+    (upload,) = json.loads(procs.cli("objects", "ls", "--state", "deleting", "--json"))
     assert (upload["filename"], upload["state"]) == ("a.bin", "deleting")
     assert "Traceback" not in missing.stderr + wrong.stderr + broke.stderr
     # An --out that cannot be written: said so, before anything is uploaded.

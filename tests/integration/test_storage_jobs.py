@@ -138,7 +138,7 @@ def test_a_crash_mid_upload_leaves_only_a_pending_object_for_gc(
     try:
 
         def uploading() -> bool:
-            rows = storage.list()
+            rows = storage.list(reserved=True)  # the ledger's view: users see no pending row
             files = list(tmp_dir.iterdir()) if tmp_dir.exists() else []
             return bool(rows) and bool(files) and files[0].stat().st_size > 1_000_000
 
@@ -146,12 +146,12 @@ def test_a_crash_mid_upload_leaves_only_a_pending_object_for_gc(
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    (row,) = storage.list()
+    (row,) = storage.list(reserved=True)
     assert row["state"] == "pending"  # never ready without its blob
     assert not (storage.settings.home / "storage" / row["storage_key"]).exists()
     time.sleep(0.05)
     s = storage.settings.with_(gc_pending_seconds=0.0)
     report = GarbageCollector(Storage(driver, s)).run_once()
     assert report.marked_pending == 1 and report.deleted == 1
-    assert storage.list() == []
+    assert storage.list(reserved=True) == []
     assert list(tmp_dir.iterdir()) == []

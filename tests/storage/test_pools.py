@@ -285,7 +285,7 @@ def test_gc_keeps_rows_when_access_is_denied(
     assert (report.deleted, report.failed, report.bucket_missing) == (0, 1, {})
     ((pool, error),) = report.failures
     assert pool == "s3" and "access denied" in error and "wrong-" not in error
-    assert [r["state"] for r in s3_storage.list()] == ["deleting"]
+    assert [r["state"] for r in s3_storage.list(reserved=True)] == ["deleting"]
     # Right credentials: the blob and the row go.
     assert GarbageCollector(s3_storage).run_once().deleted == 1
 
@@ -319,7 +319,7 @@ def test_gc_run_once_sums_failures_while_the_store_is_away(
     assert failure["pool"] == "s3" and failure["count"] == 4 and where in failure["error"]
     assert where not in as_json.stderr  # all of it in the report
     assert where in report["uploads_not_swept"]["s3"]
-    assert [r["state"] for r in s3_storage.list()] == ["deleting"] * 4
+    assert [r["state"] for r in s3_storage.list(reserved=True)] == ["deleting"] * 4
     assert GarbageCollector(s3_storage).run_once().deleted == 4  # back: all go
 
 

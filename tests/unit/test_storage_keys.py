@@ -88,6 +88,7 @@ def test_sniff_dimensions() -> None:
     assert sniff.dimensions(png()[:20], "image/png") == (0, 0)
     assert sniff.dimensions(b"\xff\xd8\xff\xe1\xff\xff", "image/jpeg") == (0, 0)
     assert sniff.dimensions(b"RIFF\x00\x00\x00\x00WEBPVP8X", "image/webp") == (0, 0)
+
     # PNG's own bound is 2^31 - 1 a side: a header past it says nothing.
     def png_head(w: int, h: int) -> bytes:
         return png(1, 1)[:16] + struct.pack(">II", w, h) + png(1, 1)[24:]
