@@ -141,8 +141,9 @@ def run(
             jobs = _rows(eng, ids)  # what its drain finished meanwhile
         out.mkdir(parents=True, exist_ok=True)
         records = []
+        inputs = _resolved(files)
         for path, stem, job_id in zip(files, _stems(files), ids, strict=True):
-            records.append(_record(eng, store, path, stem, jobs[job_id], out, why))
+            records.append(_record(eng, store, path, stem, jobs[job_id], out, why, inputs))
     for r in records:
         if as_json:
             print_json(r)
@@ -319,8 +320,20 @@ def _stems(files: list[Path]) -> list[str]:
     return out
 
 
+def _resolved(files: list[Path]) -> set[Path]:
+    """The inputs' real paths (streams have none worth keeping)."""
+    return {f.resolve() for f in files if f.is_file()}
+
+
 def _record(
-    eng: Engine, store: Storage, path: Path, stem: str, job: Row, out: Path, why: str
+    eng: Engine,
+    store: Storage,
+    path: Path,
+    stem: str,
+    job: Row,
+    out: Path,
+    why: str,
+    inputs: set[Path],
 ) -> Row:
     record: Row = {
         "input": str(path),
@@ -352,6 +365,12 @@ def _record(
         n = seen[kind] = seen.get(kind, 0) + 1
         name = f"{stem}.{kind}" + (f".{n}" if counts[kind] > 1 else "")
         dst = out / f"{name}.{extension_for(o['mime_type'])}"
+        if dst.resolve() in inputs:  # `process x.png x.thumb.webp --out .`
+            record["error_code"] = "OUTPUT_NOT_WRITTEN"
+            record["safe_reason"] = (
+                f"an output would replace the input {printable(dst.name)}: give another --out"
+            )
+            continue
         try:
             _download(store, o["object_id"], dst)
         except Exception as exc:  # one output that cannot be written fails this input only

@@ -12,6 +12,7 @@ from hypermedia.db import fast
 from hypermedia.db.bulk import update_many
 from hypermedia.db.schema import job_outputs as O
 from hypermedia.db.schema import processing_jobs as J
+from hypermedia.db.schema_storage import object_hashes as OH
 from hypermedia.db.schema_storage import objects as OB
 from hypermedia.db.schema_storage import photo_objects as PO
 from hypermedia.db.schema_storage import pools as PL
@@ -370,8 +371,13 @@ class StorageQueries:
         return int(self.conn.execute(q).rowcount)
 
     def delete_object_row(self, object_id: int) -> bool:
+        """GC's last step for an object, its duplicate-check hashes with it:
+        they outlived it, and every later check of its project read them."""
         q = sa.delete(OB).where(OB.c.object_id == object_id, OB.c.state == "deleting")
-        return self.conn.execute(q).rowcount == 1
+        if self.conn.execute(q).rowcount != 1:
+            return False
+        self.conn.execute(sa.delete(OH).where(OH.c.object_id == object_id))
+        return True
 
 
 def _reserved() -> sa.ColumnElement[bool]:

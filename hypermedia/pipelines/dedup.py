@@ -8,8 +8,9 @@ Two halves, because the child that reads the file has no database:
 * ``finish`` (the worker, see ``registry.FinishContext``) stores the dHash in
   ``object_hashes`` (idempotent: a retried attempt inserts nothing twice),
   lists the project's other ``ready`` objects with the same
-  ``objects.checksum`` (exact duplicates; an object recorded with SHA-256
-  before BLAKE3 became the default is matched by both), and the project's
+  ``objects.checksum`` (exact duplicates; the child hashes with BLAKE3 and
+  SHA-256, so an object recorded with either matches one recorded with the
+  other, whichever is checked), and the project's
   images whose dHash of the same algorithm and version is within
   ``max_distance`` bits (near duplicates; an exact duplicate is not listed
   again as a near one).
@@ -104,27 +105,33 @@ def dhash(vips: Any, path: str, max_pixels: int) -> str:
     return f"{bits:016x}"
 
 
-def _checksum(path: str) -> tuple[str, int, bytes]:
-    digest, size, head = cs.new(), 0, b""
+def _checksums(path: str) -> tuple[list[str], int, bytes]:
+    """The input's checksum in every algorithm the ledger has recorded
+    (BLAKE3 now, SHA-256 before): an object stored before BLAKE3 became the
+    default is found from a new one, not only the other way round."""
+    digests = [(a, cs.new(a)) for a in cs.ALGORITHMS]
+    size, head = 0, b""
     try:
         with open(path, "rb") as f:
             while chunk := f.read(1 << 20):
                 if not size:
                     head = chunk[:HEAD_BYTES]
-                digest.update(chunk)
+                for _, digest in digests:
+                    digest.update(chunk)
                 size += len(chunk)
     except OSError:
         raise JobError("CORRUPT_INPUT", "the input file could not be read") from None
-    return cs.tagged(cs.DEFAULT, digest.hexdigest()), size, head
+    return [cs.tagged(a, d.hexdigest()) for a, d in digests], size, head
 
 
 def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     if ctx.input_path is None:
         raise JobError("INVALID_PARAMS", "storage.dedup_check needs an input object")
     ctx.progress(5, "hashing the content")
-    checksum, size, head = _checksum(ctx.input_path)
+    checksums, size, head = _checksums(ctx.input_path)
     out: dict[str, Any] = {
-        "checksum": checksum,
+        "checksum": checksums[0],
+        "checksums": checksums,
         "size": size,
         "algorithm": None,
         "version": None,
@@ -164,9 +171,16 @@ def _checked(result: dict[str, Any]) -> dict[str, Any]:
         and _VERSION.fullmatch(str(result.get("version", "")))
     ):
         raise bad
+    sums = result.get("checksums", [result["checksum"]])
+    if not isinstance(sums, list) or not all(_CHECKSUM.fullmatch(str(c)) for c in sums):
+        raise bad
+    by_algorithm = {cs.algorithm_of(c): c for c in [*sums, result["checksum"]]}
+    if len(by_algorithm) != len(set(sums) | {result["checksum"]}):  # two of one kind
+        raise bad
     skipped = result.get("near_skipped")
     return {
         "checksum": result["checksum"],
+        "checksums": by_algorithm,
         "hash": digest,
         "algorithm": result.get("algorithm") if digest else None,
         "version": result.get("version") if digest else None,
@@ -196,10 +210,10 @@ def _finish(ctx: FinishContext) -> dict[str, Any]:
             obj = tx.object(job.object_id)
             if obj is None or obj["state"] != "ready":
                 raise JobError("CORRUPT_INPUT", "the input object is no longer available")
-            # An object recorded with another algorithm was verified against
-            # its own checksum when the worker fetched it; it is matched by both.
-            same_kind = cs.algorithm_of(obj["checksum"]) == cs.algorithm_of(mine["checksum"])
-            if same_kind and obj["checksum"] != mine["checksum"]:
+            # Checked against the input's own checksum, in its algorithm (the
+            # worker verified the bytes it fetched too).
+            recorded = obj["checksum"]
+            if mine["checksums"].get(cs.algorithm_of(recorded), recorded) != recorded:
                 raise JobError("CORRUPT_INPUT", "the input does not match its checksum")
             project = obj["project_id"]
             if mine["hash"] is not None:
@@ -213,9 +227,8 @@ def _finish(ctx: FinishContext) -> dict[str, Any]:
                     }
                 )
         with ctx.storage.db.read() as tx:
-            exact = tx.same_checksum(
-                project, {obj["checksum"], mine["checksum"]}, job.object_id, MAX_LISTED + 1
-            )
+            sums = {obj["checksum"], *mine["checksums"].values()}
+            exact = tx.same_checksum(project, sums, job.object_id, MAX_LISTED + 1)
             others: list[tuple[int, str]] = []
             if mine["hash"] is not None:
                 others = tx.project_hashes(

@@ -142,8 +142,9 @@ class Progress:
 
 
 # Formats whose size the ledger reads from their header as they are stored
-# (storage/sniff.py): reported again, the completion would leave the fast path
-# (a result with input facts writes the input object too) for nothing.
+# (storage/sniff.py; a JPEG's EXIF orientation too): reported again, the
+# completion would leave the fast path (a result with input facts writes the
+# input object too) for nothing.
 SNIFFED = frozenset({"jpegload", "pngload", "webpload", "gifload"})
 
 
@@ -180,10 +181,11 @@ def _runner(job_type: str, schema: Schema, output_type: str) -> Runner:
             raise imaging.failure(exc, header) from None
         meta = {"width": width, "height": height, "format": fmt, "bytes": os.path.getsize(path)}
         ctx.output(output_type, mime, dict(meta), path=name)
-        if header.loader in SNIFFED:
+        if header.loader in SNIFFED and (header.loader == "jpegload" or not header.turned):
             return meta
-        # Only a decoder knows a TIFF's or a HEIF's size: the input object
-        # takes it from here (its header sniffing left it 0 x 0).
+        # Only a decoder knows a TIFF's or a HEIF's size, or that a PNG or a
+        # WebP is turned (their EXIF may lie past the head the ledger
+        # sniffs): the input object takes its size as shown from here.
         width, height = header.upright
         return {**meta, "input_facts": {"width": width, "height": height}}
 

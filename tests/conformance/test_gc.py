@@ -44,6 +44,22 @@ def test_unreferenced_objects_go_blob_then_row(storage: Storage) -> None:
     assert not _blob(storage, row)
 
 
+def test_a_collected_objects_hashes_go_with_it(storage: Storage) -> None:
+    """Its duplicate-check hashes outlived it, read by every later check."""
+    gone, kept = storage.put(io.BytesIO(b"collected")), storage.put(io.BytesIO(b"kept"))
+    with storage.db.tx() as tx:
+        for obj in (gone, kept):
+            row = {"object_id": obj["object_id"], "algorithm": "dhash64", "version": "v"}
+            tx.store_object_hash({**row, "hash": "00ff", "project_id": "p"})
+    _gc(storage, unreferenced=3600).run_once()  # kept: young
+    with storage.db.tx() as tx:
+        tx.mark_deleting([gone["object_id"]], "ready", storage.clock())
+    assert _gc(storage, unreferenced=3600).run_once().deleted == 1
+    with storage.db.read() as tx:
+        assert tx.object_hash(gone["object_id"], "dhash64", "v") is None
+        assert tx.object_hash(kept["object_id"], "dhash64", "v") == "00ff"
+
+
 def test_young_unreferenced_objects_stay(storage: Storage) -> None:
     row = storage.put(io.BytesIO(b"fresh"))
     _gc(storage, unreferenced=3600).run_once()

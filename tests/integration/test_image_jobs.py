@@ -146,26 +146,32 @@ def test_a_photo_gets_a_thumbnail_a_preview_and_a_compressed_copy(
     assert [p for p in (procs.home / "scratch").rglob("*") if p.is_file()] == []
 
 
-def test_a_tiff_input_learns_its_size_from_its_first_job(
+def test_an_input_learns_its_shown_size_from_its_first_job(
     driver: Driver, live: Engine, storage: Storage, procs: Procs
 ) -> None:
     """The ledger sniffs JPEG, PNG, WebP and GIF sizes; a TIFF stayed 0 x 0
-    for ever, though every job on it decoded its header."""
+    for ever, and a PNG turned by its EXIF kept its stored size, though every
+    job on them decoded their header."""
     tiff = pyvips.Image.black(300, 200, bands=3).tiffsave_buffer()
     src = storage.put(io.BytesIO(tiff), filename="scan.tif")
     assert (src["mime_type"], src["width"], src["height"]) == ("image/tiff", 0, 0)
+    # A PNG turned by its EXIF (eXIf chunk): sniffed as stored, 300 x 200.
+    turned = pyvips.Image.black(300, 200, bands=3).copy()
+    turned.set_type(pyvips.GValue.gint_type, "orientation", 6)
+    png = storage.put(io.BytesIO(turned.pngsave_buffer()), filename="turned.png")
+    assert (png["width"], png["height"]) == (300, 200)
     jpeg = storage.put(io.BytesIO(_photo(40, 30)), filename="a.jpg")
-    jobs = [live.enqueue(NewJob("image.thumbnail", object_id=o["object_id"])) for o in (src, jpeg)]
+    inputs = (src, png, jpeg)
+    jobs = [live.enqueue(NewJob("image.thumbnail", object_id=o["object_id"])) for o in inputs]
     _burst(procs)
     for job_id in jobs:
         assert wait_job(driver, job_id, timeout=5)["status"] == "completed"
-    row = live.get(jobs[0])
-    assert row["result"]["input_facts"] == {"width": 300, "height": 200}
-    assert (storage.get(src["object_id"])["width"], storage.get(src["object_id"])["height"]) == (
-        300,
-        200,
-    )
-    assert "input_facts" not in live.get(jobs[1])["result"]  # sniffed already
+    for job_id, obj, shown in zip(jobs, inputs, ((300, 200), (200, 300)), strict=False):
+        facts = {"width": shown[0], "height": shown[1]}
+        assert live.get(job_id)["result"]["input_facts"] == facts
+        stored = storage.get(obj["object_id"])
+        assert (stored["width"], stored["height"]) == shown
+    assert "input_facts" not in live.get(jobs[2])["result"]  # sniffed already
 
 
 def test_hostile_files_fail_cleanly_and_the_worker_carries_on(

@@ -323,6 +323,26 @@ def test_inputs_whose_names_meet_get_outputs_of_their_own(tmp_path: Path) -> Non
     assert [p.read_bytes() for p in written] == [f.read_bytes() for f in files]
 
 
+def test_an_output_never_replaces_an_input(tmp_path: Path) -> None:
+    """`process x.bin x.copy.bin --out .` replaced the second input with the
+    first one's copy, exit 0."""
+    home = tmp_path / "home"
+    first, second = tmp_path / "x.bin", tmp_path / "x.copy.bin"
+    first.write_bytes(b"first input")
+    second.write_bytes(b"second input, the user's own file")
+    done = hypermedia(
+        "process", str(first), str(second), "--profile", "debug-copy", "--out", str(tmp_path),
+        "--json", url="", home=home, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert records[0]["error_code"] == "OUTPUT_NOT_WRITTEN"
+    assert "would replace the input x.copy.bin" in records[0]["safe_reason"]
+    assert second.read_bytes() == b"second input, the user's own file"
+    assert records[1]["error_code"] is None  # x.copy.copy.bin: no input's name
+    assert Path(records[1]["outputs"][0]).read_bytes() == second.read_bytes()
+
+
 def test_output_names_carry_no_control_characters(tmp_path: Path) -> None:
     """A right-to-left override would show "photo\u202egnp.exe.copy.bin" as
     a file of another type; a newline would break a listing."""

@@ -8,6 +8,7 @@ the last one runs a real ``hypermedia worker --burst``.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -140,6 +141,20 @@ def test_exact_duplicates_are_found_within_the_project_only(
     again, _ = check(storage, storage.get(copies[1]), tmp_path)
     assert again["exact"] == [first["object_id"], copies[0]]
     assert hashes(driver) == []  # non-images get no perceptual hash
+
+
+def test_objects_recorded_with_either_checksum_find_each_other(
+    storage: Storage, driver: Driver, tmp_path: Path
+) -> None:
+    """An object stored when SHA-256 was the ledger's checksum is found from
+    a new (BLAKE3) copy too: it was found only the other way round."""
+    data = os.urandom(50_000)
+    old, new = put(storage, data, "p1"), put(storage, data, "p1")
+    sha = "sha256:" + hashlib.sha256(data).hexdigest()
+    with driver.tx() as tx:
+        assert tx.update_object(old["object_id"], ["ready"], {"checksum": sha})
+    assert check(storage, new, tmp_path)[0]["exact"] == [old["object_id"]]
+    assert check(storage, storage.get(old["object_id"]), tmp_path)[0]["exact"] == [new["object_id"]]
 
 
 # -- near duplicates -----------------------------------------------------------------
@@ -290,6 +305,8 @@ def test_a_forged_child_result_is_refused(storage: Storage) -> None:
         {**good, "version": "dhash64/pyvips-8.18.7/1", "hash": "zz"},
         {**good, "version": "'; DROP TABLE objects"},
         {**good, "version": "dhash64/pyvips-8.18.7/1", "algorithm": "md5"},
+        {**good, "hash": None, "checksums": "blake3:" + "0" * 64},
+        {**good, "hash": None, "checksums": [obj["checksum"], "blake3:" + "0" * 64]},
     ):
         assert _finish_with(storage, obj, child).code == "INVALID_OUTPUT"
     other = _finish_with(storage, obj, {"checksum": "blake3:" + "0" * 64})
