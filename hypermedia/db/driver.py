@@ -33,6 +33,13 @@ T = TypeVar("T")
 # that died with its server is detected on use, the pool is invalidated, and
 # every caller (claim loop, flusher, monitor, maintenance) retries.
 DEFAULT_POOL = {"pool_size": 10, "max_overflow": 20, "pool_pre_ping": False}
+# A session left idle inside a transaction this long is ended by the server,
+# its locks with it.  A worker or leader frozen mid-transaction (SIGSTOP, a
+# paused VM) held its jobs' rows for as long as it stayed frozen: the reaper
+# skips locked rows, and `jobs cancel` waited on them.  Five minutes is far
+# past any transaction of ours, a store's slowest answer inside one included
+# (HYPERMEDIA_S3_TIMEOUT_SECONDS, tried twice).  SQLite has no sessions.
+IDLE_TRANSACTION_SECONDS = 300
 
 
 def normalise_url(url: str) -> str:
@@ -58,6 +65,18 @@ def normalise_url(url: str) -> str:
 
 SHIPPED_DRIVERS = ("pysqlite", "psycopg", "pymysql")
 BACKENDS = "sqlite:///PATH, postgresql://USER@HOST/DB or mariadb://USER@HOST/DB"
+
+
+def _idle_transaction_timeout(dbapi_conn: Any, _record: Any) -> None:
+    """MariaDB's IDLE_TRANSACTION_SECONDS (its own variable, 10.3 and later:
+    a server without it keeps its connections as they were)."""
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute(f"SET SESSION idle_transaction_timeout = {IDLE_TRANSACTION_SECONDS}")
+    except Exception:  # MySQL: no such variable
+        pass
+    finally:
+        cursor.close()
 
 
 class Driver:
@@ -91,7 +110,12 @@ class Driver:
                 # READ COMMITTED: gap locks under REPEATABLE READ would make
                 # SKIP LOCKED claims block each other on the index range.
                 opts["isolation_level"] = "READ COMMITTED"
+            else:
+                timeout = f"-c idle_in_transaction_session_timeout={IDLE_TRANSACTION_SECONDS}s"
+                opts["connect_args"] = {"options": timeout}
             eng = sa.create_engine(self.url, echo=echo, **opts)
+            if self.name == "mysql":
+                sa.event.listen(eng, "connect", _idle_transaction_timeout)
             # Same pool; snapshot() reads see one snapshot for all statements.
             engines = {
                 "write": eng,

@@ -317,6 +317,7 @@ class Engine(Enqueuing, UserActions):
                 continue
             taken.append((row, res))
             decided.add(res.job_id)
+        self._drop_stale_outputs(tx, results, taken, now)
         if careful:
             taken = self._lost_outputs(tx, taken, now)
         inputs = self._credit_inputs(tx, taken)
@@ -336,6 +337,29 @@ class Engine(Enqueuing, UserActions):
                 d.object_id = job_input["object_id"]
             decisions.append(d)
         return decisions
+
+    @staticmethod
+    def _drop_stale_outputs(
+        tx: Any,
+        results: Sequence[AttemptResult],
+        taken: list[tuple[Row, AttemptResult]],
+        now: datetime,
+    ) -> None:
+        """The outputs of results refused here (a superseded attempt's, a
+        worker's whose lease another took over) go to GC now: they were
+        stored under reserved rows that nothing will make ready, and waited
+        for the pending sweep (hours; 86 files after six stale results)."""
+        kept = {i for _, res in taken for i in _output_ids(res)}
+        accepted = {id(res) for _, res in taken}
+        dropped = [
+            i
+            for res in results
+            if id(res) not in accepted
+            for i in _output_ids(res)
+            if i not in kept
+        ]
+        if dropped:  # only rows still pending: a reservation, never a ready object
+            tx.mark_deleting(dropped, "pending", now)
 
     def _lost_outputs(
         self, tx: Any, taken: list[tuple[Row, AttemptResult]], now: datetime

@@ -209,10 +209,13 @@ def test_outputs_of_a_completing_job_become_ready(storage: Storage, engine) -> N
     assert (ready["storage_key"], ready["mime_type"]) == (out["storage_key"], "text/plain")
     with storage.open(out["object_id"]) as f:  # a verified read: the checksum is right
         assert f.read() == b"out"
-    assert _state(storage, stale["object_id"]) == "pending"
+    # The refused result's output went to GC at once, not to the pending
+    # sweep hours later.
+    assert _state(storage, stale["object_id"]) == "deleting"
     report = _gc(storage, pending=0, unreferenced=3600).run_once()
-    assert report.marked_pending == RESERVE - 1  # the stale output and the unused reservations
+    assert report.marked_pending == RESERVE - 2  # the unused reservations
     assert _state(storage, stale["object_id"]) is None
+    assert _state(storage, out["object_id"]) == "ready"
 
 
 def test_outputs_share_a_reserving_transaction(storage: Storage) -> None:
