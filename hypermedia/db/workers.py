@@ -69,8 +69,18 @@ class WorkerQueries:
         return [dict(r._mapping) for r in self.conn.execute(q)]
 
     def mark_stale_workers(self, cutoff: datetime) -> list[str]:
-        """Flip live workers silent since ``cutoff`` to unhealthy; return their ids."""
-        q = sa.select(W.c.worker_id).where(W.c.status.in_(LIVE), W.c.last_heartbeat < cutoff)
+        """Flip live workers silent since ``cutoff`` to unhealthy; return their ids.
+
+        A draining one stays ``draining`` (its jobs released all the same):
+        marked unhealthy, it lost its drain, and a worker that was only
+        stopped (SIGSTOP, a paused VM) went on working when it came back.
+        It is taken once: with no jobs left it is not taken again."""
+        draining = W.c.status == "draining"
+        q = sa.select(W.c.worker_id).where(
+            W.c.status.in_(LIVE),
+            W.c.last_heartbeat < cutoff,
+            ~sa.and_(draining, W.c.current_jobs == 0),
+        )
         if self.dialect != "sqlite":
             q = q.with_for_update(skip_locked=True)
         ids = [r[0] for r in self.conn.execute(q)]
@@ -79,16 +89,16 @@ class WorkerQueries:
                 sa.update(W)
                 .where(W.c.worker_id.in_(ids), W.c.status.in_(LIVE))
                 # Its jobs are released with it: it holds none any more.
-                .values(status="unhealthy", current_jobs=0)
+                .values(status=sa.case((draining, W.c.status), else_="unhealthy"), current_jobs=0)
             )
         return ids
 
     def mark_gone_workers(self, cutoff: datetime) -> int:
-        """Unhealthy workers silent since ``cutoff`` → terminated.  Guarded on
-        both: a worker whose heartbeat came back in between is left alone."""
+        """Unhealthy (or draining) workers silent since ``cutoff`` → terminated.
+        Guarded on both: a worker whose heartbeat came back in between is left alone."""
         q = (
             sa.update(W)
-            .where(W.c.status == "unhealthy", W.c.last_heartbeat < cutoff)
+            .where(W.c.status.in_(("unhealthy", "draining")), W.c.last_heartbeat < cutoff)
             .values(status="terminated")
         )
         return int(self.conn.execute(q).rowcount)

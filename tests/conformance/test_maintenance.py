@@ -174,6 +174,25 @@ def test_stale_worker_becomes_unhealthy_and_its_jobs_are_released(engine, driver
     assert engine.reap()["unhealthy_workers"] == 0
 
 
+def test_a_silent_draining_worker_keeps_its_drain(engine, driver, settings, clock):
+    """Marked unhealthy, a stopped worker lost its drain: back, its heartbeat
+    wrote active and it went on working."""
+    _worker(driver, "paused", clock.now - timedelta(seconds=settings.worker_stale_seconds + 1))
+    job_id, _ = _running(engine, "paused")
+    with driver.tx() as tx:
+        assert tx.set_worker_status("paused", ["active"], "draining")
+    assert engine.reap() == {"unhealthy_workers": 1, "terminated_workers": 0, "released_jobs": 1}
+    assert _worker_status(driver, "paused") == "draining"
+    assert status_of(driver, job_id) == "retry_wait"  # released all the same
+    assert engine.reap()["unhealthy_workers"] == 0  # taken once
+    with driver.tx() as tx:  # it comes back: its heartbeat does not undo the drain
+        tx.update_worker("paused", {"status": "active", "last_heartbeat": clock.now})
+    assert _worker_status(driver, "paused") == "draining"
+    clock.advance(settings.worker_gone_seconds + 1)  # silent for good this time
+    assert engine.reap()["terminated_workers"] == 1
+    assert _worker_status(driver, "paused") == "terminated"
+
+
 def test_a_worker_silent_for_worker_gone_seconds_is_terminated(engine, driver, settings, clock):
     """A kill -9'd worker stayed `unhealthy` in `workers ls` for ever."""
     gone = settings.worker_gone_seconds
