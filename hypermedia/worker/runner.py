@@ -34,6 +34,7 @@ from hypermedia.worker import sandbox as landlock
 from hypermedia.worker import seccomp
 from hypermedia.worker.flusher import Flusher
 from hypermedia.worker.monitor import Monitor, Stats, worker_row
+from hypermedia.worker.outage import Outage
 from hypermedia.worker.pace import Pace
 from hypermedia.worker.slot import Running, Slot, SlotConfig, scratch_root
 from hypermedia.worker.transfer import Stager, Storer
@@ -97,6 +98,7 @@ class Worker:
         # with the result not yet written): its slots' and, for short jobs,
         # some ahead (pace.py).
         self.pace = Pace(self.batch)
+        self.outage = Outage()  # claims held back while the storage is away (outage.py)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -237,6 +239,10 @@ class Worker:
             got, tried = 0, False
             half = self.buffer.qsize() <= self.batch // 2
             if half and (room >= max(1, self.batch // 2) or (room >= 1 and self.buffer.empty())):
+                room, pause = self.outage.room(room)
+                if pause > 0:  # the storage is away: queued jobs keep their attempts
+                    self.stop_claiming.wait(min(pause, self.settings.poll_interval_seconds))
+                    continue
                 try:
                     got, tried = self._claim(room), True
                     delay = 0.1
@@ -402,6 +408,10 @@ class Worker:
         if self.buffer.qsize() <= self.batch // 2:
             self.wake.set()
         self.pace.finished(result.duration_ms)
+        if self.outage.result(result.code):
+            log.warning(
+                "the storage is away: claiming one job at a time, with pauses, until it is back"
+            )
         if accepted:
             self.stats.record(result.status == "completed", result.duration_ms)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 import urllib.request
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from hypermedia.storage.base import StorageUnavailable
 from hypermedia.storage.gc import GarbageCollector
 from hypermedia.storage.ledger import Storage
 from tests.harness import checksum_of, hypermedia
-from tests.integration._procs import Procs, wait_job
+from tests.integration._procs import Procs, sqlite_only, wait_job
 from tests.storage.conftest import SeaweedServer
 
 pytestmark = pytest.mark.timeout(180)
@@ -93,6 +94,46 @@ def test_a_job_waits_out_an_s3_outage_and_completes(
     assert len(outputs) == 1
     with s3_storage.open(outputs[0]["object_id"]) as f:
         assert f.read() == data
+
+
+@sqlite_only  # the worker's own logic: one database shows it
+def test_queued_jobs_keep_their_attempts_while_s3_is_away(
+    driver: Driver,
+    s3_storage: Storage,
+    s3_settings: Settings,
+    seaweed: SeaweedServer,
+    procs: Procs,
+) -> None:
+    """A worker claimed and failed every queued job while the store was down:
+    a 75 s restart failed 58 of 188 for good, none of which had run.  Now it
+    claims one job at a time, with pauses, until the store answers again."""
+    src = s3_storage.put(io.BytesIO(os.urandom(1000)), pool="s3")
+    eng = Engine(driver, s3_settings)
+    seaweed.stop()
+    ids = [eng.enqueue(NewJob("debug.copy", object_id=src["object_id"])) for _ in range(20)]
+    procs.worker(
+        "--concurrency",
+        "2",
+        HYPERMEDIA_S3_ACCESS_KEY_ID=s3_settings.s3_access_key_id,
+        HYPERMEDIA_S3_SECRET_ACCESS_KEY=s3_settings.s3_secret_access_key,
+        # The default back-off: a failed job waits 15-30 s, so each probe
+        # takes another queued job.
+        HYPERMEDIA_BACKOFF_BASE_SECONDS="2",
+        HYPERMEDIA_BACKOFF_MAX_SECONDS="600",
+    )
+    wait_job(driver, ids[0], {"retry_wait", "failed"}, timeout=30)
+    time.sleep(8)
+    with driver.read() as tx:
+        tried = sum(len(tx.attempts(i)) for i in ids)
+        failed = [i for i in ids if tx.job(i)["status"] == "failed"]  # type: ignore[index]
+    # The first claim's jobs, then about one probe per pause (1, 2, 4 s);
+    # without the pauses, every queued job was tried at once.
+    assert tried <= 10, tried
+    assert failed == []
+    seaweed.start()
+    for job_id in ids:
+        done = wait_job(driver, job_id, timeout=120)
+        assert done["status"] == "completed", (done["error_code"], done["safe_reason"])
 
 
 def test_uploads_naming_no_pool_go_to_the_default_pool(
