@@ -81,14 +81,15 @@ def test_a_full_disk_holds_jobs_back_and_loses_none(small_disk: Path, tmp_path: 
     try:
 
         def held_back() -> bool:
+            # The worker then claims one job at a time, with pauses
+            # (worker/outage.py): not every job need fail first.
             failed = query(
                 url,
-                "SELECT job_id FROM job_attempts WHERE error_code = 'STORAGE_UNAVAILABLE' "
-                "GROUP BY job_id HAVING count(*) >= 2",
+                "SELECT count(*) FROM job_attempts WHERE error_code = 'STORAGE_UNAVAILABLE'",
             )
-            return len(failed) == JOBS
+            return failed[0][0] >= 2 and "the storage is away" in log.read_text()
 
-        _wait("every job to fail twice on the full disk", held_back, 60, log)
+        _wait("jobs to fail on the full disk and the worker to pause", held_back, 60, log)
         assert worker.poll() is None, log.read_text()[-3000:]
         rows = query(url, "SELECT status, safe_reason FROM processing_jobs")
         assert {r[0] for r in rows} <= {"retry_wait", "queued", "claimed", "processing"}, rows
@@ -106,7 +107,7 @@ def test_a_full_disk_holds_jobs_back_and_loses_none(small_disk: Path, tmp_path: 
             tries = attempts(driver, job_id)
             assert [a["attempt_number"] for a in tries] == list(range(1, len(tries) + 1))
             assert [a["status"] for a in tries[:-1]] == ["failed"] * (len(tries) - 1)
-            assert {a["error_code"] for a in tries[:-1]} == {"STORAGE_UNAVAILABLE"}
+            assert {a["error_code"] for a in tries[:-1]} <= {"STORAGE_UNAVAILABLE"}
             assert tries[-1]["status"] == "completed"
             ends = [e for e in events(driver, job_id) if e["to_status"] == "completed"]
             assert len(ends) == 1, ends
