@@ -374,7 +374,11 @@ class StorageQueries:
         """GC's last step for an object, its duplicate-check hashes with it:
         they outlived it, and every later check of its project read them."""
         q = sa.delete(OB).where(OB.c.object_id == object_id, OB.c.state == "deleting")
-        if self.conn.execute(q).rowcount != 1:
+        try:
+            deleted = self.conn.execute(q).rowcount == 1
+        except sa.exc.IntegrityError as exc:  # a row behind the service's back refers to it
+            raise Conflict(f"a row refers to object {object_id}") from exc
+        if not deleted:
             return False
         self.conn.execute(sa.delete(OH).where(OH.c.object_id == object_id))
         return True

@@ -26,9 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
-import sqlalchemy as sa
-
-from hypermedia.db.dialects import is_transient
+from hypermedia.errors import Conflict
 from hypermedia.scheduler.budget import Backlog, Backlogged
 from hypermedia.storage.base import BucketMissing, StorageError
 from hypermedia.storage.keys import object_prefix
@@ -216,10 +214,8 @@ class GarbageCollector(Backlogged):
         try:
             with self.storage.db.tx() as tx:
                 return bool(tx.delete_object_row(row["object_id"]))
-        except sa.exc.DBAPIError as exc:
-            if is_transient(exc):  # the database is away: the next run tries again
-                raise
-            self._kept(row, pool, f"{ROW_REFUSED} ({type(exc).__name__})")
+        except Conflict:  # a foreign key; a database away still ends the run
+            self._kept(row, pool, ROW_REFUSED)
             return False
 
     def _kept(self, row: dict[str, Any], pool: str, why: str) -> None:

@@ -377,8 +377,7 @@ def test_gc_goes_on_past_a_row_the_database_refuses_to_delete(
     report = _gc(storage, unreferenced=3600).run_once()
     assert report.deleted == 3 and report.kept == 1
     ((pool, why), ids), *_ = report.kept_rows.items()
-    assert pool == "local" and why.startswith(ROW_REFUSED) and ids == [bound["object_id"]]
-    assert "IntegrityError" in why
+    assert pool == "local" and why == ROW_REFUSED and ids == [bound["object_id"]]
     assert _state(storage, bound["object_id"]) == "deleting"
     assert {_state(storage, o["object_id"]) for o in others} == {None}
 
