@@ -484,6 +484,13 @@ class Storage:
             raise NotFound(f"object {object_id} not found")
         return row
 
+    def ready_ids(self, object_ids: list[int]) -> set[int]:
+        """Which of ``object_ids`` are ``ready``: one query for a page of them."""
+        if not object_ids:
+            return set()
+        with self.db.read() as tx:
+            return {r["object_id"] for r in tx.objects_where(object_ids) if r["state"] == "ready"}
+
     def list(self, **filters: Any) -> list[Row]:
         state = filters.get("state")
         if state is not None and state not in OBJECT_STATES:

@@ -250,27 +250,22 @@ def _job_view(svc: Services, job_id: int, principal: Principal) -> Row:
                 source = obj
         except NotFound:
             source = None
-    outputs = [_output(svc, job, out) for out in job["outputs"]]
+    # One query for the page's outputs (a PDF's previews: one per page).
+    ready = svc.storage.ready_ids([int(o["object_id"]) for o in job["outputs"] if o.get("object_id")])
+    outputs = [_output(job, out, ready) for out in job["outputs"]]
     return {"job": job, "outputs": outputs, "source": source, "progress": _progress(job)}
 
 
-def _output(svc: Services, job: Row, out: Row) -> Row:
+def _output(job: Row, out: Row, ready: set[int]) -> Row:
     """A blob links to a route that signs a fresh URL at each click (a signed
     URL in the page went stale while the page stayed open); data alone (a
     verdict, a debug result) is shown, its size being no size of anything."""
     view = {**out, "image": str(out["mime_type"]).startswith("image/"), "href": None, "data": None}
     if out.get("object_id") is None:
         view["data"] = out.get("metadata") or job.get("result")
-    elif _ready(svc, int(out["object_id"])):
+    elif int(out["object_id"]) in ready:
         view["href"] = f"/ui/jobs/{job['job_id']}/outputs/{out['output_id']}"
     return view
-
-
-def _ready(svc: Services, object_id: int) -> bool:
-    try:
-        return svc.storage.get(object_id)["state"] == "ready"
-    except NotFound:
-        return False
 
 
 def _progress(job: Row) -> Row | None:

@@ -129,6 +129,18 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         driver.dispose()
 
 
+def _page(chromium: Any, *, watch: bool = False) -> tuple[Any, Any, list[str]]:
+    """A fresh context's page, the script errors it raises collected (and,
+    with ``watch``, the live statuses it shows: ``_live_statuses``)."""
+    context = chromium.new_context()
+    if watch:
+        context.add_init_script(WATCH_STATUS)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    return context, page, errors
+
+
 def _live_statuses(page: Any) -> list[str]:
     return list(page.evaluate("JSON.parse(sessionStorage.getItem('hm-live') || '[]')"))
 
@@ -137,11 +149,7 @@ def test_login_upload_watch_and_cancel(chromium: Any, stack: Stack) -> None:
     from playwright.sync_api import expect
 
     base, svc = stack.base, stack.svc
-    context = chromium.new_context()
-    context.add_init_script(WATCH_STATUS)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    context, page, errors = _page(chromium, watch=True)
     try:
         # Login: every page sends us to the form first.
         page.goto(f"{base}/ui/jobs")
@@ -243,10 +251,7 @@ def test_a_refused_stream_says_live_updates_stopped(chromium: Any, stack: Stack)
     job_id = svc.engine.enqueue(
         NewJob("debug.noop", project_id="default", owner_id="e2e", queue="nobody-serves")
     )
-    context = chromium.new_context()
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    context, page, errors = _page(chromium)
     try:
         page.route("**/stream*", lambda route: route.fulfill(status=401, body="no"))
         page.goto(f"{base}/ui/jobs/{job_id}")  # the login form, then back here
@@ -342,11 +347,7 @@ def test_an_ended_session_goes_to_login_without_a_badge(
         NewJob("debug.noop", project_id="default", owner_id="e2e", queue="nobody-serves")
     )
     row, token = svc.tokens.create("default", ["jobs:read"])
-    context = chromium.new_context()
-    context.add_init_script(WATCH_STATUS)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    context, page, errors = _page(chromium, watch=True)
     try:
         with page.expect_response(lambda r: "/stream" in r.url) as opened:
             _log_in(page, base, token, f"/ui/jobs/{job_id}")

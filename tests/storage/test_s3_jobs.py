@@ -13,6 +13,7 @@ import os
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,17 @@ from tests.integration._procs import Procs, sqlite_only, wait_job
 from tests.storage.conftest import SeaweedServer
 
 pytestmark = pytest.mark.timeout(180)
+
+
+def _s3_worker(procs: Procs, s3_settings: Settings, concurrency: int, **env: Any) -> None:
+    """A worker with the store's credentials and ``env``."""
+    procs.worker(
+        "--concurrency",
+        str(concurrency),
+        HYPERMEDIA_S3_ACCESS_KEY_ID=s3_settings.s3_access_key_id,
+        HYPERMEDIA_S3_SECRET_ACCESS_KEY=s3_settings.s3_secret_access_key,
+        **env,
+    )
 
 
 def test_objects_round_trip_and_presigned_urls(s3_storage: Storage) -> None:
@@ -74,11 +86,10 @@ def test_a_job_waits_out_an_s3_outage_and_completes(
     eng = Engine(driver, s3_settings)
     seaweed.stop()
     job_id = eng.enqueue(NewJob("debug.copy", object_id=src["object_id"], max_attempts=20))
-    procs.worker(
-        "--concurrency",
-        "1",
-        HYPERMEDIA_S3_ACCESS_KEY_ID=s3_settings.s3_access_key_id,
-        HYPERMEDIA_S3_SECRET_ACCESS_KEY=s3_settings.s3_secret_access_key,
+    _s3_worker(
+        procs,
+        s3_settings,
+        1,
         HYPERMEDIA_BACKOFF_BASE_SECONDS="0.5",
         HYPERMEDIA_BACKOFF_MAX_SECONDS="2",
     )
@@ -111,13 +122,12 @@ def test_queued_jobs_keep_their_attempts_while_s3_is_away(
     eng = Engine(driver, s3_settings)
     seaweed.stop()
     ids = [eng.enqueue(NewJob("debug.copy", object_id=src["object_id"])) for _ in range(20)]
-    procs.worker(
-        "--concurrency",
-        "2",
-        HYPERMEDIA_S3_ACCESS_KEY_ID=s3_settings.s3_access_key_id,
-        HYPERMEDIA_S3_SECRET_ACCESS_KEY=s3_settings.s3_secret_access_key,
-        # The default back-off: a failed job waits 15-30 s, so each probe
-        # takes another queued job.
+    # The default back-off: a failed job waits 15-30 s, so each probe takes
+    # another queued job.
+    _s3_worker(
+        procs,
+        s3_settings,
+        2,
         HYPERMEDIA_BACKOFF_BASE_SECONDS="2",
         HYPERMEDIA_BACKOFF_MAX_SECONDS="600",
     )
