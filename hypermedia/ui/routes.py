@@ -251,7 +251,8 @@ def _job_view(svc: Services, job_id: int, principal: Principal) -> Row:
         except NotFound:
             source = None
     # One query for the page's outputs (a PDF's previews: one per page).
-    ready = svc.storage.ready_ids([int(o["object_id"]) for o in job["outputs"] if o.get("object_id")])
+    stored = [int(o["object_id"]) for o in job["outputs"] if o.get("object_id")]
+    ready = svc.storage.ready_ids(stored)
     outputs = [_output(job, out, ready) for out in job["outputs"]]
     return {"job": job, "outputs": outputs, "source": source, "progress": _progress(job)}
 
