@@ -50,6 +50,9 @@ NATIVE_ABORTS = frozenset(
 # Such a death is an OOM when the attempt had taken at least this share of
 # the room its limit left it (sampled every POLL, so the last sample lags).
 FILLED = 0.5
+# Why an attempt ends before its child reports: (status, error code, reason).
+Stop = tuple[str, str | None, str]
+LOST: Stop = ("lost", None, "")  # the lease went: the result is nobody's to take
 
 
 class Flag:
@@ -259,57 +262,19 @@ class Slot:
         deadline = t0 + job.timeout_seconds
         budget: tuple[float, str] | None = None  # a step's end, by the child's word
         while True:
-            elapsed_ms = int((time.monotonic() - t0) * 1000)
-            if rj.stop_now.is_set():
-                ex = self._kill()
-                return self._result(
-                    rj,
-                    "orphaned",
-                    "ORPHANED",
-                    "the worker stopped at once",
-                    elapsed_ms,
-                    ex.peak_mb,
-                    self._cpu(child, ex),
-                ), []
-            if rj.cancel.is_set():
-                ex = self._kill()
-                return self._result(
-                    rj,
-                    "cancelled",
-                    None,
-                    "cancelled by request",
-                    elapsed_ms,
-                    ex.peak_mb,
-                    self._cpu(child, ex),
-                ), []
-            if rj.lost.is_set():
+            stop = self._why_stop(rj, budget, deadline)
+            if stop is LOST:
                 self._kill()
                 log.warning("job %s: lease lost, attempt %s abandoned", job.job_id, job.attempt)
                 return None
-            if budget is not None and time.monotonic() > budget[0]:
+            if stop is not None:
                 ex = self._kill()
+                elapsed_ms = int((time.monotonic() - t0) * 1000)
+                status, code, reason = stop
                 return self._result(
-                    rj,
-                    "failed",
-                    "LIMIT_EXCEEDED",
-                    budget[1],
-                    elapsed_ms,
-                    ex.peak_mb,
-                    self._cpu(child, ex),
+                    rj, status, code, reason, elapsed_ms, ex.peak_mb, self._cpu(child, ex)
                 ), []
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                ex = self._kill()
-                return self._result(
-                    rj,
-                    "timeout",
-                    "TIMEOUT",
-                    f"the attempt exceeded its {job.timeout_seconds}s timeout",
-                    elapsed_ms,
-                    ex.peak_mb,
-                    self._cpu(child, ex),
-                ), []
-            ready, msg = child.poll(min(remaining, POLL))
+            ready, msg = child.poll(max(0.0, min(deadline - time.monotonic(), POLL)))
             if not ready:
                 vm_peak = max(vm_peak, child.vm_mb())
                 continue
@@ -335,6 +300,27 @@ class Slot:
                 child.refuse("a report out of turn")
                 return self._died(rj, child, mem, elapsed_ms, grew), []
             return self._done(rj, child, msg, elapsed_ms)
+
+    @staticmethod
+    def _why_stop(rj: Running, budget: tuple[float, str] | None, deadline: float) -> Stop | None:
+        """Why the attempt must end now, if it must: (status, code, reason),
+        or LOST when the lease went and nobody will take the result."""
+        if rj.stop_now.is_set():
+            return ("orphaned", "ORPHANED", "the worker stopped at once")
+        if rj.cancel.is_set():
+            return ("cancelled", None, "cancelled by request")
+        if rj.lost.is_set():
+            return LOST
+        now = time.monotonic()
+        if budget is not None and now > budget[0]:
+            return ("failed", "LIMIT_EXCEEDED", budget[1])
+        if now >= deadline:
+            return (
+                "timeout",
+                "TIMEOUT",
+                f"the attempt exceeded its {rj.job.timeout_seconds}s timeout",
+            )
+        return None
 
     def _child_for(self, job: Claimed, message: dict[str, object], net: bool) -> tuple[Child, int]:
         """Our warm child of that kind, or a new one if there is none or it has
