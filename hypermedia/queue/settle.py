@@ -74,35 +74,11 @@ def decide(
         # before the start was written): record when it really began.
         base["started_at"] = now - timedelta(milliseconds=res.duration_ms)
     if res.status == "completed":
-        action, values = (
-            "complete",
-            {
-                **base,
-                "status": "completed",
-                "outcome": "completed",
-                "category": None,
-                "retryable": False,
-                "safe_reason": None,
-                "completed_at": now,
-                "result": res.result,
-                "actual_credits": credits if res.actual_credits is None else res.actual_credits,
-            },
-        )
-        message = "attempt completed"
+        action, message = "complete", "attempt completed"
+        values = {**base, **_completed(res, now, credits)}
     elif job["status"] == "cancel_requested":
-        action, values = (
-            "confirm_cancel",
-            {
-                **base,
-                "status": "cancelled",
-                "outcome": "cancelled",
-                "category": "cancellation",
-                "retryable": True,
-                "safe_reason": "cancelled by request",
-                "completed_at": now,
-            },
-        )
-        message = "attempt stopped: cancelled by request"
+        action, message = "confirm_cancel", "attempt stopped: cancelled by request"
+        values = {**base, **CANCELLED, "completed_at": now}
     else:
         action, values, message = _failure(job, res, code or "INTERNAL", reason, now, settings, rng)
         values = {**base, **values}
@@ -118,7 +94,38 @@ def decide(
         "actor": res.actor or res.worker_id or job.get("claimed_by"),
         "created_at": now,
     }
-    outputs = [
+    outputs = _output_rows(res, now) if action == "complete" else []
+    return Decision(
+        res.job_id, res.attempt, job["status"], action, values, attempt_values, ev, outputs
+    )
+
+
+# What a cancel the user asked for leaves on the job row.
+CANCELLED = {
+    "status": "cancelled",
+    "outcome": "cancelled",
+    "category": "cancellation",
+    "retryable": True,
+    "safe_reason": "cancelled by request",
+}
+
+
+def _completed(res: AttemptResult, now: datetime, credits: int | None) -> dict[str, Any]:
+    return {
+        "status": "completed",
+        "outcome": "completed",
+        "category": None,
+        "retryable": False,
+        "safe_reason": None,
+        "completed_at": now,
+        "result": res.result,
+        "actual_credits": credits if res.actual_credits is None else res.actual_credits,
+    }
+
+
+def _output_rows(res: AttemptResult, now: datetime) -> list[dict[str, Any]]:
+    """``job_outputs`` rows, plus what the output's object row takes."""
+    return [
         {
             "job_id": res.job_id,
             "output_type": o.output_type,
@@ -134,11 +141,8 @@ def decide(
             "width": o.width or _dimension(o.metadata, "width"),
             "height": o.height or _dimension(o.metadata, "height"),
         }
-        for o in (res.outputs if action == "complete" else [])
+        for o in res.outputs
     ]
-    return Decision(
-        res.job_id, res.attempt, job["status"], action, values, attempt_values, ev, outputs
-    )
 
 
 def _dimension(metadata: Any, key: str) -> int:
