@@ -97,12 +97,7 @@ def run(
         s = settings()
         _migrated(s)
         eng = engine(s, create=True)
-        try:
-            prof = Profiles(eng).show(profile)
-        except NotFound as exc:  # a bad argument, as `jobs submit --profile nope` says it
-            raise InvalidRequest(str(exc)) from None
-        if not prof["is_active"]:
-            raise InvalidRequest(f"profile {prof['ref']} is deactivated: new jobs cannot use it")
+        prof = _active_profile(eng, profile)
         _writable(out)  # before anything is uploaded or run
         missing = registry.readiness([prof])[prof["ref"]]
         if missing is not None:  # a worker elsewhere may have what this machine lacks
@@ -126,11 +121,7 @@ def run(
             )
             for o in objects
         ]
-        try:
-            ids = eng.enqueue_many(new)
-        except HypermediaError:  # a budget, say: the uploads are of no use now
-            store.discard([o["object_id"] for o in objects])
-            raise
+        ids = _enqueue(eng, store, new)
         local = _local_worker(eng, ids, run_here, concurrency or os.cpu_count() or 1)
         try:
             jobs, why = _wait(eng, ids, [printable(f.name) for f in files], timeout)
@@ -154,6 +145,24 @@ def run(
 
 
 INTERRUPTED = "the wait was interrupted"
+
+
+def _active_profile(eng: Engine, ref: str) -> dict[str, Any]:
+    try:
+        prof = Profiles(eng).show(ref)
+    except NotFound as exc:  # a bad argument, as `jobs submit --profile nope` says it
+        raise InvalidRequest(str(exc)) from None
+    if not prof["is_active"]:
+        raise InvalidRequest(f"profile {prof['ref']} is deactivated: new jobs cannot use it")
+    return prof
+
+
+def _enqueue(eng: Engine, store: Storage, new: list[NewJob]) -> list[int]:
+    try:
+        return eng.enqueue_many(new)
+    except HypermediaError:  # a budget, say: the uploads are of no use now
+        store.discard([j.object_id for j in new if j.object_id is not None])
+        raise
 
 
 def _acceptable(prof: Row, overrides: Row, paths: list[Path], names: list[Path]) -> None:
