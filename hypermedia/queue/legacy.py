@@ -9,6 +9,7 @@ important, 0 by default; ours: 1 highest … 10 lowest, 5 by default), and
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from hypermedia.errors import InvalidRequest, NotFound
@@ -91,11 +92,15 @@ class LegacyJobs:
     def find(self, job_uuid: str, project_id: str) -> Row:
         """The job row by uuid; another project's job, or one of a type the seed
         cannot name, is not found."""
+        try:  # uuid text is case-insensitive (RFC 9562); ours are stored lower-case
+            canonical = str(uuid.UUID(job_uuid))
+        except ValueError:
+            raise NotFound("processing job not found: its id is not a uuid") from None
         with self.db.read() as tx:
-            job_id = tx.job_id_by_uuid(job_uuid)
+            job_id = tx.job_id_by_uuid(canonical)
             row = None if job_id is None else tx.job(job_id)
         if row is None or row["project_id"] != project_id or row["job_type"] not in SEED_TYPE:
-            raise NotFound(f"processing job {job_uuid} not found")
+            raise NotFound(f"processing job {canonical} not found")
         return row
 
     def list(

@@ -157,13 +157,18 @@ def test_cancel_then_retry(client: TestClient, svc: Services, a: Project) -> Non
     r = client.post(f"{URL}/{job['id']}/retry", headers=h)
     assert r.status_code == 409 and r.json()["code"] == "conflict"  # pending: nothing to retry
     # Named as the client knows it: the internal id is never shown on /v0.
-    assert r.json()["message"] == f"cannot retry job {job['id']}: it is queued", r.json()
+    # In seed terms too: a /v0 client knows `pending`, not our `queued`.
+    assert r.json()["message"] == f"cannot retry job {job['id']}: it is pending", r.json()
     r = client.post(f"{URL}/{job['id']}/cancel", headers=h)
     assert r.status_code == 200, r.text
     cancelled = r.json()
     assert cancelled["status"] == "cancelled" and cancelled["error_message"] is None
     assert cancelled["metadata"]["updated_by"].startswith("token:")
-    assert client.post(f"{URL}/{job['id']}/cancel", headers=h).status_code == 409
+    r = client.post(f"{URL}/{job['id']}/cancel", headers=h)
+    assert (r.status_code, r.json()["message"]) == (
+        409,
+        f"cannot cancel job {job['id']}: it is cancelled",
+    )
     r = client.post(f"{URL}/{job['id']}/retry", headers=h)
     assert r.status_code == 200 and r.json()["status"] == "pending"
 
@@ -236,3 +241,37 @@ def test_scopes(client: TestClient, svc: Services, a: Project) -> None:
     )
     assert client.get(URL).status_code == 401
     assert client.post(URL, json=body, headers=write).status_code == 201
+
+
+def test_ids_are_case_insensitive_and_odd_ones_are_not_echoed(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    h = bearer(a.admin)
+    job = _create(client, a.admin, _file(svc, a))
+    r = client.get(f"{URL}/{job['id'].upper()}", headers=h)
+    assert r.status_code == 200 and r.json()["id"] == job["id"], r.text
+    odd = "x" * 5000
+    r = client.get(f"{URL}/{odd}", headers=h)
+    assert r.status_code == 404 and odd not in r.text
+    assert r.json()["message"] == "processing job not found: its id is not a uuid"
+
+
+@pytest.mark.parametrize(
+    "loose",
+    [
+        lambda fid: {"file_id": str(fid)},
+        lambda fid: {"file_id": True},  # was a job on object 1
+        lambda fid: {"file_id": float(fid)},
+        lambda fid: {"priority": "9"},
+        lambda fid: {"max_retries": "3"},
+    ],
+)
+def test_create_is_strict_about_json_types(
+    client: TestClient, svc: Services, a: Project, loose: Any
+) -> None:
+    """As /v1: a string, a boolean or a float is not an integer, never coerced."""
+    fid = _file(svc, a)
+    body = {"file_id": fid, "job_type": "virus_scan", **loose(fid)}
+    r = client.post(URL, json=body, headers=bearer(a.admin))
+    assert r.status_code == 422, r.text
+    assert client.get(URL, headers=bearer(a.admin)).json()["items"] == []

@@ -96,6 +96,27 @@ def test_the_api_answers_503_and_readyz_says_not_migrated(empty_url: str, tmp_pa
         driver.dispose()
 
 
+def test_readyz_says_refused_for_a_database_that_does_not_exist(
+    backend: str, empty_url: str, tmp_path: Path
+) -> None:
+    """A server that answers but refuses the URL's database is not a missing
+    migration: /readyz must not send the operator to `db upgrade`."""
+    if backend == "sqlite":
+        pytest.skip("a SQLite file is created, never refused")
+    url = empty_url.rsplit("/", 1)[0] + "/hm_no_such_database"
+    driver = Driver(url)
+    try:
+        svc = Services.from_engine(Engine(driver, Settings(home=tmp_path, database_url=url)))
+        with TestClient(create_app(svc)) as client:
+            r = client.get("/readyz")
+            assert (r.status_code, r.json()) == (
+                503,
+                {"database": "refused", "storage": "not checked"},
+            )
+    finally:
+        driver.dispose()
+
+
 def test_a_command_on_it_says_to_migrate(empty_url: str, tmp_path: Path) -> None:
     done = hypermedia("jobs", "ls", url=empty_url, home=tmp_path / "home")
     assert done.returncode == 1

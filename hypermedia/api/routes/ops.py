@@ -40,12 +40,13 @@ for _path, _probe in (("/healthz", healthz), ("/readyz", readyz)):
 
 
 def _database(db: Driver) -> str:
-    """The database's readiness: ok, unreachable, or not migrated (a deploy
-    whose `db upgrade` has not run yet: not ready, though it answers)."""
+    """The database's readiness: ok, unreachable, refused (it answers but
+    refuses the URL's user or database: no migration will fix that), or not
+    migrated (a deploy whose `db upgrade` has not run yet)."""
     try:
         reason = ready.not_ready(db)
     except Exception:  # the database refuses us for good: still not ready
         return "unreachable"
     if reason is None:
         return "ok"
-    return "unreachable" if reason[0] == "away" else "not migrated"
+    return {"away": "unreachable", "refused": "refused"}.get(reason[0], "not migrated")

@@ -45,6 +45,7 @@ from hypermedia.auth.tokens import Principal
 from hypermedia.errors import StaleTransition
 from hypermedia.queue.legacy import our_job_type, processing_job, to_priority
 from hypermedia.queue.models import NewJob
+from hypermedia.queue.states import LEGACY_STATUS
 
 router = APIRouter(prefix="/v0/processing-jobs", tags=["v0 (seed 001)"])
 
@@ -62,7 +63,8 @@ Uuid = str
 
 
 class ProcessingJobCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict as /v1 is: `"file_id": true` or `"priority": "9"` is a 422, not a guess.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     file_id: int = Field(..., ge=1, le=2**62, description="the input object's id")
     job_type: SeedJobType
@@ -146,9 +148,10 @@ def retry(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:wr
 
 @contextmanager
 def _named_by(job_id: object) -> Iterator[None]:
-    """A refusal names the job as the /v0 client knows it (its uuid), not by
-    the internal id this API never shows."""
+    """A refusal names the job and its status as the /v0 client knows them
+    (its uuid, a seed status), not the internal id and status it never sees."""
     try:
         yield
     except StaleTransition as exc:
-        raise StaleTransition(exc.job_id, exc.action, exc.status, shown=str(job_id)) from None
+        status = LEGACY_STATUS.get(exc.status or "", exc.status)
+        raise StaleTransition(exc.job_id, exc.action, status, shown=str(job_id)) from None
