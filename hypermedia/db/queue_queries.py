@@ -72,6 +72,11 @@ class QueueQueries:
         )
         return [dict(r._mapping) for r in self.conn.execute(q)]
 
+    def job_queue_names(self) -> set[str]:
+        """Every queue a live job names, whatever its project."""
+        q = sa.select(J.c.queue_name).where(*_live_jobs(None)).distinct()
+        return {r[0] for r in self.conn.execute(q)}
+
     def profile_queue_names(self) -> set[str]:
         q = sa.select(P.c.queue_name).where(P.c.is_active.is_(True)).distinct()
         return {r[0] for r in self.conn.execute(q)}

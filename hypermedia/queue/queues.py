@@ -40,6 +40,8 @@ class Queues:
             counts = {r["queue_name"]: r for r in tx.queue_counts(since, project_id)}
             switches = {r["queue_name"]: bool(r["paused"]) for r in tx.queue_states()}
             names = tx.profile_queue_names() | set(counts) | set(switches)
+            if project_id is not None:  # the counts are one project's; the queues everyone's
+                names |= tx.job_queue_names()
         return [_summary_row(n, switches.get(n, False), counts.get(n)) for n in sorted(names)]
 
     def pause(self, name: str) -> Row:
@@ -52,7 +54,8 @@ class Queues:
     def figures(self, bounds_ms: Sequence[float]) -> Row:
         """What /metrics shows of jobs and queues, across every project: jobs by
         status and type, queued jobs by queue and priority, the attempt duration
-        histogram (cumulative ``le_<i>`` counts for ``bounds_ms``), paused queues.
+        histogram (cumulative ``le_<i>`` counts for ``bounds_ms``), paused
+        queues, workers (terminated ones left out) and workers by status.
 
         One snapshot: job retention and the attempt fold move attempts' counts
         from the attempts to ``pruned_attempt_durations`` in one commit, and
@@ -66,6 +69,9 @@ class Queues:
                 "queued": [r for r in tx.queue_depth() if r["status"] == "queued"],
                 "durations": durations.merged(live, tx.pruned_durations(), bounds_ms),
                 "switches": tx.queue_states(),
+                # In the same snapshot: a worker counted by status has its heartbeat shown.
+                "workers": tx.workers(include_terminated=False),
+                "worker_counts": tx.worker_counts_by_status(),
             }
 
     def paused(self) -> set[str]:

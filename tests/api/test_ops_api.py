@@ -120,6 +120,11 @@ def test_queues_show_summary_and_depth(client: TestClient, svc: Services, a: Pro
     assert depth == {("bulk", "queued", 1): 2, ("bulk", "queued", 9): 2}
     mine = client.get("/v1/queues", params={"project": "proj-b"}, headers=bearer(a.admin))
     assert [d["count"] for d in mine.json()["depth"]] == [1]
+    # A queue only another project's job names is still listed, with zeros.
+    svc.engine.enqueue(NewJob("debug.noop", {}, queue="only-a", project_id="proj-a"))
+    mine = client.get("/v1/queues", params={"project": "proj-b"}, headers=bearer(a.admin))
+    (only_a,) = [q for q in mine.json()["items"] if q["queue_name"] == "only-a"]
+    assert (only_a["queued"], only_a["paused"]) == (0, False)
 
 
 def test_pause_and_resume_through_the_api(client: TestClient, svc: Services, a: Project) -> None:

@@ -1,7 +1,7 @@
 """``GET /metrics``: Prometheus text exposition format 0.0.4, written by hand.
 
 Instance-wide figures (a token with the admin scope is required), each from
-one GROUP BY query: jobs by status and type, queued jobs by queue and
+one query, all in one snapshot: jobs by status and type, queued jobs by queue and
 priority, the attempt duration histogram, workers and their heartbeats, and
 the queue switches.
 """
@@ -68,7 +68,7 @@ def gauge(name: str, doc: str, points: Iterable[tuple[dict[str, object], float]]
     return family(name, "gauge", doc, (sample(name, labels, v) for labels, v in points))
 
 
-def render(figures: Row, workers: list[Row], worker_counts: dict[str, int]) -> str:
+def render(figures: Row) -> str:
     jobs = sorted(figures["jobs"], key=lambda r: (r["status"], r["job_type"]))
     queued = sorted(figures["queued"], key=lambda r: (r["queue_name"], r["priority"]))
     switches = sorted(figures["switches"], key=lambda r: r["queue_name"])
@@ -94,16 +94,16 @@ def render(figures: Row, workers: list[Row], worker_counts: dict[str, int]) -> s
         ),
         gauge(
             "hypermedia_worker_last_heartbeat_timestamp_seconds",
-            "Unix time of each live worker's last heartbeat.",
+            "Unix time of each worker's last heartbeat (terminated ones left out).",
             (
                 ({"worker_id": w["worker_id"], "status": w["status"]}, _epoch(w["last_heartbeat"]))
-                for w in workers
+                for w in figures["workers"]
             ),
         ),
         gauge(
             "hypermedia_workers",
             "Workers by status (terminated ones included).",
-            (({"status": s}, n) for s, n in sorted(worker_counts.items())),
+            (({"status": s}, n) for s, n in sorted(figures["worker_counts"].items())),
         ),
         gauge(
             "hypermedia_queue_paused",
@@ -117,5 +117,5 @@ def render(figures: Row, workers: list[Row], worker_counts: dict[str, int]) -> s
 @router.get("/metrics", summary="Prometheus metrics (admin scope)", response_class=Response)
 def metrics(request: Request, principal: Principal = scoped("admin")) -> Response:
     svc = services(request)
-    text = render(svc.queues.figures(durations.BOUNDS_MS), svc.fleet.list(), svc.fleet.counts())
+    text = render(svc.queues.figures(durations.BOUNDS_MS))
     return Response(text, media_type=CONTENT_TYPE)
