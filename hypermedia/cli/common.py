@@ -295,6 +295,21 @@ STDIN_NAME = "stdin"
 _DESCRIPTOR_DIRS = ("/dev/fd/", "/proc/self/fd/")
 
 
+STDIN = Path("/dev/stdin")  # what `-` names
+
+
+def existing_inputs(value: Any) -> Any:
+    """Typer's ``exists=True``, with ``-`` (stdin) let through: its
+    ``allow_dash`` never matches a ``Path`` argument (typer 0.2x compares
+    the Path to the string "-").  Folders and unreadable files are still
+    refused by Typer itself (``dir_okay=False, readable=True``)."""
+    paths = value if isinstance(value, list) else [value]
+    for p in paths:
+        if str(p) != "-" and not os.path.exists(p):
+            raise typer.BadParameter(f"file {str(p)!r} does not exist.")
+    return value
+
+
 def is_descriptor(path: Path) -> bool:
     """Whether ``path`` names an open descriptor (``/dev/stdin``, ``-``,
     ``/dev/fd/N``, ``/proc/self/fd/N``) rather than a file of the user's."""
@@ -340,9 +355,10 @@ def as_regular_files(paths: list[Path], max_bytes: int | None = None) -> Iterato
         for i, p in enumerate(streams):
             copy = Path(tmp) / str(i) / input_name(p)
             copy.parent.mkdir()
-            if stat.S_ISREG(p.stat().st_mode):  # read again from its start, as a file is
-                copy.symlink_to(os.path.abspath(p))
-            elif not _copy_at_most(p, copy, max_bytes):
+            src = STDIN if str(p) == "-" else p
+            if stat.S_ISREG(src.stat().st_mode):  # read again from its start, as a file is
+                copy.symlink_to(os.path.abspath(src))
+            elif not _copy_at_most(src, copy, max_bytes):
                 raise StreamTooLarge(p, max_bytes or 0)
             copies[p] = copy
         yield [copies.get(p, p) for p in paths]
@@ -383,6 +399,8 @@ def user_errors() -> Iterator[None]:
         yield
     except (typer.Exit, click.exceptions.ClickException):
         raise  # Typer's usage errors (exit 2) keep their own words
+    except BrokenPipeError:
+        raise  # the reader went (`| head`): Typer ends us quietly (exit 1)
     except NotFound as exc:
         err_console.print(f"[red]not found:[/] {escape(redact(exc))}", markup=True)
         raise typer.Exit(EXIT_USAGE) from None

@@ -18,6 +18,7 @@ from hypermedia.cli.common import (
     console,
     engine,
     err_console,
+    existing_inputs,
     media_type,
     print_json,
     settings,
@@ -49,7 +50,9 @@ def public(row: dict[str, Any]) -> dict[str, Any]:
 
 @objects_app.command("put")
 def put(
-    files: list[Path] = typer.Argument(..., exists=True, dir_okay=False, readable=True),
+    files: list[Path] = typer.Argument(
+        ..., dir_okay=False, readable=True, callback=existing_inputs
+    ),
     pool: str | None = typer.Option(None, "--pool", help="default: the local pool"),
     mime: str | None = typer.Option(
         None, "--mime", help="a media type, type/subtype (default: detected from the bytes)"
@@ -98,7 +101,10 @@ def get(
         # A new file of our own beside it (made exclusively: ".NAME.part"
         # removed a file the user had by that name, or wrote through a
         # symlink someone left there), renamed over the target once checked.
-        fd, name = tempfile.mkstemp(prefix=".hypermedia-get-", suffix=".part", dir=target.parent)
+        try:
+            fd, name = tempfile.mkstemp(".part", ".hypermedia-get-", target.parent)
+        except OSError as exc:  # a folder we may not write in (/proc, read-only): -o's to fix
+            raise InvalidRequest(f"-o cannot be written to: {exc.strerror}") from None
         tmp = Path(name)
         try:
             with os.fdopen(fd, "wb") as out, st.open(object_id) as src:

@@ -13,6 +13,7 @@ from hypermedia.cli.common import (
     base_url,
     console,
     engine,
+    existing_inputs,
     print_json,
     settings,
     user_errors,
@@ -44,7 +45,7 @@ def _say(row: dict[str, Any], what: str) -> None:
 
 @app.command("add")
 def add(
-    file: Path = typer.Argument(..., exists=True, dir_okay=False, readable=True),
+    file: Path = typer.Argument(..., dir_okay=False, readable=True, callback=existing_inputs),
     album: str = typer.Option("", "--album"),
     title: str = typer.Option("", "--title"),
     project: str = typer.Option("default", "--project"),

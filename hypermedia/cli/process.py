@@ -38,10 +38,12 @@ from hypermedia.cli.common import (
     cut,
     engine,
     err_console,
+    existing_inputs,
     input_name,
     json_object,
     print_json,
     printable,
+    require_schema,
     settings,
     through_outages,
     user_errors,
@@ -65,7 +67,9 @@ POLL_SECONDS = 0.25
 
 
 def run(
-    files: list[Path] = typer.Argument(..., exists=True, dir_okay=False, readable=True),
+    files: list[Path] = typer.Argument(
+        ..., dir_okay=False, readable=True, callback=existing_inputs
+    ),
     profile: str = typer.Option(..., "--profile", help="KEY (newest active version) or KEY:vN"),
     params: str = typer.Option("{}", "--params", help="JSON object: overrides the profile allows"),
     out: Path = typer.Option(Path("."), "--out", file_okay=False, help="where outputs go"),
@@ -97,6 +101,7 @@ def run(
         s = settings()
         _migrated(s)
         eng = engine(s, create=True)
+        require_schema(eng.db)  # a server database's: before anything is uploaded
         prof = _active_profile(eng, profile)
         _writable(out)  # before anything is uploaded or run
         missing = registry.readiness([prof])[prof["ref"]]
@@ -126,8 +131,10 @@ def run(
         try:
             jobs, why = _wait(eng, ids, [printable(f.name) for f in files], timeout)
         finally:
-            if local is not None:  # at once when interrupted: what it ran is retried
-                local.stop(now=why == INTERRUPTED)
+            # At once when the wait was cut short (Ctrl-C, --wait-timeout): what
+            # it ran is retried.  A drain kept the command up to 30 s past its timeout.
+            if local is not None:
+                local.stop(now=bool(why))
         if local is not None:
             jobs = _rows(eng, ids)  # what its drain finished meanwhile
         out.mkdir(parents=True, exist_ok=True)

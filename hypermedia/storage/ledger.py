@@ -277,7 +277,7 @@ class Storage:
                 stored = put_files(list(zip(keys, paths, strict=True)))
             else:
                 stored = [self._put_path(backend, k, p) for k, p in zip(keys, paths, strict=True)]
-        except Exception:
+        except BaseException:  # Ctrl-C too: nothing else would hand these to GC
             for object_id in object_ids:
                 self._abandon(object_id)
             raise
@@ -344,7 +344,7 @@ class Storage:
             ) from None
         try:
             stored = self._put_path(backend, key, path, durable, move)
-        except Exception:
+        except BaseException:
             self._abandon(object_id)
             raise
         if not durable and hasattr(backend, "make_durable"):
@@ -390,7 +390,7 @@ class Storage:
     def _upload_file(self, obj: Row, path: Path) -> Stored:
         try:
             return self._put_path(self.backend(obj["pool_id"]), obj["storage_key"], path)
-        except Exception:
+        except BaseException:  # Ctrl-C too
             self._abandon(obj["object_id"])
             raise
 
@@ -428,7 +428,7 @@ class Storage:
     def _upload(self, obj: Row, src: BinaryIO) -> Stored:
         try:
             return self.backend(obj["pool_id"]).put(obj["storage_key"], src)
-        except Exception:
+        except BaseException:  # Ctrl-C too
             # Hand the row to GC at once rather than after the pending timeout.
             self._abandon(obj["object_id"])
             raise

@@ -83,6 +83,40 @@ def test_an_upload_that_fails_never_becomes_ready(storage: Storage) -> None:
     assert list((storage.settings.home / "storage" / ".tmp").iterdir()) == []
 
 
+def test_an_upload_interrupted_by_ctrl_c_goes_to_gc_at_once(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Ctrl-C (KeyboardInterrupt, no Exception) in the middle of an upload:
+    its row was left `pending` for the 6 h sweep."""
+
+    class Interrupted(io.RawIOBase):
+        def __init__(self) -> None:
+            self.sent = 0
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buf) -> int:  # type: ignore[no-untyped-def]
+            if self.sent > 1024 * 1024:  # past the head sniffed before the row exists
+                raise KeyboardInterrupt
+            buf[: len(buf)] = b"x" * len(buf)
+            self.sent += len(buf)
+            return len(buf)
+
+    with pytest.raises(KeyboardInterrupt):
+        storage.put(Interrupted())  # type: ignore[arg-type]
+    files = [tmp_path / "a.bin", tmp_path / "b.bin"]
+    for f in files:
+        f.write_bytes(b"some bytes")
+    local = storage.backend(storage.pool()["pool_id"])
+
+    def interrupted(items):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    local.put_files = interrupted  # type: ignore[attr-defined]
+    with pytest.raises(KeyboardInterrupt):
+        storage.put_files(files)
+    assert [r["state"] for r in storage.list(reserved=True)] == ["deleting"] * 3
+
+
 def test_pools(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert storage.pool()["name"] == "local"  # made on first use
     other = tmp_path / "elsewhere"

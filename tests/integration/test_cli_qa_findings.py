@@ -220,6 +220,41 @@ def test_process_names_a_descriptor_input_stdin(home: Path, tmp_path: Path) -> N
     assert Path(written).name == "stdin.copy.bin" and Path(written).read_bytes() == b"copy me"
 
 
+def test_a_dash_reads_stdin(home: Path, tmp_path: Path) -> None:
+    """`cat a.jpg | hypermedia objects put -`, as documented: Typer refused
+    `-` as a file that does not exist."""
+    image = tmp_path / "a.png"
+    image.write_bytes(png(40, 30))
+
+    def piped(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "hypermedia", *args],
+            env=cli_env("", home),
+            input=image.read_bytes().decode("latin-1"),
+            encoding="latin-1",
+            capture_output=True,
+            timeout=120,
+        )
+
+    put = piped("objects", "put", "-", "--json")
+    assert put.returncode == 0, put.stderr
+    assert (json.loads(put.stdout)["filename"], json.loads(put.stdout)["size"]) == (
+        "stdin",
+        image.stat().st_size,
+    )
+    photo = piped("photos", "add", "-", "--json")
+    assert photo.returncode == 0, photo.stderr
+    assert (json.loads(photo.stdout)["width"], json.loads(photo.stdout)["height"]) == (40, 30)
+    out = tmp_path / "out"
+    done = piped("process", "-", "--profile", "debug-copy", "--out", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    (written,) = json.loads(done.stdout)["outputs"]
+    assert Path(written).read_bytes() == image.read_bytes()
+    # A file that is not there is still refused before anything is done.
+    gone = hypermedia("objects", "put", str(tmp_path / "gone.bin"), url="", home=home)
+    assert gone.returncode == USAGE and "does not" in gone.stderr, gone.stderr  # rich wraps
+
+
 # -- process: a stream past max_input_bytes ---------------------------------------------
 
 

@@ -121,3 +121,30 @@ def test_get_writes_into_a_pipe_or_through_a_symlink(tmp_path: Path) -> None:
     for bad, said in ((tmp_path, "names a folder"), (tmp_path / "no" / "x", "does not exist")):
         refused = hypermedia("objects", "get", oid, "-o", str(bad), url="", home=home)
         assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+    # A folder no file can be made in: exit 2 in words, not a PermissionError.
+    refused = hypermedia("objects", "get", oid, "-o", "/proc/x.bin", url="", home=home)
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 2, said
+    assert "error: -o cannot be written to: No such file or directory" in said
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`jobs ls --json | head -1`: the reader gone, the command said
+    "error: BrokenPipeError" instead of ending as other tools do."""
+    home = tmp_path / "home"
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    read, write = os.pipe()
+    os.close(read)  # every write to stdout fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "hypermedia", "profiles", "ls", "--json"],
+            env=cli_env("", home),
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 1
+    assert "BrokenPipe" not in done.stderr and "error" not in done.stderr, done.stderr

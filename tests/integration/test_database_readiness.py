@@ -127,6 +127,27 @@ def test_a_command_on_it_says_to_migrate(empty_url: str, tmp_path: Path) -> None
     assert "Traceback" not in said
 
 
+def test_process_refuses_a_server_database_behind_before_uploading(
+    backend: str, empty_url: str, tmp_path: Path
+) -> None:
+    """`process` skipped the schema check on PostgreSQL and MariaDB: it
+    uploaded, made the object ready, then failed on a missing table."""
+    if backend == "sqlite":
+        pytest.skip("process migrates the embedded SQLite database itself")
+    older = revisions.known()[-2]
+    upgrade(empty_url, older)
+    image = tmp_path / "a.bin"
+    image.write_bytes(b"some bytes")
+    done = hypermedia(
+        "process", str(image), "--profile", "debug-copy", "--out", str(tmp_path / "out"),
+        url=empty_url, home=tmp_path / "home",
+    )  # fmt: skip
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 1, said
+    assert f"the database schema is at revision {older}" in said, said
+    assert query(empty_url, "SELECT COUNT(*) FROM objects")[0][0] == 0
+
+
 def test_migrations_started_together_take_turns(empty_url: str, tmp_path: Path) -> None:
     """Replicas of `serve` each migrate as they start: four `db upgrade`
     processes at once on an empty database all succeed, and it ends at head

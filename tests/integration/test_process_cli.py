@@ -154,6 +154,27 @@ def test_a_failing_input_makes_exit_1_with_its_error_code(
 
 
 @sqlite_only
+def test_the_timeout_stops_the_worker_process_ran_at_once(procs: Procs, tmp_path: Path) -> None:
+    """The worker `process` runs itself was drained when --wait-timeout
+    ended the wait: the command overran by up to 30 s, and reported a job
+    that finished meanwhile as completed."""
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"x" * 100)
+    started = time.monotonic()
+    done = hypermedia(
+        "process", str(src), "--profile", "debug-sleep", "--params", '{"ms": 20000}',
+        "--wait-timeout", "2", "--concurrency", "1", "--json",
+        "--out", str(tmp_path / "out"), url=procs.url, home=procs.home, timeout=60,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    assert took < 15, took  # 2 s of wait, then a kill: not the 20 s sleep
+    [r] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert r["status"] in ("retry_wait", "queued"), r
+    assert "not finished within 2s; the job goes on" in r["safe_reason"]
+
+
+@sqlite_only
 def test_without_a_worker_the_timeout_ends_the_wait(procs: Procs, tmp_path: Path) -> None:
     src = tmp_path / "a.bin"
     src.write_bytes(b"x" * 100)
