@@ -269,6 +269,27 @@ def _name_taken(st: Storage, name: str) -> str:
     return f"{which} exists already: choose another name (`hypermedia pools ls` lists them)"
 
 
+@pools_app.command("set-url")
+def pools_set_url(
+    name: str,
+    url: str = typer.Argument(..., help="file:///path or s3://bucket?endpoint=…&region=…"),
+    check: bool = typer.Option(
+        True, "--check/--no-check", help="first store and delete a probe blob there"
+    ),
+) -> None:
+    """Point a pool at a new URL (its store moved); its objects' keys stay."""
+    with user_errors():
+        try:
+            row = storage().set_pool_url(name, url, check=check)
+        except StorageError as exc:  # exit 1, as `pools add`
+            raise StorageError(f"pool {name!r} not changed: {exc}") from None
+        console.print(
+            f"pool {row['pool_id']} {row['name']} now at the new URL: restart the workers "
+            "and servers that use it",
+            highlight=False,
+        )
+
+
 @pools_app.command("rm")
 def pools_rm(name: str) -> None:
     """Remove a pool that no object (in any state) and no unfinished job uses."""

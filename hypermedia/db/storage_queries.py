@@ -70,6 +70,9 @@ class StorageQueries:
     def delete_pool(self, pool_id: int) -> None:
         self.conn.execute(sa.delete(PL).where(PL.c.pool_id == pool_id))
 
+    def set_pool_url(self, pool_id: int, url: str) -> None:
+        self.conn.execute(sa.update(PL).where(PL.c.pool_id == pool_id).values(backend_url=url))
+
     def pools(self) -> list[Row]:
         return [dict(r._mapping) for r in self.conn.execute(sa.select(PL).order_by(PL.c.pool_id))]
 

@@ -100,8 +100,11 @@ def decide(
     )
 
 
-# What a cancel the user asked for leaves on the job row.
+# What a cancel the user asked for leaves on the job row, however its attempt
+# ended (killed: ORPHANED, CRASHED; the attempt row keeps that): no error code,
+# as when the worker confirms it (/v0 shows an error_message for an error code).
 CANCELLED = {
+    "error_code": None,
     "status": "cancelled",
     "outcome": "cancelled",
     "category": "cancellation",

@@ -12,6 +12,7 @@ import threading
 import time
 from datetime import timedelta
 
+from hypermedia.db.dialects import is_transient
 from hypermedia.db.ready import wait_until_ready
 from hypermedia.linux import name_native
 from hypermedia.queue.engine import Engine
@@ -21,6 +22,13 @@ from hypermedia.scheduler.maintenance import Service, default_services
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "maintenance"
+# After this node takes the lead, or its database comes back, services marked
+# ``waits_for_workers`` (the reaper) wait this long: a worker that lived
+# through a database outage was silent only because the database was, and
+# writes its heartbeat and leases within a second of its return
+# (worker/monitor.py RETRY_SECONDS).  Reaped at once, every job it held was
+# taken from it and its kept results were dropped as stale.
+WORKER_GRACE_SECONDS = 10.0
 
 
 class Leader(threading.Thread):
@@ -38,6 +46,7 @@ class Leader(threading.Thread):
         self.services = services if services is not None else default_services(engine)
         self.is_leader = False
         self._detached: dict[str, threading.Thread] = {}
+        self._workers_heard_by = 0.0  # monotonic: see WORKER_GRACE_SECONDS
 
     def try_lead(self) -> bool:
         now = self.engine.clock()
@@ -48,7 +57,12 @@ class Leader(threading.Thread):
         if self.is_leader != was:  # an operator asks "who runs maintenance?"
             said = "leads maintenance now" if self.is_leader else "no longer leads maintenance"
             log.info("%s %s", self.node_id, said)
+            if self.is_leader:
+                self._give_workers_time()
         return self.is_leader
+
+    def _give_workers_time(self) -> None:
+        self._workers_heard_by = time.monotonic() + WORKER_GRACE_SECONDS
 
     def run(self) -> None:
         name_native()
@@ -70,6 +84,8 @@ class Leader(threading.Thread):
                 next_renew = now + renew_every
             if self.is_leader:
                 for svc in self.services:
+                    if getattr(svc, "waits_for_workers", False) and now < self._workers_heard_by:
+                        continue
                     if now >= due[svc.name] and not self._running(svc):
                         if getattr(svc, "detached", False):
                             self._detach(svc, due)
@@ -84,6 +100,8 @@ class Leader(threading.Thread):
             svc.run_once()
         except Exception as exc:
             log.warning("%s failed (%s); will retry", svc.name, brief(exc))
+            if is_transient(exc):  # the database went away: so did the workers' heartbeats
+                self._give_workers_time()
 
     def _detach(self, svc: Service, due: dict[str, float]) -> None:
         """Run ``svc`` in a thread of its own: it waits on a store (GC on an

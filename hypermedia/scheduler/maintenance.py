@@ -38,6 +38,9 @@ class Reaper:
     engine: Engine
     name: str = "reaper"
     period: float = 5.0
+    # It judges workers by their heartbeats: not in the moments after a
+    # database outage, when none could write one (leader.WORKER_GRACE_SECONDS).
+    waits_for_workers: bool = True
 
     def run_once(self) -> dict[str, int]:
         return self.engine.reap()

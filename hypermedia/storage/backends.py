@@ -41,9 +41,10 @@ def parse_pool_url(url: str) -> tuple[str, dict[str, str]]:
             raise InvalidRequest("s3 pool URLs look like s3://bucket?endpoint=…&region=…")
         if parts.username or parts.password:
             raise InvalidRequest("put S3 credentials in the settings, not in the pool URL")
-        if not BUCKET_NAME.fullmatch(parts.netloc):
-            raise InvalidRequest("an S3 bucket name has 3 to 63 characters: a-z, 0-9, '.' and '-'")
-        given = parse_qs(parts.query)
+        _check_bucket(parts.netloc)
+        # keep_blank_values: "&endpoint=" was dropped, so a second, empty
+        # option passed as given once and was stored verbatim.
+        given = parse_qs(parts.query, keep_blank_values=True)
         if any(len(v) > 1 for v in given.values()):  # the last one won, silently
             raise InvalidRequest("give each s3 pool option once")
         query = {k: v[0] for k, v in given.items()}
@@ -52,11 +53,31 @@ def parse_pool_url(url: str) -> tuple[str, dict[str, str]]:
             raise InvalidRequest(f"unknown s3 pool option(s): {', '.join(sorted(unknown))}")
         if "endpoint" in query:
             _check_endpoint(query["endpoint"])
+        if "region" in query and not REGION.fullmatch(query["region"]):
+            # botocore refuses it only when a client is made: stored, it broke
+            # every GC run and /readyz, and its objects kept `pools rm` away.
+            raise InvalidRequest(
+                "an S3 region is 1 to 63 of a-z, A-Z, 0-9 and '-', not all digits, no '-' at an end"
+            )
         return "s3", {"bucket": parts.netloc, **query}
     raise InvalidRequest("pool URLs start with file: or s3://")
 
 
 BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+IP_ADDRESS = re.compile(r"\d+\.\d+\.\d+\.\d+")
+# botocore's own test of a region name (botocore.utils.validate_region_name),
+# not empty: a host label, not all digits.
+REGION = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
+
+
+def _check_bucket(name: str) -> None:
+    """S3's naming rules: 3 to 63 of a-z 0-9 . -, a letter or digit at each end,
+    no two dots in a row, not an IP address."""
+    if not BUCKET_NAME.fullmatch(name) or ".." in name or IP_ADDRESS.fullmatch(name):
+        raise InvalidRequest(
+            "an S3 bucket name has 3 to 63 characters: a-z, 0-9, '.' and '-', "
+            "no '..', and is not an IP address"
+        )
 
 
 def _check_endpoint(endpoint: str) -> None:

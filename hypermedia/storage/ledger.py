@@ -30,6 +30,7 @@ from hypermedia.db.schema_storage import OBJECT_STATES
 from hypermedia.errors import Conflict, HypermediaError, InvalidRequest, NotFound, Refused
 from hypermedia.queue.clock import utcnow
 from hypermedia.queue.models import check_project_id
+from hypermedia.redact import brief
 from hypermedia.storage import local, sniff
 from hypermedia.storage.backends import open_backend, parse_pool_url
 from hypermedia.storage.base import (
@@ -99,6 +100,31 @@ class Storage:
             close = getattr(backend, "close", None)
             if close is not None:
                 close()  # a client of its own: its sockets go with it
+
+    def set_pool_url(self, name: str, url: str, *, check: bool = True) -> Row:
+        """Point a pool at another URL (a store that moved, a URL stored before
+        a check it fails), checked as ``add_pool`` checks one.  Its objects stay
+        as they are: their blobs must be at the new place under the same keys.
+        Other processes keep the backend they opened until they restart."""
+        parse_pool_url(url)
+        if name == DEFAULT_POOL:
+            raise Refused(f"{DEFAULT_POOL!r} is HYPERMEDIA_HOME/storage: it has no URL to set")
+        with self.db.read() as tx:  # a missing pool needs no probe to be refused
+            if tx.pool(name=name) is None:
+                raise NotFound(f"no pool named {name!r}")
+        if check:
+            self.check_pool(url)
+        with self.db.tx() as tx:
+            row = tx.pool(name=name, lock=True)
+            if row is None:  # removed meanwhile
+                raise NotFound(f"no pool named {name!r}")
+            tx.set_pool_url(row["pool_id"], url)
+            row = dict(tx.pool(pool_id=row["pool_id"]) or {})
+        dropped = self._backends.pop(row["pool_id"], None)
+        close = getattr(dropped, "close", None)
+        if close is not None:
+            close()
+        return row
 
     def remove_pool(self, name: str) -> None:
         """Delete a pool's row; refused while anything still refers to it.
@@ -173,7 +199,18 @@ class Storage:
                 row = tx.pool(pool_id=pool_id)
             if row is None:
                 raise NotFound(f"no pool {pool_id}")
-            self._backends[pool_id] = open_backend(row["backend_url"], self.settings)
+            try:
+                self._backends[pool_id] = open_backend(row["backend_url"], self.settings)
+            except StorageError:
+                raise
+            except Exception as exc:
+                # A URL stored before a check it fails, a value botocore only
+                # refuses when the client is made: a storage failure of this
+                # pool (GC goes on with the others, /readyz says 503), not a 500.
+                raise StorageUnavailable(
+                    f"pool {row['name']!r} cannot be opened ({brief(exc)}): fix its URL "
+                    "with `hypermedia pools set-url`"
+                ) from None
         return self._backends[pool_id]
 
     # -- writing -------------------------------------------------------------

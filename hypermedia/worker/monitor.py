@@ -2,7 +2,11 @@
 
 Each duty has its own period (seed 000: heartbeat every 30 s, metrics every
 60 s; leases renewed every lease/3; cancel checked about every second).  A
-database outage only delays them: errors are logged and the next tick retries.
+database outage only delays them: a duty that failed is tried again every
+RETRY_SECONDS, not a whole period later, so the worker's heartbeat and leases
+are written within a second of the database's return (the leader's reaper
+waits that long before it judges a worker silent), and the failure is said
+once, then once a minute while it lasts.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from hypermedia.redact import brief
 from hypermedia.worker.slot import Running
 
 log = logging.getLogger(__name__)
+
+RETRY_SECONDS = 1.0  # a failed duty's next try: see the module's docstring
+SAY_EVERY = 60.0  # seconds between two warnings of one duty failing on
 
 
 class Stats:
@@ -79,16 +86,24 @@ class Monitor(threading.Thread):
     def run(self) -> None:
         name_native()
         due = [time.monotonic() + period for period, _ in self.duties]
+        failing: dict[str, float] = {}  # duty -> when its failure was last said
         while not self.stop.wait(0.1):
             now = time.monotonic()
             for i, (period, duty) in enumerate(self.duties):
                 if now < due[i]:
                     continue
-                due[i] = now + period
+                name = duty.__name__
                 try:
                     duty()
                 except Exception as exc:
-                    log.warning("%s failed (%s); will retry", duty.__name__, brief(exc))
+                    due[i] = now + min(period, RETRY_SECONDS)
+                    if now - failing.get(name, -SAY_EVERY) >= SAY_EVERY:
+                        failing[name] = now
+                        log.warning("%s failed (%s); will retry", name, brief(exc))
+                    continue
+                due[i] = now + period
+                if failing.pop(name, None) is not None:
+                    log.info("%s works again", name)
 
     def _apply(self, asked: list[Running], statuses: dict[int, str]) -> None:
         # Only judge the jobs we asked about: one claimed since then is simply

@@ -417,6 +417,26 @@ class Worker:
 
     # -- shutdown ----------------------------------------------------------------
 
+    def _write_results(self) -> None:
+        """A drain writes its finished attempts' results, however long the
+        database is away (they were dropped after 10 s, unsaid, and the jobs
+        ran again); a second SIGTERM gives up on them, said."""
+        if self.stop_now.is_set():
+            self.flusher.close(timeout=3)
+        else:
+            said = False
+            while not self.flusher.close(timeout=10) and not self.stop_now.is_set():
+                if not said:
+                    log.warning(
+                        "waiting to write the results of finished attempts: the database "
+                        "is away (a second SIGTERM stops without them)"
+                    )
+                    said = True
+        if self.flusher.is_alive():
+            log.warning(
+                "stopped with results not written: their jobs run again once their leases expire"
+            )
+
     def _shutdown(
         self, threads: list[threading.Thread], slots: list[Slot], monitor: Monitor
     ) -> None:
@@ -444,7 +464,7 @@ class Worker:
         # worker's sweep: worker/slot.py scratch_root.)
         shutil.rmtree(slots[0].cfg.scratch_root, ignore_errors=True)
         os.close(self._scratch_lock)
-        self.flusher.close(timeout=10 if not self.stop_now.is_set() else 3)
+        self._write_results()
         self.stopped.set()
         monitor.join(2)
         try:

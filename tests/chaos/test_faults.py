@@ -97,6 +97,7 @@ class Fleet:
         self.procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
         self.orphans: list[psutil.Process] = []
         self._count: Counter[str] = Counter()
+        self.extra: dict[str, str] = {}  # settings for the processes spawned after
         logs.mkdir(parents=True, exist_ok=True)
         _set_subreaper(True)
 
@@ -107,7 +108,7 @@ class Fleet:
         with open(log, "ab") as out:  # the process keeps its own descriptor
             proc = subprocess.Popen(
                 [sys.executable, "-m", "hypermedia", *args],
-                env=cli_env(self.url, self.home),
+                env=cli_env(self.url, self.home, **self.extra),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -838,3 +839,44 @@ def test_mariadb_restart_mid_run_workers_reconnect(
     _, workers = _restart_mid_run(fleet, driver, tmp_path, restart)
     for w in workers:
         assert fleet.terminate(w) == 0, f"{fleet.name_of(w)} did not drain\n{fleet.tails()}"
+
+
+@pytest.mark.db_restart
+@pytest.mark.parametrize("database_url", ["mariadb"], indirect=True)
+def test_an_outage_past_the_stale_time_takes_no_job_from_a_live_worker(
+    fleet: Fleet, driver: Driver, tmp_path: Path, database_url: str
+) -> None:
+    """The database away longer than HYPERMEDIA_WORKER_STALE_SECONDS while a
+    live worker runs two jobs: the leader's reaper ran as soon as the
+    database was back, took both jobs (ORPHANED, "its worker stopped
+    heartbeating") and the worker's kept results were dropped as stale; the
+    jobs ran again.  Now the worker's heartbeat comes first."""
+    pids = _mariadbd_pids()
+    if not os.path.exists(MARIADBD) or len(pids) != 1:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true and no single local {MARIADBD} to restart ({pids})")
+        pytest.skip("no single local mariadbd to restart")
+    stale = float(FAST["HYPERMEDIA_WORKER_STALE_SECONDS"])
+    # A heartbeat period near the stale time, as the defaults' 30 s of 120:
+    # a failed heartbeat waited a whole period before its next try.
+    fleet.extra = {"HYPERMEDIA_HEARTBEAT_SECONDS": str(stale - 2)}
+    ids = enqueue(driver, tmp_path, [sleep_job(int((stale + 10) * 1000)) for _ in range(2)])
+    fleet.scheduler()
+    fleet.worker(concurrency=2)
+    wait_until(fleet, driver, lambda: counts(driver).get("processing", 0) == 2, 30, "both run")
+    driver.dispose()
+    server = psutil.Process(pids[0])
+    try:
+        down = time.monotonic()
+        server.terminate()
+        _wait_gone(server, 60)
+        time.sleep(max(0.0, stale + 2 - (time.monotonic() - down)))
+        _start_mariadb()
+    finally:
+        _ensure_mariadb_up(database_url)
+    wait_until(fleet, driver, all_terminal(driver, 2), 60, "both jobs end", 0.5)
+    assert_exactly_once(fleet, driver, ids)
+    for job_id in ids:
+        row = job(driver, job_id)
+        assert (row["status"], row["attempt_count"]) == ("completed", 1), (row, fleet.tails())
+        assert [a["status"] for a in attempts(driver, job_id)] == ["completed"], fleet.tails()

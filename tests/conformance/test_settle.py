@@ -11,6 +11,7 @@ from hypermedia.queue import states
 from hypermedia.queue.backoff import retry_delay
 from hypermedia.queue.engine import Engine, held_row
 from hypermedia.queue.models import AttemptResult, Output
+from hypermedia.queue.settle import IMPLIED_CODE
 
 from ._helpers import (
     W1,
@@ -592,7 +593,11 @@ def test_cancel_requested_ends_cancelled_whatever_the_attempt_did(engine, driver
             "cancellation",
         ), (kind, code)
         assert row["completed_at"] is not None
+        # No error code on the job (the reaper's ORPHANED was kept, and /v0
+        # then showed the cancel as an error); the attempt keeps what it did.
+        assert row["error_code"] is None, (kind, code)
         assert attempts(driver, job_id)[0]["status"] == kind
+        assert attempts(driver, job_id)[0]["error_code"] == (code or IMPLIED_CODE.get(kind))
         assert transitions(driver, job_id)[-1] == ("cancel_requested", "cancelled")
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from hypermedia.db.driver import Driver
 from hypermedia.queue.engine import Engine
+from hypermedia.scheduler.leader import WORKER_GRACE_SECONDS
 from tests.conftest import FakeClock
 from tests.harness import FAST
 from tests.integration._procs import Procs, attempts, eventually, job, submit
@@ -80,9 +81,9 @@ def test_one_leader_fails_over_and_the_new_one_reaps(
     job_id = submit(engine, {"ms": 0}, max_attempts=3)
     (claimed,) = engine.claim("ghost-worker", ["bulk"], 1)
     assert claimed.job_id == job_id
-    row = eventually(
+    row = eventually(  # after the grace a new leader gives the workers first
         lambda: (r := job(driver, job_id))["status"] in ("retry_wait", "queued") and r,
-        10,
+        10 + WORKER_GRACE_SECONDS,
         "the reaper releases the expired lease",
     )
     assert row["attempt_count"] == 1

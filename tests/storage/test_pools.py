@@ -323,6 +323,47 @@ def test_gc_run_once_sums_failures_while_the_store_is_away(
     assert GarbageCollector(s3_storage).run_once().deleted == 4  # back: all go
 
 
+def test_a_pool_that_cannot_be_opened_stops_no_other_and_set_url_fixes_it(
+    s3_storage: Storage, s3_endpoint: dict[str, str]
+) -> None:
+    """A region botocore refuses, stored before `pools add` checked it: it
+    made /readyz a 500 and failed every GC run for every pool, and its
+    `deleting` rows kept `pools rm` away for ever."""
+    good = s3_storage.pool("s3")
+    url = good["backend_url"]
+    stuck = s3_storage.add_pool("odd", url, check=False)
+    with s3_storage.db.tx() as tx:  # as an older release stored it
+        tx.set_pool_url(stuck["pool_id"], url.replace("us-east-1", "us-east-1;rm"))
+    fresh = Storage(s3_storage.db, s3_storage.settings)  # no backend opened yet
+    with pytest.raises(StorageUnavailable, match=r"pool 'odd' cannot be opened .*pools set-url"):
+        fresh.backend(stuck["pool_id"])
+    assert not fresh.reachable()  # /readyz: 503, not a 500
+    # The bad pool's row is kept and said; the good pool's is deleted.
+    other = fresh.put(io.BytesIO(b"a"), pool="s3")
+    _state(fresh, other["object_id"], "deleting")
+    with fresh.db.tx() as tx:
+        tx.insert_objects(
+            [{"pool_id": stuck["pool_id"], "storage_key": "objects/x/original.bin",
+              "project_id": "default", "filename": "", "mime_type": "application/octet-stream",
+              "width": 0, "height": 0, "state": "deleting",
+              "created_at": fresh.clock(), "updated_at": fresh.clock()}]
+        )  # fmt: skip
+    report = GarbageCollector(fresh).run_once()
+    assert (report.deleted, report.failed) == (1, 1), report.as_dict()
+    ((pool, error),) = report.failures
+    assert pool == "odd" and "cannot be opened" in error
+    with pytest.raises(Refused, match="in use"):
+        fresh.remove_pool("odd")
+    # The way out: the right URL, checked like `pools add`, then GC works.
+    nowhere = url.replace(fresh.backend(good["pool_id"]).bucket, "no-such-bucket-here")  # type: ignore[attr-defined]
+    with pytest.raises(StorageError, match="does not exist"):
+        fresh.set_pool_url("odd", nowhere)
+    assert fresh.pool("odd")["backend_url"].endswith("us-east-1;rm")  # unchanged
+    assert fresh.set_pool_url("odd", url)["backend_url"] == url
+    assert GarbageCollector(fresh).run_once().deleted == 1
+    fresh.remove_pool("odd")
+
+
 def test_a_hung_store_holds_up_no_other_maintenance(
     s3_storage: Storage, seaweed: SeaweedServer, engine: Engine
 ) -> None:

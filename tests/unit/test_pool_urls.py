@@ -20,6 +20,16 @@ from hypermedia.storage.backends import parse_pool_url
         ("s3://[::1/x", "the pool URL is not a URL"),
         ("s3://media?endpoint=http://a:1&endpoint=http://b:2", "give each s3 pool option once"),
         ("s3://media?region=a&region=b", "give each s3 pool option once"),
+        # An empty second option was dropped before the check, then stored.
+        ("s3://media?endpoint=http://a:1&endpoint=", "give each s3 pool option once"),
+        # botocore refuses these only when a client is made: stored, one broke
+        # every GC run and /readyz.
+        ("s3://media?region=us-east-1;rm", "an S3 region is"),
+        ("s3://media?region=", "an S3 region is"),
+        ("s3://media?region=-eu", "an S3 region is"),
+        ("s3://media?region=123", "an S3 region is"),
+        ("s3://qa..media", "no '..'"),
+        ("s3://192.168.1.1", "not an IP address"),
         ("s3://media#frag", "no #fragment"),
         ("file:///srv/media#frag", "no #fragment"),
         ("file:///srv/media?endpoint=x", "file: pool URLs take no ?options"),
