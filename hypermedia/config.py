@@ -92,6 +92,10 @@ class Settings:
     # How long an S3 request waits for an answer (twice, with one retry): a
     # store that hangs (stopped, overloaded) holds a job or an upload that long.
     s3_timeout_seconds: float = 60.0
+    # Download links of S3 objects: presigned, straight to the store (nothing
+    # checks the bytes on the way), or false: the service's own signed link,
+    # streamed through it and checked against the object's checksum.
+    s3_presign: bool = True
     # The pool an upload goes into when it names none (the API, the dashboard,
     # photos, process, objects put without --pool, outputs of jobs with no
     # input): `local` is HOME/storage of each process, so a deployment whose
@@ -173,6 +177,7 @@ _ENV_NAMES = {
     "s3_access_key_id": "S3_ACCESS_KEY_ID",
     "s3_secret_access_key": "S3_SECRET_ACCESS_KEY",
     "s3_timeout_seconds": "S3_TIMEOUT_SECONDS",
+    "s3_presign": "S3_PRESIGN",
     "default_pool": "DEFAULT_POOL",
     "secret_key": "SECRET_KEY",
     "signed_url_seconds": "SIGNED_URL_SECONDS",

@@ -252,7 +252,9 @@ class Storage:
         obj = self._pending_for_file(pool_row["pool_id"], path, role, mime, project_id)
         if filename is None:
             filename = path.name
+        before = _version(path)
         stored = self._upload_file(obj, path)
+        self._unchanged({obj["object_id"]: (path, before, stored)})
         values = {
             **_stored_values(stored),
             "filename": display_name(filename),
@@ -308,6 +310,7 @@ class Storage:
                 ],
             )
         object_ids = [ids[ph] for ph in placeholders]
+        before = [_version(p) for p in paths]
         try:
             put_files = getattr(backend, "put_files", None)
             if put_files is not None:
@@ -318,6 +321,10 @@ class Storage:
             for object_id in object_ids:
                 self._abandon(object_id)
             raise
+        self._unchanged(
+            {i: (p, b, st) for i, p, b, st in zip(object_ids, paths, before, stored, strict=True)},
+            all_of=object_ids,
+        )
         done = self.clock()
         with self.db.tx() as tx:
             tx.update_objects_many(
@@ -503,6 +510,28 @@ class Storage:
             chosen = [i for i in object_ids if i not in keep]
             return int(tx.mark_deleting(chosen, "ready", self.clock()))
 
+    def _unchanged(
+        self,
+        uploads: dict[int, tuple[Path, tuple[int, int], Stored]],
+        all_of: list[int] | None = None,
+    ) -> None:
+        """Refuse uploads whose file changed while it was read (its size or
+        modification time then differs): their checksum is of bytes no longer
+        in the file, or of none that were ever in it at once, and the object
+        was `ready` yet failed every read.  Refused, they all go to GC."""
+        changed = [
+            path.name
+            for path, before, stored in uploads.values()
+            if _version(path, before) != before or stored.size != before[0]
+        ]
+        if changed:
+            for object_id in all_of or list(uploads):
+                self._abandon(object_id)
+            raise Conflict(
+                f"{display_name(changed[0])} changed while it was stored: nothing was kept; "
+                "store it again once nothing writes to it"
+            )
+
     def _abandon(self, object_id: int) -> None:
         try:
             with self.db.tx() as tx:
@@ -567,16 +596,19 @@ class Storage:
                 out.write(chunk)
 
     def signed_url(self, object_id: int, base_url: str = "") -> str:
-        """A download URL that expires: presigned on S3, HMAC-signed by the service otherwise."""
+        """A download URL that expires: presigned on S3 (unless
+        HYPERMEDIA_S3_PRESIGN is false), HMAC-signed by the service otherwise:
+        its /content route checks the bytes against the checksum as they go."""
         row = self.get(object_id)
         if row["state"] != "ready":
             raise InvalidRequest(f"object {object_id} is {row['state']}, not ready")
         ttl = self.settings.signed_url_seconds
-        url = self.backend(row["pool_id"]).presign(
-            row["storage_key"], ttl, row["filename"], row["mime_type"] or ""
-        )
-        if url:
-            return url
+        if self.settings.s3_presign:
+            url = self.backend(row["pool_id"]).presign(
+                row["storage_key"], ttl, row["filename"], row["mime_type"] or ""
+            )
+            if url:
+                return url
         expires = self.epoch() + ttl
         sig = local.sign(self.secret(), object_id, expires)
         return f"{base_url}/v1/objects/{object_id}/content?expires={expires}&sig={quote(sig)}"
@@ -648,6 +680,16 @@ def _users(objects: dict[str, int], jobs: int) -> str:
 
 def _stored_values(stored: Stored) -> Row:
     return {"size": stored.size, "checksum": stored.checksum}
+
+
+def _version(path: Path, gone: tuple[int, int] = (-1, -1)) -> tuple[int, int]:
+    """A file's size and modification time: what a write to it changes
+    (``gone`` if it was removed since: what was read of it stays whole)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return gone
+    return st.st_size, st.st_mtime_ns
 
 
 def _regular(path: Path) -> None:

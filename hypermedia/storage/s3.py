@@ -143,7 +143,7 @@ def _client_config(timeout: float) -> Config:
     base: dict[str, Any] = {
         "s3": {"addressing_style": "path"},
         "signature_version": "s3v4",
-        "retries": {"max_attempts": 2, "mode": "standard"},
+        "retries": {"total_max_attempts": 2, "mode": "standard"},  # tried twice, not 3 times
         "connect_timeout": min(5.0, timeout),
         "read_timeout": timeout,  # HYPERMEDIA_S3_TIMEOUT_SECONDS
         # put_files runs BATCH_THREADS put_file at once, each up to FILE_THREADS parts.

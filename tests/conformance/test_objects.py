@@ -117,6 +117,44 @@ def test_an_upload_interrupted_by_ctrl_c_goes_to_gc_at_once(storage: Storage, tm
     assert [r["state"] for r in storage.list(reserved=True)] == ["deleting"] * 3
 
 
+def test_a_file_that_changes_while_it_is_stored_is_refused(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A file written to while it uploads: its row turned `ready` with the
+    checksum of bytes the file no longer held, and every read then failed."""
+    local = storage.backend(storage.pool()["pool_id"])
+    real_one, real_many = local.put_file, local.put_files  # type: ignore[attr-defined]
+    src = tmp_path / "growing.log"
+    src.write_bytes(b"first lines\n")
+
+    def written_meanwhile(path: Path) -> None:
+        with open(path, "ab") as f:  # a writer appending while the upload read it
+            f.write(b"a line more\n")
+
+    def one(key, path, **kw):  # type: ignore[no-untyped-def]
+        stored = real_one(key, path, **kw)
+        written_meanwhile(path)
+        return stored
+
+    def many(items):  # type: ignore[no-untyped-def]
+        stored = real_many(items)
+        written_meanwhile(items[-1][1])
+        return stored
+
+    local.put_file, local.put_files = one, many  # type: ignore[attr-defined]
+    with pytest.raises(Conflict, match=r"growing\.log changed while it was stored"):
+        storage.put_file(src)
+    other = tmp_path / "still.bin"
+    other.write_bytes(b"nobody writes here")
+    with pytest.raises(Conflict, match=r"growing\.log changed while it was stored"):
+        storage.put_files([other, src])
+    assert storage.list() == []
+    assert [r["state"] for r in storage.list(reserved=True)] == ["deleting"] * 3
+    # Left alone, the same file is stored, and reads back whole.
+    local.put_file, local.put_files = real_one, real_many  # type: ignore[attr-defined]
+    row = storage.put_file(src)
+    with storage.open(row["object_id"]) as f:
+        assert f.read() == src.read_bytes()
+
+
 def test_pools(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert storage.pool()["name"] == "local"  # made on first use
     other = tmp_path / "elsewhere"

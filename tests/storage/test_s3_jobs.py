@@ -7,6 +7,7 @@ completes once the store is back, with one output.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -28,6 +29,7 @@ from hypermedia.storage.ledger import Storage
 from tests.harness import checksum_of, hypermedia
 from tests.integration._procs import Procs, sqlite_only, wait_job
 from tests.storage.conftest import SeaweedServer
+from tests.storage.seaweed import _client
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -199,3 +201,37 @@ def test_uploads_naming_no_pool_go_to_the_default_pool(
         **{**creds, "HYPERMEDIA_DEFAULT_POOL": "nope"},
     )
     assert bad.returncode == 1 and "HYPERMEDIA_DEFAULT_POOL" in bad.stderr, bad.stderr
+
+
+def test_without_presigning_s3_downloads_stream_through_the_checked_route(
+    s3_storage: Storage, s3_endpoint: dict[str, str]
+) -> None:
+    """HYPERMEDIA_S3_PRESIGN=false: an S3 object's link is the service's own
+    /content route, whose bytes are checked against the checksum; a presigned
+    link hands a blob changed behind the ledger's back out whole, with a 200."""
+    from fastapi.testclient import TestClient
+
+    from hypermedia.api.app import create_app
+    from hypermedia.services import Services
+
+    settings = s3_storage.settings.with_(s3_presign=False)
+    svc = Services.from_engine(Engine(s3_storage.db, settings))
+    data = os.urandom(3 * 1024 * 1024)  # past the 1 MiB read whole before the headers
+    row = svc.storage.put(io.BytesIO(data), pool="s3", filename="doc.bin")
+    url = svc.storage.signed_url(row["object_id"])
+    assert url.startswith(f"/v1/objects/{row['object_id']}/content?expires=")
+    with TestClient(create_app(svc)) as client:
+        r = client.get(url)
+        assert r.status_code == 200 and r.content == data
+        assert r.headers["content-disposition"].startswith("attachment")
+        # The blob changed in the store: the body is cut short, never whole.
+        bucket = svc.storage.backend(row["pool_id"]).bucket  # type: ignore[attr-defined]
+        _client(**s3_endpoint).put_object(
+            Bucket=bucket, Key=row["storage_key"], Body=data[:-1] + bytes([data[-1] ^ 1])
+        )
+        with client.stream("GET", url) as streamed:
+            got = b""
+            with contextlib.suppress(Exception):  # the connection is cut
+                for chunk in streamed.iter_bytes():
+                    got += chunk
+        assert len(got) < len(data)
