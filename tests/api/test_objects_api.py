@@ -357,3 +357,15 @@ def test_a_dead_uploads_temp_file_too_young_at_start_goes_later(
         while dead.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not dead.exists()
+
+
+def test_a_long_file_name_is_cut_alike_raw_or_multipart(client: TestClient, a: Project) -> None:
+    """`?filename=` of 300 characters was a 422 while the same name in a
+    multipart part was cut to 255: both are cut now, keeping the extension."""
+    name = "n" * 300 + ".txt"
+    raw = upload(client, a.admin, b"some bytes", filename=name)
+    r = client.post("/v1/objects", content=form([("file", name, b"some bytes")]), headers={
+        **bearer(a.admin), **FORM})  # fmt: skip
+    assert r.status_code == 201, r.text
+    for obj in (raw, r.json()):
+        assert obj["filename"] == "n" * 251 + ".txt"

@@ -336,7 +336,7 @@ class _Form:
 )
 async def upload_object(
     request: Request,
-    filename: str | None = Query(None, max_length=255, description="for a raw body"),
+    filename: str | None = Query(None, max_length=4096, description="for a raw body (cut to 255)"),
     principal: Principal = scoped("objects:write"),
 ) -> Row:
     svc = services(request)

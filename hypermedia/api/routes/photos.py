@@ -110,7 +110,7 @@ async def upload_photo(
     request: Request,
     album: str | None = Query(None, max_length=200),
     title: str | None = Query(None, max_length=500),
-    filename: str | None = Query(None, max_length=255, description="for a raw body"),
+    filename: str | None = Query(None, max_length=4096, description="for a raw body (cut to 255)"),
     principal: Principal = scoped("objects:write"),
 ) -> Row:
     svc = services(request)
