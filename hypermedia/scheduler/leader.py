@@ -12,6 +12,7 @@ import threading
 import time
 from datetime import timedelta
 
+from hypermedia import said
 from hypermedia.db.dialects import is_transient
 from hypermedia.db.ready import wait_until_ready
 from hypermedia.linux import name_native
@@ -77,7 +78,7 @@ class Leader(threading.Thread):
                 try:
                     self.try_lead()
                 except Exception as exc:
-                    log.warning("leader lease check failed (%s)", brief(exc))
+                    said.warning(log, "leader lease", "leader lease check failed (%s)", brief(exc))
                     if self.is_leader:
                         log.info("%s no longer leads maintenance", self.node_id)
                     self.is_leader = False
@@ -99,7 +100,7 @@ class Leader(threading.Thread):
         try:
             svc.run_once()
         except Exception as exc:
-            log.warning("%s failed (%s); will retry", svc.name, brief(exc))
+            said.warning(log, svc.name, "%s failed (%s); will retry", svc.name, brief(exc))
             if is_transient(exc):  # the database went away: so did the workers' heartbeats
                 self._give_workers_time()
 

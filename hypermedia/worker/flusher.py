@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hypermedia import said
 from hypermedia.db.dialects import is_transient
 from hypermedia.linux import name_native
 from hypermedia.queue.engine import Engine, held_row
@@ -199,7 +200,7 @@ class Flusher(threading.Thread):
                 if not (starts or results or progress):
                     continue
                 # Database away: keep everything, try again.
-                log.warning("could not record results (%s); retrying", brief(exc))
+                said.warning(log, "flusher", "could not record results (%s); retrying", brief(exc))
                 with self._cond:
                     for k in starts:
                         self._starts.setdefault(k, 0.0)

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from hypermedia import said
 from hypermedia.db.dialects import is_transient
 from hypermedia.db.ready import wait_until_ready
 from hypermedia.errors import InvalidRequest
@@ -247,7 +248,7 @@ class Worker:
                     got, tried = self._claim(room), True
                     delay = 0.1
                 except Exception as exc:  # database away: back off, keep the jobs we hold
-                    log.warning("claim failed (%s); retrying in %.1fs", brief(exc), delay)
+                    said.warning(log, "claim", "claim failed (%s); retrying", brief(exc))
                     self.stop_claiming.wait(delay)
                     delay = min(delay * 2, 5.0)
                     continue
@@ -300,7 +301,7 @@ class Worker:
             with self.engine.db.read() as tx:
                 return tx.worker_status(self.worker_id) == "draining"
         except Exception as exc:  # database away: the claim below backs off
-            log.warning("could not read worker status (%s)", brief(exc))
+            said.warning(log, "status", "could not read worker status (%s)", brief(exc))
             return False
 
     def _held(self) -> int:
