@@ -70,8 +70,25 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 def settings() -> Settings:
     s = load_settings()
+    check_home(s.home)
     check_database_url(s.url)
     return s
+
+
+class BadHome(InvalidRequest):
+    """HYPERMEDIA_HOME names something that is not, and cannot become, a folder."""
+
+
+def check_home(home: Path) -> None:
+    """Refuse (exit 2) a HYPERMEDIA_HOME that is a file, or under one: every
+    command failed later on it with a bare NotADirectoryError or
+    FileExistsError whose path, the one thing to fix, was redacted.  The
+    path is the user's own setting: said, as NoDatabase says its file."""
+    for place in (home, *home.parents):
+        if place.exists():
+            if not place.is_dir():
+                raise BadHome(f"HYPERMEDIA_HOME={home} cannot be a folder: {place} is a file")
+            return
 
 
 SQLITE_FORMS = "sqlite:///PATH (relative to here) or sqlite:////ABSOLUTE/PATH"
@@ -295,6 +312,16 @@ STDIN_NAME = "stdin"
 _DESCRIPTOR_DIRS = ("/dev/fd/", "/proc/self/fd/")
 
 
+# Ids are 64-bit: one past that was "too large" on SQLite, "cannot be stored"
+# on PostgreSQL and "not found" on MariaDB.  Typer now says it, alike.
+MAX_ID = 2**63 - 1
+
+
+def an_id(what: str) -> Any:
+    """A positional id argument, 1 to MAX_ID (exit 2 outside it)."""
+    return typer.Argument(..., min=1, max=MAX_ID, help=f"the {what}'s id")
+
+
 STDIN = Path("/dev/stdin")  # what `-` names
 
 
@@ -401,6 +428,9 @@ def user_errors() -> Iterator[None]:
         raise  # Typer's usage errors (exit 2) keep their own words
     except BrokenPipeError:
         raise  # the reader went (`| head`): Typer ends us quietly (exit 1)
+    except BadHome as exc:  # the path is the user's own: named, not redacted
+        err_console.print(f"[red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
+        raise typer.Exit(EXIT_USAGE) from None
     except NotFound as exc:
         err_console.print(f"[red]not found:[/] {escape(redact(exc))}", markup=True)
         raise typer.Exit(EXIT_USAGE) from None

@@ -15,6 +15,8 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from hypermedia.cli.common import (
+    MAX_ID,
+    an_id,
     console,
     cut,
     engine,
@@ -55,7 +57,9 @@ def submit(
     max_attempts: int = typer.Option(3, "--max-attempts", min=1, max=100),
     timeout: int | None = typer.Option(None, "--timeout", help="seconds per attempt"),
     project: str = typer.Option("default", "--project"),
-    object_id: int | None = typer.Option(None, "--object", help="input object id"),
+    object_id: int | None = typer.Option(
+        None, "--object", min=1, max=MAX_ID, help="input object id"
+    ),
     idempotency_key: str | None = typer.Option(None, "--idempotency-key"),
     wait: bool = typer.Option(False, "--wait", help="wait until every job is terminal"),
     wait_timeout: float | None = typer.Option(
@@ -168,7 +172,7 @@ def list_jobs(
 
 
 @app.command()
-def show(job_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
+def show(job_id: int = an_id("job"), as_json: bool = typer.Option(False, "--json")) -> None:
     """One job with its attempts, outputs and events."""
     with user_errors():
         job = engine().get(job_id)
@@ -246,7 +250,7 @@ def _outputs_table(outputs: list[dict[str, Any]]) -> Table:
 
 
 @app.command()
-def cancel(job_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
+def cancel(job_id: int = an_id("job"), as_json: bool = typer.Option(False, "--json")) -> None:
     """Cancel a job: waiting ones at once, running ones are stopped by their worker."""
     with user_errors():
         status = engine().cancel(job_id, actor="cli")
@@ -257,7 +261,7 @@ def cancel(job_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 @app.command()
-def retry(job_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
+def retry(job_id: int = an_id("job"), as_json: bool = typer.Option(False, "--json")) -> None:
     """Queue a failed or cancelled job again, as a new attempt."""
     with user_errors():
         eng = engine()
@@ -380,7 +384,7 @@ class _Follower:
 
 @app.command()
 def tail(
-    job_id: int,
+    job_id: int = an_id("job"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object per line"),
 ) -> None:
     """Follow a job live until it ends: its past events, then each new one as it happens.

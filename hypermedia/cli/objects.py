@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from hypermedia.cli.common import (
+    an_id,
     as_regular_files,
     base_url,
     console,
@@ -81,7 +82,7 @@ def put(
 
 @objects_app.command("get")
 def get(
-    object_id: int = typer.Argument(...),
+    object_id: int = an_id("object"),
     output: Path | None = typer.Option(None, "-o", "--output", help="default: stdout"),
 ) -> None:
     """Download an object, verifying its checksum."""
@@ -146,7 +147,7 @@ def download_target(output: Path) -> Path | None:
 
 
 @objects_app.command("show")
-def show(object_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
+def show(object_id: int = an_id("object"), as_json: bool = typer.Option(False, "--json")) -> None:
     with user_errors():
         row = public(storage().get(object_id))
         if as_json:
@@ -158,7 +159,7 @@ def show(object_id: int, as_json: bool = typer.Option(False, "--json")) -> None:
 
 @objects_app.command("url")
 def url(
-    object_id: int,
+    object_id: int = an_id("object"),
     base: str = typer.Option("", "--base-url", help="http(s)://HOST[:PORT][/PATH] of the server"),
 ) -> None:
     """A signed download URL that expires (HYPERMEDIA_SIGNED_URL_SECONDS)."""

@@ -134,6 +134,35 @@ def test_pools_and_gc(driver: Driver, tmp_path: Path) -> None:
     assert not (archive / "objects" / str(row["object_id"])).exists()
 
 
+def test_pools_set_url_moves_a_pool_with_its_objects(driver: Driver, tmp_path: Path) -> None:
+    """The store moved (here: the folder): `pools set-url` points the pool at
+    it, checked as `pools add` checks one, and its objects read from there."""
+    url, home = driver.url, tmp_path / "home"
+    old, new = tmp_path / "old", tmp_path / "new"
+    _ok("pools", "add", "archive", f"file://{old}", url=url, home=home)
+    src = tmp_path / "a.txt"
+    src.write_text("hello")
+    row = json.loads(
+        _ok("objects", "put", str(src), "--pool", "archive", "--json", url=url, home=home)
+    )
+    old.rename(new)
+    said = _ok("pools", "set-url", "archive", f"file://{new}", url=url, home=home)
+    assert "now at the new URL: restart the workers" in " ".join(said.split())
+    got = tmp_path / "got.txt"
+    _ok("objects", "get", str(row["object_id"]), "-o", str(got), url=url, home=home)
+    assert got.read_text() == "hello"
+    (pool,) = [p for p in json.loads(_ok("pools", "ls", "--json", url=url, home=home))
+               if p["name"] == "archive"]  # fmt: skip
+    assert pool["backend_url"] == f"file://{new}"
+    for args, code, words in (
+        (["pools", "set-url", "nope", f"file://{new}"], 2, "no pool named 'nope'"),
+        (["pools", "set-url", "local", f"file://{new}"], 1, "it has no URL to set"),
+        (["pools", "set-url", "archive", "s3://a"], 2, "bucket name"),
+    ):
+        done = hypermedia(*args, url=url, home=home)
+        assert done.returncode == code and words in " ".join(done.stderr.split()), done.stderr
+
+
 def test_signed_download_urls_served_by_serve(tmp_path: Path) -> None:
     home = tmp_path / "embedded"
     server, base = start_serve(tmp_path, home)
