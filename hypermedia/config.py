@@ -279,16 +279,6 @@ def load_settings() -> Settings:
                 f"HYPERMEDIA_{_ENV_NAMES[name]} has a space or a control character "
                 "(a line end from a CRLF file?)"
             )
-    if bool(settings.s3_access_key_id) != bool(settings.s3_secret_access_key):
-        # One without the other was sent as is, and S3's answer, "access
-        # denied", never said which half was missing.
-        given, empty = ("ACCESS_KEY_ID", "SECRET_ACCESS_KEY")
-        if not settings.s3_access_key_id:
-            given, empty = empty, given
-        raise InvalidRequest(
-            f"HYPERMEDIA_S3_{given} is set but HYPERMEDIA_S3_{empty} is empty: set both "
-            "(or neither, for boto3's own credential chain)"
-        )
     return settings
 
 

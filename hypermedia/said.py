@@ -27,13 +27,17 @@ def warning(log: logging.Logger, kind: str, message: str, *args: object) -> None
             _said[kind] = (when, unsaid + 1)
             return
         _said[kind] = (now, 0)
+    text = message % args if args else message  # a "%" of its own stays a "%"
     if unsaid:
-        message += " (%d more like it not logged)"
-        args = (*args, unsaid)
-    log.warning(message, *args)
+        text += f" ({unsaid} more like it not logged)"
+    log.warning("%s", text)
 
 
 def ended(kind: str) -> bool:
-    """Forget ``kind``: its next failure is said at once.  True if it was failing."""
+    """Forget ``kind`` (it works again): its next failure is said at once.
+    True if it was failing.  A dict lookup when it was not: cheap enough for
+    a claim loop."""
+    if kind not in _said:  # read without the lock: a stale answer costs one line
+        return False
     with _lock:
         return _said.pop(kind, None) is not None

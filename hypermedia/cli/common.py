@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import select
 import signal
 import stat
 import sys
@@ -331,6 +332,8 @@ def existing_inputs(value: Any) -> Any:
     the Path to the string "-").  Folders and unreadable files are still
     refused by Typer itself (``dir_okay=False, readable=True``)."""
     paths = value if isinstance(value, list) else [value]
+    if sum(str(p) == "-" for p in paths) > 1:  # the second would read an empty stdin
+        raise typer.BadParameter("'-' (stdin) can be given once")
     for p in paths:
         if str(p) != "-" and not os.path.exists(p):
             raise typer.BadParameter(f"file {str(p)!r} does not exist.")
@@ -426,8 +429,11 @@ def user_errors() -> Iterator[None]:
         yield
     except (typer.Exit, click.exceptions.ClickException):
         raise  # Typer's usage errors (exit 2) keep their own words
-    except BrokenPipeError:
-        raise  # the reader went (`| head`): Typer ends us quietly (exit 1)
+    except BrokenPipeError as exc:
+        if _stdout_gone():
+            raise  # the reader went (`| head`): Typer ends us quietly (exit 1)
+        err_console.print(f"[red]error:[/] {escape(brief(exc))}", markup=True, highlight=False)
+        raise typer.Exit(EXIT_FAILED) from None
     except BadHome as exc:  # the path is the user's own: named, not redacted
         err_console.print(f"[red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
         raise typer.Exit(EXIT_USAGE) from None
@@ -455,6 +461,17 @@ def user_errors() -> Iterator[None]:
             said = f"{said}: is the database migrated? run `hypermedia db upgrade`"
         err_console.print(f"[red]error:[/] {escape(said)}", markup=True, highlight=False)
         raise typer.Exit(EXIT_FAILED) from None
+
+
+def _stdout_gone() -> bool:
+    """Whether our stdout is a pipe its reader closed (poll says POLLERR for
+    it), rather than some other pipe or socket that broke under us."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError):  # stdout closed or replaced: nobody reads it
+        return True
 
 
 def wait_for_database(url: str, seconds: float | None) -> str | None:

@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from hypermedia.cli.common import (
+    MAX_ID,
     an_id,
     as_regular_files,
     base_url,
@@ -191,7 +192,7 @@ def ls(
 @objects_app.command("verify")
 def verify(
     pool: str | None = typer.Option(None, "--pool", help="only this pool's objects"),
-    after: int = typer.Option(0, "--after", min=0, help="start after this object id"),
+    after: int = typer.Option(0, "--after", min=0, max=MAX_ID, help="start after this object id"),
     limit: int | None = typer.Option(None, "--limit", min=1, help="check at most N objects"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:

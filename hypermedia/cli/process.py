@@ -128,6 +128,7 @@ def run(
         ]
         ids = _enqueue(eng, store, new)
         local = _local_worker(eng, ids, run_here, concurrency or os.cpu_count() or 1)
+        why = INTERRUPTED  # if the wait itself fails: the worker stops at once too
         try:
             jobs, why = _wait(eng, ids, [printable(f.name) for f in files], timeout)
         finally:

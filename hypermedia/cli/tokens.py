@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from hypermedia.auth.tokens import SCOPES, Tokens
-from hypermedia.cli.common import console, engine, print_json, user_errors
+from hypermedia.cli.common import MAX_ID, console, engine, print_json, user_errors
 
 app = typer.Typer(help="API tokens: create (shown once), list, revoke.", no_args_is_help=True)
 projects_app = typer.Typer(
@@ -128,7 +128,7 @@ def list_tokens(
 
 @app.command()
 def revoke(
-    token_id: int = typer.Argument(..., help="the token_id from `tokens ls`"),
+    token_id: int = typer.Argument(..., min=1, max=MAX_ID, help="the token_id from `tokens ls`"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Revoke a token: it stops authenticating at once."""

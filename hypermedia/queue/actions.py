@@ -42,7 +42,8 @@ class UserActions:
         if status == "cancel_requested":
             return status
         if status in states.sources("cancel"):
-            values = {
+            values = {  # as settle.CANCELLED: no error code left from an earlier attempt
+                "error_code": None,
                 "outcome": "cancelled",
                 "category": "cancellation",
                 "retryable": True,

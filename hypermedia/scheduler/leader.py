@@ -13,7 +13,6 @@ import time
 from datetime import timedelta
 
 from hypermedia import said
-from hypermedia.db.dialects import is_transient
 from hypermedia.db.ready import wait_until_ready
 from hypermedia.linux import name_native
 from hypermedia.queue.engine import Engine
@@ -23,12 +22,14 @@ from hypermedia.scheduler.maintenance import Service, default_services
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "maintenance"
-# After this node takes the lead, or its database comes back, services marked
-# ``waits_for_workers`` (the reaper) wait this long: a worker that lived
-# through a database outage was silent only because the database was, and
-# writes its heartbeat and leases within a second of its return
-# (worker/monitor.py RETRY_SECONDS).  Reaped at once, every job it held was
-# taken from it and its kept results were dropped as stale.
+# Each time this node takes the lead (at start, on a takeover, and when its
+# lease check works again after failing: an outage longer than a third of the
+# lease), services marked ``waits_for_workers`` (the reaper) wait this long
+# once: a worker that lived through a database outage was silent only because
+# the database was, and tries its heartbeat and leases every second until
+# they are written (worker/monitor.py RETRY_SECONDS).  Reaped at once, every
+# job it held was taken from it and its kept results were dropped as stale.
+# Once per taking of the lead, so nothing else can hold the reaper back.
 WORKER_GRACE_SECONDS = 10.0
 
 
@@ -56,8 +57,8 @@ class Leader(threading.Thread):
         with self.engine.db.tx() as tx:
             self.is_leader = tx.take_lease(LEASE_NAME, self.node_id, now, now + ttl)
         if self.is_leader != was:  # an operator asks "who runs maintenance?"
-            said = "leads maintenance now" if self.is_leader else "no longer leads maintenance"
-            log.info("%s %s", self.node_id, said)
+            what = "leads maintenance now" if self.is_leader else "no longer leads maintenance"
+            log.info("%s %s", self.node_id, what)
             if self.is_leader:
                 self._give_workers_time()
         return self.is_leader
@@ -82,6 +83,8 @@ class Leader(threading.Thread):
                     if self.is_leader:
                         log.info("%s no longer leads maintenance", self.node_id)
                     self.is_leader = False
+                else:
+                    said.ended("leader lease")
                 next_renew = now + renew_every
             if self.is_leader:
                 for svc in self.services:
@@ -101,8 +104,8 @@ class Leader(threading.Thread):
             svc.run_once()
         except Exception as exc:
             said.warning(log, svc.name, "%s failed (%s); will retry", svc.name, brief(exc))
-            if is_transient(exc):  # the database went away: so did the workers' heartbeats
-                self._give_workers_time()
+        else:
+            said.ended(svc.name)
 
     def _detach(self, svc: Service, due: dict[str, float]) -> None:
         """Run ``svc`` in a thread of its own: it waits on a store (GC on an

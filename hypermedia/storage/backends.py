@@ -18,8 +18,15 @@ from hypermedia.storage.base import Backend
 from hypermedia.storage.local import LocalBackend
 
 
-def parse_pool_url(url: str) -> tuple[str, dict[str, str]]:
-    """("file", {"path": …}) or ("s3", {"bucket", "endpoint", "region"}); InvalidRequest if bad."""
+def parse_pool_url(url: str, *, strict: bool = True) -> tuple[str, dict[str, str]]:
+    """("file", {"path": …}) or ("s3", {"bucket", "endpoint", "region"}); InvalidRequest if bad.
+
+    ``strict`` (a URL being stored: `pools add`, `pools set-url`) adds the
+    checks made after pools were stored with URLs that fail them: an empty
+    option, a bucket with ".." or shaped as an IP address, a region botocore
+    would refuse.  A stored URL is opened without them, as it was before, so
+    a pool that worked keeps working (a region botocore refuses fails that
+    pool alone, when its client is made)."""
     if not url.isprintable():  # a newline in a folder's name, an escape sequence
         raise InvalidRequest("a pool URL has no control characters")
     try:
@@ -41,10 +48,10 @@ def parse_pool_url(url: str) -> tuple[str, dict[str, str]]:
             raise InvalidRequest("s3 pool URLs look like s3://bucket?endpoint=…&region=…")
         if parts.username or parts.password:
             raise InvalidRequest("put S3 credentials in the settings, not in the pool URL")
-        _check_bucket(parts.netloc)
+        _check_bucket(parts.netloc, strict)
         # keep_blank_values: "&endpoint=" was dropped, so a second, empty
         # option passed as given once and was stored verbatim.
-        given = parse_qs(parts.query, keep_blank_values=True)
+        given = parse_qs(parts.query, keep_blank_values=strict)
         if any(len(v) > 1 for v in given.values()):  # the last one won, silently
             raise InvalidRequest("give each s3 pool option once")
         query = {k: v[0] for k, v in given.items()}
@@ -53,7 +60,7 @@ def parse_pool_url(url: str) -> tuple[str, dict[str, str]]:
             raise InvalidRequest(f"unknown s3 pool option(s): {', '.join(sorted(unknown))}")
         if "endpoint" in query:
             _check_endpoint(query["endpoint"])
-        if "region" in query and not REGION.fullmatch(query["region"]):
+        if strict and "region" in query and not REGION.fullmatch(query["region"]):
             # botocore refuses it only when a client is made: stored, it broke
             # every GC run and /readyz, and its objects kept `pools rm` away.
             raise InvalidRequest(
@@ -70,10 +77,11 @@ IP_ADDRESS = re.compile(r"\d+\.\d+\.\d+\.\d+")
 REGION = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
 
 
-def _check_bucket(name: str) -> None:
+def _check_bucket(name: str, strict: bool) -> None:
     """S3's naming rules: 3 to 63 of a-z 0-9 . -, a letter or digit at each end,
-    no two dots in a row, not an IP address."""
-    if not BUCKET_NAME.fullmatch(name) or ".." in name or IP_ADDRESS.fullmatch(name):
+    and (``strict``) no two dots in a row, not an IP address."""
+    odd = ".." in name or IP_ADDRESS.fullmatch(name) is not None
+    if not BUCKET_NAME.fullmatch(name) or (strict and odd):
         raise InvalidRequest(
             "an S3 bucket name has 3 to 63 characters: a-z, 0-9, '.' and '-', "
             "no '..', and is not an IP address"
@@ -97,12 +105,15 @@ def _check_endpoint(endpoint: str) -> None:
         raise InvalidRequest("an S3 endpoint is a scheme, a host and a port only")
 
 
-def open_backend(url: str, settings: Settings) -> Backend:
-    kind, opts = parse_pool_url(url)
+def open_backend(url: str, settings: Settings, *, strict: bool = False) -> Backend:
+    """The backend of a pool URL: a stored one by default, ``strict`` for one
+    about to be stored (``check_pool``)."""
+    kind, opts = parse_pool_url(url, strict=strict)
     if kind == "file":
         return LocalBackend(Path(opts["path"]) if opts["path"] else settings.home / "storage")
     from hypermedia.storage.s3 import S3Backend
 
+    _both_or_neither(settings)
     return S3Backend(
         opts["bucket"],
         endpoint=opts.get("endpoint"),
@@ -110,4 +121,23 @@ def open_backend(url: str, settings: Settings) -> Backend:
         access_key_id=settings.s3_access_key_id,
         secret_access_key=settings.s3_secret_access_key,
         timeout=settings.s3_timeout_seconds,
+    )
+
+
+class CredentialsRefused(InvalidRequest):
+    """The S3 credential settings cannot be used: the settings are to fix, not the URL."""
+
+
+def _both_or_neither(settings: Settings) -> None:
+    """One S3 credential without the other was sent as is, and S3's "access
+    denied" never said which half was missing.  Checked where an S3 pool is
+    opened: a node with no S3 pool has no use for them."""
+    if bool(settings.s3_access_key_id) == bool(settings.s3_secret_access_key):
+        return
+    given, empty = "ACCESS_KEY_ID", "SECRET_ACCESS_KEY"
+    if not settings.s3_access_key_id:
+        given, empty = empty, given
+    raise CredentialsRefused(
+        f"HYPERMEDIA_S3_{given} is set but HYPERMEDIA_S3_{empty} is empty: set both "
+        "(or neither, for boto3's own credential chain)"
     )

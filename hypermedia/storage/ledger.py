@@ -32,7 +32,7 @@ from hypermedia.queue.clock import utcnow
 from hypermedia.queue.models import check_project_id
 from hypermedia.redact import brief
 from hypermedia.storage import local, sniff
-from hypermedia.storage.backends import open_backend, parse_pool_url
+from hypermedia.storage.backends import CredentialsRefused, open_backend, parse_pool_url
 from hypermedia.storage.base import (
     Backend,
     StorageError,
@@ -93,7 +93,7 @@ class Storage:
     def check_pool(self, url: str) -> None:
         """Raise StorageError unless the store behind ``url`` answers and takes
         a write and a delete of a probe blob (its message names no secret)."""
-        backend = open_backend(url, self.settings)
+        backend = open_backend(url, self.settings, strict=True)
         try:
             backend.check_writable()
         finally:
@@ -204,12 +204,17 @@ class Storage:
             except StorageError:
                 raise
             except Exception as exc:
-                # A URL stored before a check it fails, a value botocore only
-                # refuses when the client is made: a storage failure of this
-                # pool (GC goes on with the others, /readyz says 503), not a 500.
+                # A value botocore only refuses when the client is made, the
+                # credential settings: a storage failure of this pool (GC goes
+                # on with the others, /readyz says 503), not a 500.
+                if isinstance(exc, CredentialsRefused):
+                    fix = "fix the settings"
+                elif row["name"] == DEFAULT_POOL:
+                    fix = "check HYPERMEDIA_HOME"
+                else:
+                    fix = "fix its URL with `hypermedia pools set-url`"
                 raise StorageUnavailable(
-                    f"pool {row['name']!r} cannot be opened ({brief(exc)}): fix its URL "
-                    "with `hypermedia pools set-url`"
+                    f"pool {row['name']!r} cannot be opened ({brief(exc)}): {fix}"
                 ) from None
         return self._backends[pool_id]
 
@@ -248,11 +253,11 @@ class Storage:
     ) -> Row:
         """Store a file as a new ``ready`` object (backends may copy it in the kernel)."""
         _regular(path)
+        before = _version(path)  # before its head is read for the type: all of it covered
         pool_row = self.pool_for(pool, project_id)
         obj = self._pending_for_file(pool_row["pool_id"], path, role, mime, project_id)
         if filename is None:
             filename = path.name
-        before = _version(path)
         stored = self._upload_file(obj, path)
         self._unchanged({obj["object_id"]: (path, before, stored)})
         values = {
@@ -270,6 +275,7 @@ class Storage:
         them ready, and (on local pools) one file-system sync for all the bytes."""
         for p in paths:
             _regular(p)
+        before = [_version(p) for p in paths]
         pool_row = self.pool_for(pool, project_id)
         backend = self.backend(pool_row["pool_id"])
         heads = []
@@ -310,7 +316,6 @@ class Storage:
                 ],
             )
         object_ids = [ids[ph] for ph in placeholders]
-        before = [_version(p) for p in paths]
         try:
             put_files = getattr(backend, "put_files", None)
             if put_files is not None:
@@ -684,10 +689,10 @@ def _stored_values(stored: Stored) -> Row:
 
 def _version(path: Path, gone: tuple[int, int] = (-1, -1)) -> tuple[int, int]:
     """A file's size and modification time: what a write to it changes
-    (``gone`` if it was removed since: what was read of it stays whole)."""
+    (``gone`` if it cannot be looked at now)."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except OSError:  # removed, or its folder made unreadable: what was read stays whole
         return gone
     return st.st_size, st.st_mtime_ns
 

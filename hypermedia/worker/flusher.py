@@ -191,6 +191,7 @@ class Flusher(threading.Thread):
             try:
                 self._write(starts, results, progress, claim)
                 delay = 0.05
+                said.ended("flusher")
             except Exception as exc:
                 if claim is not None:
                     claim.error = exc

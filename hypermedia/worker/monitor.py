@@ -2,11 +2,12 @@
 
 Each duty has its own period (seed 000: heartbeat every 30 s, metrics every
 60 s; leases renewed every lease/3; cancel checked about every second).  A
-database outage only delays them: a duty that failed is tried again every
-RETRY_SECONDS, not a whole period later, so the worker's heartbeat and leases
-are written within a second of the database's return (the leader's reaper
-waits that long before it judges a worker silent), and the failure is said
-once, then once a minute while it lasts.
+database outage only delays them: the heartbeat and the lease renewal, when
+they fail, are tried again every RETRY_SECONDS, not a whole period later, so
+they are written about a second after the database's return (a leader that
+has just taken the lead gives the workers leader.WORKER_GRACE_SECONDS before
+its reaper judges them), and each failure is said once, then once a minute
+while it lasts.
 """
 
 from __future__ import annotations
@@ -74,10 +75,11 @@ class Monitor(threading.Thread):
         self.home = home
         self.stop = stop
         s = engine.settings
+        # The heartbeat first: after an outage it is what the reaper waits for.
         self.duties: list[tuple[float, Callable[[], None]]] = [
+            (s.worker_heartbeat_seconds, self.heartbeat),
             (s.cancel_poll_seconds, self.check_cancels),
             (s.lease_seconds / 3, self.renew_leases),
-            (s.worker_heartbeat_seconds, self.heartbeat),
             (s.worker_metrics_seconds, self.write_metrics),
             (s.worker_metrics_seconds, self.sweep_scratch),
         ]
@@ -96,7 +98,10 @@ class Monitor(threading.Thread):
                 try:
                     duty()
                 except Exception as exc:
-                    due[i] = now + min(period, RETRY_SECONDS)
+                    # Only what the reaper judges the worker by is tried again
+                    # soon: metrics or a scratch sweep that fail wait their period.
+                    soon = duty in (self.heartbeat, self.renew_leases)
+                    due[i] = now + (min(period, RETRY_SECONDS) if soon else period)
                     if now - failing.get(name, -SAY_EVERY) >= SAY_EVERY:
                         failing[name] = now
                         log.warning("%s failed (%s); will retry", name, brief(exc))

@@ -247,6 +247,7 @@ class Worker:
                 try:
                     got, tried = self._claim(room), True
                     delay = 0.1
+                    said.ended("claim")
                 except Exception as exc:  # database away: back off, keep the jobs we hold
                     said.warning(log, "claim", "claim failed (%s); retrying", brief(exc))
                     self.stop_claiming.wait(delay)
@@ -299,10 +300,12 @@ class Worker:
         self._status_at = time.monotonic()
         try:
             with self.engine.db.read() as tx:
-                return tx.worker_status(self.worker_id) == "draining"
+                status = tx.worker_status(self.worker_id)
         except Exception as exc:  # database away: the claim below backs off
             said.warning(log, "status", "could not read worker status (%s)", brief(exc))
             return False
+        said.ended("status")
+        return status == "draining"
 
     def _held(self) -> int:
         with self._lock:
@@ -419,21 +422,24 @@ class Worker:
     # -- shutdown ----------------------------------------------------------------
 
     def _write_results(self) -> None:
-        """A drain writes its finished attempts' results, however long the
-        database is away (they were dropped after 10 s, unsaid, and the jobs
-        ran again); a second SIGTERM gives up on them, said."""
-        if self.stop_now.is_set():
-            self.flusher.close(timeout=3)
-        else:
-            said = False
-            while not self.flusher.close(timeout=10) and not self.stop_now.is_set():
-                if not said:
-                    log.warning(
-                        "waiting to write the results of finished attempts: the database "
-                        "is away (a second SIGTERM stops without them)"
-                    )
-                    said = True
-        if self.flusher.is_alive():
+        """A drain writes its finished attempts' results, waiting for a
+        database that is away up to the lease's length (after it, the reaper
+        has taken the jobs anyway); they were dropped after 10 s, unsaid, and
+        the jobs ran again.  A second SIGTERM ends the wait within a second."""
+        draining = not self.stop_now.is_set()
+        limit = max(10.0, self.settings.lease_seconds) if draining else 3.0
+        started, waiting_said = time.monotonic(), False
+        while not self.flusher.close(timeout=1.0):
+            waited = time.monotonic() - started
+            if waited > limit or (draining and self.stop_now.is_set()):
+                break
+            if waited > 10 and not waiting_said:
+                log.warning(
+                    "waiting to write the results of finished attempts (the database "
+                    "does not take them); a second SIGTERM stops without them"
+                )
+                waiting_said = True
+        if not self.flusher.idle():
             log.warning(
                 "stopped with results not written: their jobs run again once their leases expire"
             )

@@ -268,8 +268,8 @@ class Slot:
                 log.warning("job %s: lease lost, attempt %s abandoned", job.job_id, job.attempt)
                 return None
             if stop is not None:
+                elapsed_ms = int((time.monotonic() - t0) * 1000)  # the kill is not the attempt's
                 ex = self._kill()
-                elapsed_ms = int((time.monotonic() - t0) * 1000)
                 status, code, reason = stop
                 return self._result(
                     rj, status, code, reason, elapsed_ms, ex.peak_mb, self._cpu(child, ex)

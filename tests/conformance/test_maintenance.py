@@ -369,3 +369,47 @@ def test_racing_candidates_elect_exactly_one_leader(driver, database_url, clock)
     assert all(isinstance(w, bool) for w in won), won
     assert won.count(True) == 1
     assert _holder(driver, clock.now) == f"c{won.index(True)}"
+
+
+def test_the_reaper_waits_once_per_taking_of_the_lead_and_nothing_else_holds_it(
+    engine, monkeypatch
+):
+    """A new leader (or one whose database came back) gives the workers
+    WORKER_GRACE_SECONDS before its reaper judges them; after it, a service
+    failing every run (a promoter the database refuses) does not keep the
+    reaper from running: it did when any transient failure restarted the grace."""
+    import threading
+    import time
+
+    import sqlalchemy as sa
+
+    from hypermedia.scheduler import leader as leader_module
+
+    monkeypatch.setattr(leader_module, "WORKER_GRACE_SECONDS", 0.6)
+    runs: list[float] = []
+
+    class Reaper:
+        name, period, waits_for_workers = "reaper", 0.05, True
+
+        def run_once(self) -> None:
+            runs.append(time.monotonic())
+
+    class Promoter:
+        name, period = "promoter", 0.05
+
+        def run_once(self) -> None:
+            raise sa.exc.OperationalError("UPDATE", {}, Exception("too many connections"))
+
+    stop = threading.Event()
+    node = leader_module.Leader(engine, "node-a", stop, services=[Reaper(), Promoter()])
+    started = time.monotonic()
+    node.start()
+    try:
+        time.sleep(1.6)
+    finally:
+        stop.set()
+        node.join(5)
+    assert node.is_leader or not node.is_alive()
+    assert runs, "the reaper never ran"
+    assert runs[0] - started >= 0.6  # the grace after taking the lead
+    assert len(runs) >= 5  # and then every period, the failing promoter notwithstanding

@@ -553,6 +553,8 @@ def test_cancel_of_waiting_job_is_immediate_and_final(engine, driver, clock, sta
         "cancellation",
     )
     assert row["completed_at"] == clock.now
+    # A retry_wait job kept its last attempt's code (TIMEOUT…): no error now.
+    assert row["error_code"] is None and row["safe_reason"] == "cancelled by request"
     assert transitions(driver, job_id)[-1] == (status, "cancelled")
     assert events(driver, job_id)[-1]["actor"] == "ann"
     clock.advance(3600)

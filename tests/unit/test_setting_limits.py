@@ -66,23 +66,6 @@ def test_s3_credentials_with_a_line_end_are_refused_unquoted(
     assert load_settings()
 
 
-@pytest.mark.parametrize(
-    ("given", "empty"),
-    [("S3_ACCESS_KEY_ID", "S3_SECRET_ACCESS_KEY"), ("S3_SECRET_ACCESS_KEY", "S3_ACCESS_KEY_ID")],
-)
-def test_half_of_the_s3_credentials_is_refused_by_name(
-    monkeypatch: pytest.MonkeyPatch, given: str, empty: str
-) -> None:
-    """A key id without its secret reached S3, whose "access denied" never
-    said which half was missing."""
-    monkeypatch.setenv(f"HYPERMEDIA_{given}", "AKIAQA1234567")
-    monkeypatch.delenv(f"HYPERMEDIA_{empty}", raising=False)
-    with pytest.raises(InvalidRequest) as info:
-        load_settings()
-    assert str(info.value).startswith(f"HYPERMEDIA_{given} is set but HYPERMEDIA_{empty} is empty")
-    assert "AKIA" not in str(info.value)
-
-
 def test_the_mariadb_watch_is_a_wait_not_a_spin(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in ("-0.01", "nan", "3601"):
         monkeypatch.setenv("HYPERMEDIA_WATCH_INTERVAL_SECONDS", bad)

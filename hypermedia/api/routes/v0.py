@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from typing import Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hypermedia.api.deps import scoped, services, shown
 from hypermedia.api.paging import decode_cursor, page
@@ -63,14 +63,22 @@ Uuid = str
 
 
 class ProcessingJobCreate(BaseModel):
-    # Strict as /v1 is: `"file_id": true` or `"priority": "9"` is a 422, not a guess.
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # Lax, as seed-001 clients were served ("file_id": "12" and 12.0 are 12),
+    # except for booleans: `"file_id": true` made a job on object 1.
+    model_config = ConfigDict(extra="forbid")
 
     file_id: int = Field(..., ge=1, le=2**62, description="the input object's id")
     job_type: SeedJobType
     priority: int = Field(0, ge=-1000, le=1000, description="higher = more important")
     input_data: dict[str, Any] | None = None
     max_retries: int = Field(3, ge=1, le=99)
+
+    @field_validator("file_id", "priority", "max_retries", mode="before")
+    @classmethod
+    def _no_boolean(cls, value: object) -> object:
+        if isinstance(value, bool):
+            raise ValueError("a boolean is not a number")
+        return value
 
 
 def _seed_job(row: Row, principal: Principal) -> Row:
@@ -132,7 +140,7 @@ def show(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:rea
 def cancel(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
     svc = services(request)
     row = svc.legacy.find(job_id, principal.project_id)
-    with _named_by(job_id):
+    with _named_by(row["job_uuid"]):
         svc.engine.cancel(row["job_id"], actor=principal.actor)
     return _seed_job(svc.legacy.find(job_id, principal.project_id), principal)
 
@@ -141,7 +149,7 @@ def cancel(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:w
 def retry(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
     svc = services(request)
     row = svc.legacy.find(job_id, principal.project_id)
-    with _named_by(job_id):
+    with _named_by(row["job_uuid"]):
         svc.engine.retry(row["job_id"], actor=principal.actor)
     return _seed_job(svc.legacy.find(job_id, principal.project_id), principal)
 
