@@ -75,9 +75,13 @@ def test_sigterm_drains_finishes_the_running_job_and_hands_back_the_rest(
     w = procs.worker("--concurrency", "1", "--no-maintenance")
     # Short jobs first: a worker busy with short jobs claims ahead of its one
     # slot (worker/pace.py), so the long one's batch brings the waiting ones.
+    # All in one transaction: enqueued apart, a claim in between could find
+    # the queue empty, and a worker that idled claims nothing ahead until its
+    # next result, the long job's, when the waiting ones just run (a CI flake).
     short = [NewJob("debug.sleep", {"ms": 0}, priority=1)] * 20
-    *_, running = live.enqueue_many([*short, NewJob("debug.sleep", {"ms": 3000}, priority=5)])
-    waiting = live.enqueue_many([NewJob("debug.sleep", {"ms": 0}, priority=9)] * 3)
+    long = NewJob("debug.sleep", {"ms": 3000}, priority=5)
+    ids = live.enqueue_many([*short, long, *[NewJob("debug.sleep", {"ms": 0}, priority=9)] * 3])
+    running, waiting = ids[len(short)], ids[len(short) + 1 :]
     wait_job(driver, running, {"processing"}, 20)
     # The worker claims them into its buffer while its one slot is busy.
     eventually(
