@@ -48,6 +48,10 @@ Row = dict[str, Any]
 DEFAULT_POOL = "local"
 
 
+# Ready objects whose blobs `pools set-url` looks for at the new URL.
+SET_URL_SAMPLE = 3
+
+
 class Storage:
     def __init__(
         self, db: Driver, settings: Settings, *, clock: Callable[[], datetime] = utcnow
@@ -110,10 +114,15 @@ class Storage:
         if name == DEFAULT_POOL:
             raise Refused(f"{DEFAULT_POOL!r} is HYPERMEDIA_HOME/storage: it has no URL to set")
         with self.db.read() as tx:  # a missing pool needs no probe to be refused
-            if tx.pool(name=name) is None:
+            found = tx.pool(name=name)
+            if found is None:
                 raise NotFound(f"no pool named {name!r}")
+            # Its oldest blobs: a typo naming another writable bucket passed
+            # the probe, and every object of the pool then failed to read.
+            sample = tx.ready_objects_after(0, SET_URL_SAMPLE, found["pool_id"])
         if check:
             self.check_pool(url)
+            self._holds(url, sample)
         with self.db.tx() as tx:
             row = tx.pool(name=name, lock=True)
             if row is None:  # removed meanwhile
@@ -125,6 +134,22 @@ class Storage:
         if close is not None:
             close()
         return row
+
+    def _holds(self, url: str, sample: list[Row]) -> None:
+        """Refuse a new URL whose store lacks any of ``sample``'s blobs."""
+        backend = open_backend(url, self.settings, strict=True)
+        try:
+            for row in sample:
+                if not backend.exists(row["storage_key"]):
+                    raise Refused(
+                        f"the store at the new URL lacks object {row['object_id']}'s blob "
+                        f"({len(sample)} checked): is it the same store? "
+                        "(--no-check sets the URL anyway)"
+                    )
+        finally:
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()
 
     def remove_pool(self, name: str) -> None:
         """Delete a pool's row; refused while anything still refers to it.

@@ -146,6 +146,11 @@ def test_pools_set_url_moves_a_pool_with_its_objects(driver: Driver, tmp_path: P
         _ok("objects", "put", str(src), "--pool", "archive", "--json", url=url, home=home)
     )
     old.rename(new)
+    # A writable folder without the pool's blobs (a typo): refused, URL unchanged.
+    elsewhere = tmp_path / "elsewhere"
+    wrong = hypermedia("pools", "set-url", "archive", f"file://{elsewhere}", url=url, home=home)
+    said = " ".join(wrong.stderr.split())
+    assert wrong.returncode == 1 and f"lacks object {row['object_id']}'s blob" in said, said
     said = _ok("pools", "set-url", "archive", f"file://{new}", url=url, home=home)
     assert "now at the new URL: restart the workers" in " ".join(said.split())
     got = tmp_path / "got.txt"
@@ -154,6 +159,9 @@ def test_pools_set_url_moves_a_pool_with_its_objects(driver: Driver, tmp_path: P
     (pool,) = [p for p in json.loads(_ok("pools", "ls", "--json", url=url, home=home))
                if p["name"] == "archive"]  # fmt: skip
     assert pool["backend_url"] == f"file://{new}"
+    # --no-check takes the operator's word for it.
+    _ok("pools", "set-url", "archive", f"file://{elsewhere}", "--no-check", url=url, home=home)
+    _ok("pools", "set-url", "archive", f"file://{new}", url=url, home=home)
     for args, code, words in (
         (["pools", "set-url", "nope", f"file://{new}"], 2, "no pool named 'nope'"),
         (["pools", "set-url", "local", f"file://{new}"], 1, "it has no URL to set"),
