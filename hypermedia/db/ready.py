@@ -12,6 +12,7 @@ import re
 import threading
 import time
 
+from hypermedia import said
 from hypermedia.db import revisions
 from hypermedia.db.dialects import is_transient
 from hypermedia.db.driver import Driver
@@ -19,18 +20,10 @@ from hypermedia.redact import brief
 
 log = logging.getLogger(__name__)
 
-SAY_EVERY = 60.0  # seconds between two warnings of the same kind
-_said: dict[str, float] = {}  # kind -> when; process-wide: a worker and its leader say it once
-_said_lock = threading.Lock()
-
 
 def _say(kind: str, message: str) -> None:
-    now = time.monotonic()
-    with _said_lock:
-        if now - _said.get(kind, -SAY_EVERY) < SAY_EVERY:
-            return
-        _said[kind] = now
-    log.warning("%s", message)
+    """Once a minute per kind, process-wide: a worker and its leader say it once."""
+    said.warning(log, f"database {kind}", message)
 
 
 # What PostgreSQL and MariaDB say when they answer but refuse who, or which

@@ -101,9 +101,7 @@ class Storage:
         try:
             backend.check_writable()
         finally:
-            close = getattr(backend, "close", None)
-            if close is not None:
-                close()  # a client of its own: its sockets go with it
+            _close(backend)
 
     def set_pool_url(self, name: str, url: str, *, check: bool = True) -> Row:
         """Point a pool at another URL (a store that moved, a URL stored before
@@ -129,10 +127,7 @@ class Storage:
                 raise NotFound(f"no pool named {name!r}")
             tx.set_pool_url(row["pool_id"], url)
             row = dict(tx.pool(pool_id=row["pool_id"]) or {})
-        dropped = self._backends.pop(row["pool_id"], None)
-        close = getattr(dropped, "close", None)
-        if close is not None:
-            close()
+        _close(self._backends.pop(row["pool_id"], None))
         return row
 
     def _holds(self, url: str, sample: list[Row]) -> None:
@@ -147,9 +142,7 @@ class Storage:
                         "(--no-check sets the URL anyway)"
                     )
         finally:
-            close = getattr(backend, "close", None)
-            if close is not None:
-                close()
+            _close(backend)
 
     def remove_pool(self, name: str) -> None:
         """Delete a pool's row; refused while anything still refers to it.
@@ -170,10 +163,7 @@ class Storage:
                 raise Refused(f"pool {name!r} is in use: {_users(objects, jobs)}")
             tx.delete_reservations(row["pool_id"])
             tx.delete_pool(row["pool_id"])
-        dropped = self._backends.pop(row["pool_id"], None)
-        close = getattr(dropped, "close", None)
-        if close is not None:
-            close()
+        _close(self._backends.pop(row["pool_id"], None))
 
     def pool(self, name: str | None = None) -> Row:
         """The named pool, or the default one: HYPERMEDIA_DEFAULT_POOL, by
@@ -710,6 +700,13 @@ def _users(objects: dict[str, int], jobs: int) -> str:
 
 def _stored_values(stored: Stored) -> Row:
     return {"size": stored.size, "checksum": stored.checksum}
+
+
+def _close(backend: object) -> None:
+    """Close a backend that holds a client of its own (S3: its sockets go with it)."""
+    close = getattr(backend, "close", None)
+    if close is not None:
+        close()
 
 
 def _version(path: Path, gone: tuple[int, int] = (-1, -1)) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from hypermedia import __version__, leftovers
+from hypermedia import __version__, leftovers, said
 from hypermedia.linux import name_native
 from hypermedia.queue.engine import Engine
 from hypermedia.redact import brief
@@ -32,7 +32,6 @@ from hypermedia.worker.slot import Running
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 1.0  # a failed duty's next try: see the module's docstring
-SAY_EVERY = 60.0  # seconds between two warnings of one duty failing on
 
 
 class Stats:
@@ -88,7 +87,6 @@ class Monitor(threading.Thread):
     def run(self) -> None:
         name_native()
         due = [time.monotonic() + period for period, _ in self.duties]
-        failing: dict[str, float] = {}  # duty -> when its failure was last said
         while not self.stop.wait(0.1):
             now = time.monotonic()
             for i, (period, duty) in enumerate(self.duties):
@@ -102,12 +100,10 @@ class Monitor(threading.Thread):
                     # soon: metrics or a scratch sweep that fail wait their period.
                     soon = duty in (self.heartbeat, self.renew_leases)
                     due[i] = now + (min(period, RETRY_SECONDS) if soon else period)
-                    if now - failing.get(name, -SAY_EVERY) >= SAY_EVERY:
-                        failing[name] = now
-                        log.warning("%s failed (%s); will retry", name, brief(exc))
+                    said.warning(log, name, "%s failed (%s); will retry", name, brief(exc))
                     continue
                 due[i] = now + period
-                if failing.pop(name, None) is not None:
+                if said.ended(name):
                     log.info("%s works again", name)
 
     def _apply(self, asked: list[Running], statuses: dict[int, str]) -> None:

@@ -58,24 +58,26 @@ def test_open_streams_and_verifies(storage: Storage) -> None:
             pass
 
 
+class _Failing(io.RawIOBase):
+    """A stream of "x" that raises ``error`` once more than ``after`` bytes went."""
+
+    def __init__(self, after: int, error: BaseException) -> None:
+        self.sent, self.after, self.error = 0, after, error
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:  # type: ignore[no-untyped-def]
+        if self.sent > self.after:
+            raise self.error
+        buf[: len(buf)] = b"x" * len(buf)
+        self.sent += len(buf)
+        return len(buf)
+
+
 def test_an_upload_that_fails_never_becomes_ready(storage: Storage) -> None:
-    class Broken(io.RawIOBase):
-        def __init__(self) -> None:
-            self.sent = 0
-
-        def readable(self) -> bool:
-            return True
-
-        def readinto(self, buf) -> int:  # type: ignore[no-untyped-def]
-            if self.sent > 3 * 1024 * 1024:
-                raise OSError(5, "Input/output error")
-            n = len(buf)
-            buf[:n] = b"x" * n
-            self.sent += n
-            return n
-
     with pytest.raises(StorageUnavailable):
-        storage.put(Broken())  # type: ignore[arg-type]
+        storage.put(_Failing(3 * 1024 * 1024, OSError(5, "Input/output error")))  # type: ignore[arg-type]
     assert storage.list() == []  # users see no object
     rows = storage.list(reserved=True)  # the ledger: a row for GC
     assert [r["state"] for r in rows] == ["deleting"]
@@ -86,23 +88,8 @@ def test_an_upload_that_fails_never_becomes_ready(storage: Storage) -> None:
 def test_an_upload_interrupted_by_ctrl_c_goes_to_gc_at_once(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Ctrl-C (KeyboardInterrupt, no Exception) in the middle of an upload:
     its row was left `pending` for the 6 h sweep."""
-
-    class Interrupted(io.RawIOBase):
-        def __init__(self) -> None:
-            self.sent = 0
-
-        def readable(self) -> bool:
-            return True
-
-        def readinto(self, buf) -> int:  # type: ignore[no-untyped-def]
-            if self.sent > 1024 * 1024:  # past the head sniffed before the row exists
-                raise KeyboardInterrupt
-            buf[: len(buf)] = b"x" * len(buf)
-            self.sent += len(buf)
-            return len(buf)
-
-    with pytest.raises(KeyboardInterrupt):
-        storage.put(Interrupted())  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt):  # past the head sniffed before the row exists
+        storage.put(_Failing(1024 * 1024, KeyboardInterrupt()))  # type: ignore[arg-type]
     files = [tmp_path / "a.bin", tmp_path / "b.bin"]
     for f in files:
         f.write_bytes(b"some bytes")
