@@ -37,13 +37,13 @@ import select
 import socket
 import struct
 import time
-import zipfile
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from hypermedia.errors import JobError
 from hypermedia.pipelines import schema as S
+from hypermedia.pipelines import zipsizes
 from hypermedia.pipelines.registry import Context, Pipeline, register
 
 DEFAULT_CLAMD = "unix:///run/clamav/clamd.ctl"
@@ -280,24 +280,6 @@ def verdict(reply: str, sent: int, size: int) -> tuple[str, str | None, str | No
     return "clean", None, None
 
 
-def largest_zip_member(path: str) -> int:
-    """The largest uncompressed size a ZIP's central directory declares; 0 for no ZIP.
-
-    clamd's ZIP reader scans only the first MaxFileSize bytes of a larger
-    member and answers OK, even with AlertExceedsMax (ClamAV 1.4; a gzip or
-    tar member over the limit is reported as Heuristics.Limits.Exceeded).
-    Only the central directory is read, nothing is decompressed; a ZIP that
-    cannot be read this way leaves clamd's answer as it is.
-    """
-    try:
-        if not zipfile.is_zipfile(path):
-            return 0
-        with zipfile.ZipFile(path) as z:
-            return max((i.file_size for i in z.infolist()), default=0)
-    except Exception:  # a hostile directory: BadZipFile, struct.error, MemoryError...
-        return 0
-
-
 def _clean(text: str, limit: int = 200) -> str:
     """Printable ASCII only, and short: clamd's words end up in results."""
     return "".join(c for c in text if " " <= c <= "~")[:limit]
@@ -317,7 +299,7 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     except OSError:
         raise JobError("CORRUPT_INPUT", "the input file could not be read") from None
     ctx.progress(2, "asking clamd")
-    engine = command(address, "VERSION", min(timeout, CONNECT_TIMEOUT))
+    engine = command(address, "VERSION", timeout)  # a busy clamd answers late
     ctx.progress(5, "scanning")
     reply, sent = instream(
         address,
@@ -329,13 +311,9 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     result, signature, reason = verdict(reply, sent, size)
     if result == "clean":
         limit = int(params.get("clamd_max_file_size", SCHEMA["clamd_max_file_size"].default))
-        member = largest_zip_member(ctx.input_path)
-        if member > limit:
+        reason = _zip_reason(zipsizes.largest_member(ctx.input_path), limit)
+        if reason is not None:
             result = "not_fully_scanned"
-            reason = (
-                f"a ZIP member of {member} bytes is over clamd's MaxFileSize ({limit}): "
-                "clamd scanned only its first MaxFileSize bytes"
-            )
     ctx.progress(100, result)
     ctx.output("virus_verdict", "application/json", {"verdict": result, "signature": signature})
     return {
@@ -345,6 +323,21 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         "reason": reason,
         "bytes_sent": sent,
     }
+
+
+def _zip_reason(member: int, limit: int) -> str | None:
+    """Why clamd's OK for a ZIP is not clean: a member it scanned only in part."""
+    if member == zipsizes.UNKNOWN:
+        return (
+            "a ZIP member's size is declared by neither its header nor a readable "
+            "directory: clamd may have scanned only its first MaxFileSize bytes"
+        )
+    if member > limit:
+        return (
+            f"a ZIP member of {member} bytes is over clamd's MaxFileSize ({limit}): "
+            "clamd scanned only its first MaxFileSize bytes"
+        )
+    return None
 
 
 def available() -> str | None:

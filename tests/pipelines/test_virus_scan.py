@@ -166,8 +166,27 @@ def test_a_zip_member_over_clamds_max_file_size_is_never_clean(
     assert result["verdict"] == "not_fully_scanned"
     result, _ = _scan(tmp_path, _zip(MARKER + b"\0" * (MAX_FILE + 4096)), settings)
     assert (result["verdict"], result["signature"]) == ("infected", f"{MARKER_NAME}.UNOFFICIAL")
-    # Not a ZIP, or one whose directory cannot be read: clamd's answer stands.
+    # Not a ZIP: clamd's answer stands.
     assert _scan(tmp_path, b"PK\x05\x06" + os.urandom(40), settings)[0]["verdict"] == "clean"
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        pytest.param(lambda z: z[:-2] + b"\x04\x00PK\x05\x06", id="fake end record in comment"),
+        pytest.param(lambda z: z + os.urandom(70_000), id="bytes appended"),
+    ],
+)
+def test_a_zip_python_cannot_read_is_still_never_clean(tmp_path: Path, clamd: Clamd, spoil) -> None:  # type: ignore[no-untyped-def]
+    # clamd finds the member by its local header and scans its first
+    # MaxFileSize bytes; the directory Python reads is no excuse to say clean.
+    hidden = spoil(_zip(b"\0" * (MAX_FILE + 4096) + MARKER))
+    with pytest.raises(zipfile.BadZipFile):
+        zipfile.ZipFile(io.BytesIO(hidden)).infolist()
+    settings = {"clamd": clamd.unix_url, "clamd_max_file_size": MAX_FILE}
+    result, _ = _scan(tmp_path, hidden, settings)
+    assert (result["verdict"], result["signature"]) == ("not_fully_scanned", None)
+    assert f"a ZIP member of {MAX_FILE + 4096 + len(MARKER)} bytes" in result["reason"]
 
 
 @pytest.mark.parametrize(
@@ -255,9 +274,10 @@ def test_a_missing_socket_is_provider_unavailable(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _fake_clamd(tmp_path: Path, answer: bytes | None) -> Iterator[str]:
+def _fake_clamd(tmp_path: Path, answer: bytes | None, delay: float = 0.0) -> Iterator[str]:
     """A unix socket that reads whatever it is sent and then answers ``answer``
-    (None: never answers, holding the connection open until the block ends)."""
+    ``delay`` seconds later (None: never answers, holding the connection open
+    until the block ends)."""
     path = Path(f"/tmp/hm-fake-{uuid.uuid4().hex[:8]}.sock")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
@@ -277,6 +297,7 @@ def _fake_clamd(tmp_path: Path, answer: bytes | None) -> Iterator[str]:
                 with contextlib.suppress(OSError):
                     conn.settimeout(1)
                     conn.recv(65536)
+                    time.sleep(delay)
                     conn.sendall(answer)
                     conn.shutdown(socket.SHUT_RDWR)
 
@@ -297,6 +318,17 @@ def test_clamd_not_answering_in_time_is_provider_unavailable(tmp_path: Path) -> 
     with _fake_clamd(tmp_path, None) as url:
         err = _unavailable(tmp_path, {"clamd": url, "timeout_seconds": 1})
     assert err.reason == "clamd did not answer (timed out)"
+
+
+def test_a_busy_clamd_has_timeout_seconds_to_answer_each_question(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connecting is bounded by CONNECT_TIMEOUT; the answers, VERSION's too,
+    by the profile's timeout_seconds (a clamd reloading its database is slow)."""
+    monkeypatch.setattr(virus, "CONNECT_TIMEOUT", 0.3)
+    with _fake_clamd(tmp_path, b"stream: OK\0", delay=0.8) as url:
+        result, _ = _scan(tmp_path, CLEAN, {"clamd": url, "timeout_seconds": 5})
+    assert result["verdict"] == "clean"
 
 
 def test_an_answer_trickled_past_the_timeout_is_provider_unavailable(tmp_path: Path) -> None:

@@ -1,0 +1,111 @@
+"""zipsizes: a ZIP's member sizes from its central directory and its local headers."""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hypermedia.pipelines import zipsizes
+
+
+def _zip(members: dict[str, bytes], comment: bytes = b"") -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+        z.comment = comment
+    return buf.getvalue()
+
+
+def _streamed(members: dict[str, bytes]) -> bytes:
+    """A ZIP written to a pipe: each local header defers its sizes (flag bit 3)."""
+
+    class Pipe(io.RawIOBase):
+        def __init__(self) -> None:
+            self.data = bytearray()
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b: bytes) -> int:  # type: ignore[override]
+            self.data += b
+            return len(b)
+
+    pipe = Pipe()
+    with zipfile.ZipFile(pipe, "w", zipfile.ZIP_DEFLATED) as z:  # type: ignore[arg-type]
+        for name, data in members.items():
+            with z.open(name, "w") as member:
+                member.write(data)
+    return bytes(pipe.data)
+
+
+def _largest(tmp_path: Path, data: bytes) -> int:
+    path = tmp_path / "input"
+    path.write_bytes(data)
+    return zipsizes.largest_member(str(path))
+
+
+BIG = b"\0" * 700_000
+
+
+def test_a_readable_zip_declares_its_largest_member(tmp_path: Path) -> None:
+    assert _largest(tmp_path, _zip({"a": b"x" * 10, "b": BIG, "c": b"y"})) == len(BIG)
+    assert _largest(tmp_path, _zip({})) == 0
+    assert _largest(tmp_path, os.urandom(5000)) == 0
+    assert _largest(tmp_path, b"") == 0
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        pytest.param(lambda z: _zip({"a": BIG}, comment=b"PK\x05\x06"), id="fake end record"),
+        pytest.param(lambda z: z + os.urandom(70_000), id="appended bytes"),
+        pytest.param(lambda z: z[:-10], id="cut tail"),
+        pytest.param(lambda z: os.urandom(3000) + z[:-22], id="prefix, no end record"),
+    ],
+)
+def test_a_directory_python_cannot_read_still_shows_its_members(tmp_path: Path, spoil) -> None:  # type: ignore[no-untyped-def]
+    data = spoil(_zip({"a": BIG}))
+    path = tmp_path / "spoilt.zip"
+    path.write_bytes(data)
+    with pytest.raises(zipfile.BadZipFile):
+        zipfile.ZipFile(path).infolist()
+    assert zipsizes.largest_member(str(path)) == len(BIG)
+
+
+def test_deferred_sizes_come_from_the_directory_or_are_unknown(tmp_path: Path) -> None:
+    streamed = _streamed({"a": BIG, "b": b"small"})
+    assert _largest(tmp_path, streamed) == len(BIG)
+    assert _largest(tmp_path, streamed + os.urandom(70_000)) == zipsizes.UNKNOWN
+
+
+def test_a_header_across_a_chunk_boundary_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive = _zip({"a": BIG}, comment=b"PK\x05\x06")  # only the local header is readable
+    for cut in range(1, 31):
+        monkeypatch.setattr(zipsizes, "_CHUNK", 4096)
+        data = os.urandom(4096 - cut) + archive
+        assert _largest(tmp_path, data) == len(BIG), cut
+
+
+def test_zip64_local_headers_give_their_extra_field_size(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    with (
+        zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z,
+        z.open("big", "w", force_zip64=True) as member,
+    ):
+        member.write(BIG)
+    data = buf.getvalue()
+    assert data[22:26] == b"\xff\xff\xff\xff"  # the local header points to its extra field
+    assert _largest(tmp_path, data[:-22] + b"junk") == len(BIG)
+
+
+def test_chance_signatures_in_other_data_are_not_members(tmp_path: Path) -> None:
+    # "PK\3\4" followed by an unknown method, or no name: not a header.
+    noise = b"PK\x03\x04" * 1000 + b"PK\x03\x04\x14\x00\x00\x00\x07\x00" + b"\xff" * 40
+    assert _largest(tmp_path, noise) == 0
