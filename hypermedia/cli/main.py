@@ -35,7 +35,10 @@ from hypermedia.errors import InvalidRequest
 from hypermedia.pipelines import registry
 from hypermedia.queue.models import EVERY_QUEUE, check_queue_name
 
-app = typer.Typer(help="hypermedia: durable media processing jobs.", no_args_is_help=True)
+# Help texts are plain text: "[:PORT][/PATH]" in one is not markup to parse.
+app = typer.Typer(
+    help="hypermedia: durable media processing jobs.", no_args_is_help=True, rich_markup_mode=None
+)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(jobs.app, name="jobs")
