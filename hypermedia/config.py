@@ -242,7 +242,7 @@ def load_settings() -> Settings:
         if isinstance(current, Path):
             values[f.name] = Path(raw)
         elif isinstance(current, bool):
-            values[f.name] = raw.lower() in {"1", "true", "yes"}
+            values[f.name] = _boolean(env_name, raw)
         else:
             try:
                 values[f.name] = type(current)(raw)
@@ -280,6 +280,18 @@ def load_settings() -> Settings:
                 "(a line end from a CRLF file?)"
             )
     return settings
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _boolean(env_name: str, raw: str) -> bool:
+    """A yes or a no; anything else (``enabled``, a typo) is refused, not read as no."""
+    word = raw.strip().lower()
+    if word not in _TRUE | _FALSE:
+        raise InvalidRequest(f"HYPERMEDIA_{env_name} must be true or false (1/0, yes/no, on/off)")
+    return word in _TRUE
 
 
 # A century in each unit a duration setting is given in.  "inf", "nan" and

@@ -148,3 +148,17 @@ def test_api_limits_below_one_are_refused_at_start(
     monkeypatch.setenv(f"HYPERMEDIA_{name}", bad)
     with pytest.raises(InvalidRequest, match=re.escape(f"HYPERMEDIA_{name} {said}")):
         load_settings()
+
+
+def test_a_yes_or_no_setting_takes_only_yes_or_no(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HYPERMEDIA_S3_PRESIGN=on or =enabled used to mean false, silently."""
+    for word, meant in [("1", True), ("TRUE", True), ("yes", True), (" on ", True)]:
+        monkeypatch.setenv("HYPERMEDIA_S3_PRESIGN", word)
+        assert load_settings().s3_presign is meant
+    for word in ("0", "False", "no", "off"):
+        monkeypatch.setenv("HYPERMEDIA_S3_PRESIGN", word)
+        assert load_settings().s3_presign is False
+    for bad in ("enabled", "maybe", "", "2"):
+        monkeypatch.setenv("HYPERMEDIA_S3_PRESIGN", bad)
+        with pytest.raises(InvalidRequest, match="HYPERMEDIA_S3_PRESIGN must be true or false"):
+            load_settings()
