@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import typer
 from rich.table import Table
 
@@ -62,9 +60,7 @@ def resume(
         check_queue_name(name)
         queues = Services.from_engine(engine()).queues
         rows = {r["queue_name"]: r for r in queues.summary()}
-        # A name nothing knows has no switch to turn: writing one made a row
-        # for a typo ("imagse"), listed by `queues ls` from then on.
-        row = queues.resume(name) if name in rows else _unswitched(name)
+        row = queues.resume(name)
     if name not in rows and name not in registry.queues():
         _warn_unknown(name)
     if as_json:
@@ -78,11 +74,6 @@ def resume(
 def _known(queues: Queues) -> set[str]:
     """The queue names a pipeline, a profile, a job or an earlier switch uses."""
     return {r["queue_name"] for r in queues.summary()} | registry.queues()
-
-
-def _unswitched(name: str) -> dict[str, Any]:
-    """A queue's row as ``resume`` gives it, for one that was never switched."""
-    return {"queue_name": name, "paused": False, "updated_at": None}
 
 
 def _warn_unknown(name: str) -> None:

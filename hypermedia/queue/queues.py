@@ -49,6 +49,9 @@ class Queues:
         return self._switch(name, True)
 
     def resume(self, name: str) -> Row:
+        """Workers claim from ``name`` again.  A queue never switched has no
+        switch to turn: nothing is written (a typo such as "imagse" made a row,
+        listed from then on), and its row says ``updated_at: None``."""
         return self._switch(name, False)
 
     def figures(self, bounds_ms: Sequence[float]) -> Row:
@@ -83,11 +86,13 @@ class Queues:
 
         # The switch records no actor (queue_states has no such column).
         def switch(tx: Any) -> Row | None:
-            tx.set_queue_paused(name, paused, self.clock())
+            if paused or tx.queue_state(name) is not None:
+                tx.set_queue_paused(name, paused, self.clock())
             return tx.queue_state(name)
 
         state = self.db.tx_retrying(switch)  # concurrent first switches race
-        assert state is not None
+        if state is None:
+            return {"queue_name": name, "paused": False, "updated_at": None}
         return {
             "queue_name": name,
             "paused": bool(state["paused"]),

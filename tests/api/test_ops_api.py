@@ -140,6 +140,11 @@ def test_pause_and_resume_through_the_api(client: TestClient, svc: Services, a: 
     r = client.post("/v1/queues/images/resume", headers=h)
     assert r.status_code == 200 and r.json()["paused"] is False
     assert svc.queues.paused() == set()
+    # A name never switched: answered, not written (as the CLI).
+    r = client.post("/v1/queues/imagse/resume", headers=h)
+    assert r.status_code == 200 and r.json()["updated_at"] is None
+    listed = [q["queue_name"] for q in client.get("/v1/queues", headers=h).json()["items"]]
+    assert "imagse" not in listed
 
 
 def test_bad_queue_names_are_422(client: TestClient, svc: Services, a: Project) -> None:

@@ -102,7 +102,19 @@ def test_pause_and_resume_switch_a_queue(queues: Queues) -> None:
 
     assert queues.resume("images")["paused"] is False
     assert queues.paused() == {"never.used-1"}
-    assert queues.resume("not-switched-yet")["paused"] is False
+    assert _summary(queues, "images")["paused"] is False
+
+
+def test_resuming_a_queue_never_switched_writes_nothing(queues: Queues) -> None:
+    """The API wrote a switch for any name it was asked to resume: a typo
+    ("imagse") became a queue listed from then on."""
+    row = queues.resume("imagse")
+    assert row == {"queue_name": "imagse", "paused": False, "updated_at": None}
+    assert "imagse" not in {r["queue_name"] for r in queues.summary()}
+    queues.pause("images")
+    queues.resume("images")
+    again = queues.resume("images")  # switched once: the switch stays, and moves
+    assert again["paused"] is False and again["updated_at"] is not None
     assert _summary(queues, "images")["paused"] is False
 
 
