@@ -26,6 +26,8 @@ from hypermedia.errors import Conflict
 
 Row = dict[str, Any]
 
+MAX_ATTEMPTS = 2**31 - 1  # variant_jobs.attempts is a 4-byte INTEGER on every database
+
 # The roles a photo's variants are bound to (photos/service.py: VARIANTS maps
 # each to the job type that makes it).  Here because the engine asks too
 # (``jobs_of_deleted_photos``), and it cannot import the photo service.
@@ -237,7 +239,15 @@ class PhotoQueries:
         q = (
             sa.update(VJ)
             .where(VJ.c.photo_id == photo_id)
-            .values(attempts=VJ.c.attempts + 1, last_error=error, next_attempt_at=next_attempt_at)
+            .values(
+                # A legacy row may already hold the column's largest value:
+                # one more overflowed, and the row was never pushed back.
+                attempts=sa.case(
+                    (VJ.c.attempts >= MAX_ATTEMPTS, VJ.c.attempts), else_=VJ.c.attempts + 1
+                ),
+                last_error=error,
+                next_attempt_at=next_attempt_at,
+            )
         )
         self.conn.execute(q)
 

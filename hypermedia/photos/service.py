@@ -551,5 +551,8 @@ def _render(photo: Row, bindings: Sequence[Row]) -> Row:
 
 
 def backoff(attempts: int) -> timedelta:
-    """When a variant row the engine refused is tried again: 1 min doubling to 1 h."""
-    return timedelta(seconds=min(3600, 60 * 2 ** max(0, attempts)))
+    """When a variant row the engine refused is tried again: 1 min doubling to 1 h.
+
+    The exponent is capped first: a legacy row may say any count, and
+    2 ** 2147483647 took the leader 15 s and hundreds of MB to work out."""
+    return timedelta(seconds=min(3600, 60 * 2 ** min(6, max(0, attempts))))

@@ -498,6 +498,26 @@ def test_bridge_defers_rows_the_engine_refuses(
     assert _hits(driver) == []
 
 
+def test_a_legacy_attempt_count_at_its_limit_is_deferred_at_once(
+    photos: Photos, driver: Driver, clock: Any, image_jobs: None
+) -> None:
+    """2 ** attempts was worked out before the 1 h cap (15 s and hundreds of
+    MB on the leader at 2**31 - 1), and attempts + 1 then overflowed the column."""
+    pid = str(uuid.uuid4())
+    with driver.tx() as tx:
+        tx.conn.execute(photo_rows.insert().values(photo_id=pid))
+        tx.insert_variant_job(pid, clock())
+        tx.conn.execute(
+            variant_jobs.update().where(variant_jobs.c.photo_id == pid).values(attempts=2**31 - 1)
+        )
+    started = time.monotonic()
+    assert PhotoBridge(photos).run_once()["refused"] == 1
+    assert time.monotonic() - started < 5
+    vrow = _variant_row(driver, pid)
+    assert vrow is not None and vrow["attempts"] == 2**31 - 1
+    assert clock() < vrow["next_attempt_at"] <= clock() + timedelta(hours=1, seconds=1)
+
+
 # -- GC races (row locks: PostgreSQL and MariaDB) ------------------------------------------------
 
 
