@@ -140,6 +140,19 @@ class Tx(
         q = sa.select(P).where(P.c.profile_key == key).order_by(P.c.profile_id)
         return _rows(self.conn.execute(q))
 
+    def lock_profile_key(self, key: str) -> None:
+        """Take the row lock of ``key``'s first version (if any) until the transaction
+        ends: concurrent creators of its next version then queue here, each reading
+        the versions afresh, instead of racing for one number."""
+        q = (
+            sa.select(P.c.profile_id)
+            .where(P.c.profile_key == key)
+            .order_by(P.c.profile_id)
+            .limit(1)
+            .with_for_update()  # SQLite: nothing; its writers take turns anyway
+        )
+        self.conn.execute(q).first()
+
     def profiles(self, job_type: str | None = None, *, include_inactive: bool = False) -> list[Row]:
         q = sa.select(P)
         if job_type is not None:

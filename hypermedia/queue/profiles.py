@@ -15,13 +15,15 @@ budget; the engine refuses an enqueue that would take the project past it.
 from __future__ import annotations
 
 import math
+import random
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from hypermedia.errors import Conflict, InvalidRequest, JobError, NotFound, Refused
+from hypermedia.errors import Conflict, InvalidRequest, JobError, NotFound
 from hypermedia.pipelines import registry
 from hypermedia.queue.models import check_project_id, check_queue_name
 
@@ -217,9 +219,10 @@ class Profiles:
             "max_input_bytes": max_input_bytes,
             **_price_columns(credits),
         }
-        for _ in range(5):
+        for attempt in range(5):
             try:
                 with self.db.tx() as tx:
+                    tx.lock_profile_key(key)
                     versions = tx.profile_versions(key)
                     last = versions[-1] if versions else _defaults(pipeline)
                     if last["job_type"] != job_type:
@@ -240,8 +243,10 @@ class Profiles:
                     profile_id = tx.insert_profile(row)
                     return _public(tx.profile_by_id(profile_id) or {})
             except Conflict:
-                continue  # a concurrent create took this version number: take the next
-        raise Refused(f"profile {key} is being changed by others; try again")
+                # A concurrent create took this number (only first versions race:
+                # later ones queue on the lock): take the next.
+                time.sleep(random.uniform(0, 0.01 * 2**attempt))
+        raise Conflict(f"profile {key} is being changed by others; try again")
 
     def list(self, job_type: str | None = None, include_inactive: bool = False) -> list[Row]:
         with self.db.read() as tx:
