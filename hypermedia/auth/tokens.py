@@ -88,7 +88,8 @@ class Tokens:
 
     def ensure_project(self, project_id: str, owner_id: str = "admin", name: str = "") -> Row:
         check_project_id(project_id)
-        with self.db.tx() as tx:
+
+        def ensure(tx: Any) -> Row:
             row = tx.project(project_id)
             if row is None:
                 tx.insert_project(
@@ -101,6 +102,8 @@ class Tokens:
                 )
                 row = tx.project(project_id)
             return dict(row or {})
+
+        return self.db.tx_retrying(ensure)  # InnoDB may deadlock racing first inserts
 
     def projects(self) -> list[Row]:
         with self.db.read() as tx:

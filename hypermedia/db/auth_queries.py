@@ -35,7 +35,14 @@ class AuthQueries:
         return [dict(r._mapping) for r in self.conn.execute(sa.select(PR).order_by(PR.c.name))]
 
     def insert_project(self, values: Row) -> None:
-        self.conn.execute(PR.insert().values(**values))
+        """Insert the project unless a concurrent transaction just did: the
+        first tokens of a new project, made at once, raced to create it."""
+        try:
+            with self.conn.begin_nested():
+                self.conn.execute(PR.insert().values(**values))
+        except sa.exc.IntegrityError:
+            if self.project(values["project_id"]) is None:
+                raise  # another constraint: not the race
 
     def insert_token(self, values: Row) -> int:
         key = self.conn.execute(T.insert().values(**values)).inserted_primary_key
