@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import ipaddress
 import json
@@ -472,6 +473,25 @@ def _stdout_gone() -> bool:
         return any(ev & select.POLLERR for _, ev in poller.poll(0))
     except (OSError, ValueError):  # stdout closed or replaced: nobody reads it
         return True
+
+
+def end_if_reader_left() -> None:
+    """Exit 1, quietly, when stdout is a pipe whose reader left (``| head``).
+
+    Run as the command ends: CPython hands a large write to a pipe over in
+    one call, and when the reader leaves mid-way the rest is dropped without
+    an error, so the command exited 0 having written half its output."""
+    with contextlib.suppress(OSError, ValueError):  # the check below tells
+        sys.stdout.flush()
+    try:
+        if not stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode):
+            return
+    except (OSError, ValueError, AttributeError):  # no descriptor (a test's capture)
+        return
+    if _stdout_gone():
+        # What is still buffered would fail again at exit, loudly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(EXIT_FAILED)
 
 
 def wait_for_database(url: str, seconds: float | None) -> str | None:

@@ -22,6 +22,7 @@ from hypermedia.cli import (
 )
 from hypermedia.cli.common import (
     console,
+    end_if_reader_left,
     engine,
     err_console,
     require_database,
@@ -39,6 +40,13 @@ from hypermedia.queue.models import EVERY_QUEUE, check_queue_name
 app = typer.Typer(
     help="hypermedia: durable media processing jobs.", no_args_is_help=True, rich_markup_mode=None
 )
+
+
+@app.callback()
+def _root(ctx: typer.Context) -> None:
+    ctx.call_on_close(end_if_reader_left)
+
+
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(jobs.app, name="jobs")

@@ -5,6 +5,7 @@ a colour instead of its characters.  Real CLI processes, the embedded default.""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import stat
@@ -146,3 +147,29 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path: Path) 
         os.close(write)
     assert done.returncode == 1
     assert "BrokenPipe" not in done.stderr and "error" not in done.stderr, done.stderr
+
+
+def test_a_reader_that_leaves_mid_output_ends_the_command_with_1(tmp_path: Path) -> None:
+    """`jobs ls | head -2`: CPython hands a large write to the pipe in one
+    call and drops what the departed reader did not take, without an error:
+    the command exited 0, its output cut short."""
+    home = tmp_path / "home"
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    made = hypermedia("jobs", "submit", "debug.noop", "--count", "300", url="", home=home)
+    assert made.returncode == 0, made.stderr
+    for args in (["jobs", "ls", "--limit", "300", "--json"], ["jobs", "ls", "--limit", "300"]):
+        read, write = os.pipe()
+        fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, 4096)  # the output is ten times that
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hypermedia", *args],
+            env=cli_env("", home),
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        os.close(write)
+        assert os.read(read, 1)
+        os.close(read)  # the reader leaves while the command still writes
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1, (args, err)
+        assert err == "", err
