@@ -288,6 +288,13 @@ class PhotoQueries:
         )
         return int(self.conn.execute(q).rowcount)
 
+    def release_variant_keys(self, job_ids: Sequence[int]) -> None:
+        """Variant jobs superseded by a new original give their keys up to the
+        jobs that replace them (a key names one job: the photo's current one)."""
+        if job_ids:
+            q = sa.update(J).where(J.c.job_id.in_(list(job_ids))).values(idempotency_key=None)
+            self.conn.execute(q)
+
     def jobs_of_deleted_photos(self, job_ids: Sequence[int]) -> list[int]:
         """Those of ``job_ids`` that are variant jobs of a photo that no longer exists."""
         if not job_ids:

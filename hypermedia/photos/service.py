@@ -30,6 +30,7 @@ from hypermedia.errors import HypermediaError, InvalidRequest, JobError, NotFoun
 from hypermedia.pipelines import registry
 from hypermedia.queue import states
 from hypermedia.queue.engine import Engine
+from hypermedia.queue.events import event
 from hypermedia.queue.models import NewJob
 from hypermedia.redact import redact
 from hypermedia.storage.ledger import Storage
@@ -61,6 +62,7 @@ _VARIANT_STATUS = {
     "retry_wait": "retry_wait",
 }
 # Jobs a cancel still stops: not finished, and not already asked to stop.
+BRIDGE = "photo-bridge"  # the actor of what the bridge does to jobs
 _LIVE = frozenset(states.STATUSES) - states.TERMINAL - {"cancel_requested"}
 
 
@@ -478,6 +480,7 @@ class Photos:
         original = bound.get("original")
         if original is None:
             raise InvalidRequest("the photo has no original object")
+        self._supersede(tx, photo, original, bound, now)
         jobs = [
             NewJob(
                 job_type,
@@ -486,7 +489,7 @@ class Photos:
                 owner_id=photo["owner_id"] or "system",
                 idempotency_key=variant_key(photo_id, role),
                 object_id=original,
-                created_by="photo-bridge",
+                created_by=BRIDGE,
             )
             for role, job_type in VARIANTS.items()
         ]
@@ -494,6 +497,28 @@ class Photos:
             ids: JobIds = self.engine.enqueue_in(tx, jobs)
         tx.mark_variant_adopted(photo_id, now)
         return ids
+
+    def _supersede(self, tx: Any, photo: Row, original: int, bound: Row, now: datetime) -> None:
+        """A legacy producer that replaced a photo's original asks for its
+        variants again: the variant jobs made from the earlier original give up
+        their keys to the new ones (the key refused the new jobs for ever as a
+        "different request"), the live ones are stopped, their outputs retired."""
+        photo_id = photo["photo_id"]
+        old = [
+            job
+            for role in VARIANTS
+            if role not in bound
+            and (job := tx.job_by_idempotency_key(project_of(photo), variant_key(photo_id, role)))
+            and job["object_id"] != original
+        ]
+        if not old:
+            return
+        self._stop(tx, old)
+        ids = [j["job_id"] for j in old]
+        tx.release_variant_keys(ids)
+        tx.retire_outputs(ids, now)
+        note = "superseded: the photo's original changed, a new job makes this variant"
+        tx.insert_events([event(i, now, None, None, message=note, actor=BRIDGE) for i in ids])
 
 
 def _new_id() -> str:

@@ -498,6 +498,61 @@ def test_bridge_defers_rows_the_engine_refuses(
     assert _hits(driver) == []
 
 
+def test_a_legacy_request_after_a_new_original_makes_new_variants(
+    photos: Photos,
+    storage: Storage,
+    engine: Engine,
+    driver: Driver,
+    clock: Any,
+    tmp_path: Path,
+    image_jobs: None,
+) -> None:
+    """A legacy producer replaces a photo's original, unbinds its variants and
+    writes a variant_jobs row: the key of the variants' first jobs refused the
+    new ones for ever ("a different request"), and the photo said
+    "processing" with the old, completed jobs."""
+    src = _add(photos)
+    first = _complete(engine, storage, tmp_path)
+    PhotoBridge(photos).run_once()
+    new_original = storage.put(io.BytesIO(png(40, 30)))["object_id"]
+    with driver.tx() as tx:
+        tx.conn.execute(
+            photo_objects.update()
+            .where(photo_objects.c.photo_id == src["id"], photo_objects.c.role == "original")
+            .values(object_id=new_original)
+        )
+        tx.conn.execute(
+            photo_objects.delete().where(
+                photo_objects.c.photo_id == src["id"], photo_objects.c.role != "original"
+            )
+        )
+        tx.insert_variant_job(src["id"], clock())
+    counts = PhotoBridge(photos).run_once()
+    assert counts["adopted"] == 1 and counts["refused"] == 0
+    vrow = _variant_row(driver, src["id"])
+    assert vrow is not None and not vrow["last_error"] and vrow["adopted_at"] is not None
+    with driver.read() as tx:
+        current = [
+            tx.job_by_idempotency_key("default", variant_key(src["id"], r)) for r in VARIANTS
+        ]
+    assert {j["object_id"] for j in current if j} == {new_original} and all(current)
+    current = [j for j in current if j]
+    assert not {j["job_id"] for j in current} & set(first)
+    for job_id in first:  # the old jobs: keyless, said why
+        with driver.read() as tx:
+            old = tx.job(job_id)
+            notes = [e["message"] for e in tx.events(job_id)]
+        assert old is not None and old["idempotency_key"] is None
+        assert any("original changed" in n for n in notes), notes
+    shown = photos.get(src["id"])["variants"]
+    assert {v["status"] for v in shown.values()} == {"queued"}
+    second = _complete(engine, storage, tmp_path)
+    PhotoBridge(photos).run_once()
+    row = photos.get(src["id"])
+    assert {row["objects"][r]["object_id"] for r in VARIANTS} == set(second.values())
+    assert _variant_row(driver, src["id"]) is None
+
+
 def test_a_legacy_attempt_count_at_its_limit_is_deferred_at_once(
     photos: Photos, driver: Driver, clock: Any, image_jobs: None
 ) -> None:
