@@ -6,8 +6,11 @@ on SQLite, PostgreSQL and MariaDB.  Timestamps are naive UTC.
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
+from sqlalchemy.ext.compiler import compiles
 
 from hypermedia.errors import CATEGORIES
 from hypermedia.queue.states import ATTEMPT_STATUSES, OUTCOMES, STATUSES
@@ -26,7 +29,36 @@ BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 # MariaDB's DATETIME drops fractions of a second unless asked; leases need them.
 Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 Json = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
-NOW = sa.func.current_timestamp()
+
+
+class UtcNow(sa.sql.expression.FunctionElement[sa.DateTime]):
+    """The database's clock in naive UTC, whatever the session's time zone.
+
+    A column default: rows a legacy producer writes from a session in Tokyo
+    took CURRENT_TIMESTAMP in Tokyo time (9 h ahead of every other row), and
+    its variant_jobs were adopted 9 h late.  SQLite's CURRENT_TIMESTAMP is UTC.
+    """
+
+    type = sa.DateTime()
+    inherit_cache = True
+
+
+@compiles(UtcNow)
+def _utc_now(element: UtcNow, compiler: Any, **kw: Any) -> str:
+    return "CURRENT_TIMESTAMP"
+
+
+@compiles(UtcNow, "postgresql")
+def _utc_now_pg(element: UtcNow, compiler: Any, **kw: Any) -> str:
+    return "timezone('utc', now())"
+
+
+@compiles(UtcNow, "mysql", "mariadb")
+def _utc_now_mysql(element: UtcNow, compiler: Any, **kw: Any) -> str:
+    return "UTC_TIMESTAMP(6)"
+
+
+NOW = UtcNow()
 
 
 def _in(column: str, values: tuple[str, ...] | frozenset[str]) -> str:

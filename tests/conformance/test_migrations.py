@@ -17,6 +17,7 @@ from hypermedia.db.schema import job_attempts as attempts_table
 from hypermedia.db.schema import metadata
 from hypermedia.db.schema import processing_jobs as jobs_table
 from hypermedia.queue import durations
+from hypermedia.queue.clock import utcnow
 from tests.conftest import drop_database, make_database
 
 
@@ -212,3 +213,38 @@ def _insert_job(conn: sa.Connection, uuid: str, status: str = "queued") -> int:
     values = {"owner_id": "o", "project_id": "p", "job_type": "debug.noop", "queue_name": "bulk"}
     values |= {"profile_id": profile_id, "max_attempts": 3, "job_uuid": uuid, "status": status}
     return int(conn.execute(sa.insert(jobs_table).values(values)).inserted_primary_key[0])
+
+
+def test_time_defaults_are_utc_in_any_session_time_zone(database_url: str) -> None:
+    """A legacy producer's rows take the columns' defaults: CURRENT_TIMESTAMP
+    in a session in Tokyo put them 9 h ahead of every other row (adopted 9 h
+    late, listed as the newest)."""
+    drv = Driver(database_url)
+    zone = {
+        "postgresql": "SET TIME ZONE 'Asia/Tokyo'",
+        "mysql": "SET time_zone = '+09:00'",
+    }
+    try:
+        with drv.engine.begin() as conn:
+            if drv.name in zone:
+                conn.exec_driver_sql(zone[drv.name])
+            conn.exec_driver_sql("INSERT INTO photos (photo_id, album) VALUES ('tz-1', 'tz')")
+            conn.exec_driver_sql("INSERT INTO variant_jobs (photo_id) VALUES ('tz-1')")
+            made = conn.exec_driver_sql(
+                "SELECT p.created_at, v.next_attempt_at FROM photos p "
+                "JOIN variant_jobs v ON v.photo_id = p.photo_id WHERE p.photo_id = 'tz-1'"
+            ).one()
+            conn.exec_driver_sql("DELETE FROM photos WHERE photo_id = 'tz-1'")
+        now = utcnow()  # the schema's naive UTC
+        for value in made:
+            at = datetime.fromisoformat(value) if isinstance(value, str) else value  # SQLite
+            assert abs((at - now).total_seconds()) < 120, (value, now)
+        # Every "now" default says UTC, not only the two a producer is known to use.
+        if drv.name in zone:
+            inspector = sa.inspect(drv.engine)
+            for table in inspector.get_table_names():
+                for column in inspector.get_columns(table):
+                    default = str(column.get("default") or "").lower()
+                    assert "current_timestamp" not in default, (table, column["name"], default)
+    finally:
+        drv.dispose()
