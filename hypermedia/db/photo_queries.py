@@ -193,10 +193,16 @@ class PhotoQueries:
 
     # -- variant_jobs --------------------------------------------------------
 
-    def insert_variant_job(self, photo_id: str, now: datetime) -> None:
+    def insert_variant_job(self, photo_id: str, now: datetime, *, native: bool = False) -> None:
+        """A photo's variants to make (``native``: our own photo's, not a legacy producer's)."""
         self.conn.execute(
             sa.insert(VJ).values(
-                photo_id=photo_id, attempts=0, next_attempt_at=now, last_error="", created_at=now
+                photo_id=photo_id,
+                attempts=0,
+                next_attempt_at=now,
+                last_error="",
+                created_at=now,
+                native=native,
             )
         )
 
@@ -233,6 +239,11 @@ class PhotoQueries:
             .values(adopted_at=now, last_error="")
         )
         return self.conn.execute(q).rowcount == 1
+
+    def unadopt_variant_job(self, photo_id: str, why: str) -> None:
+        """Give a row back to the bridge: it says adopted, but no engine job exists."""
+        q = sa.update(VJ).where(VJ.c.photo_id == photo_id).values(adopted_at=None, last_error=why)
+        self.conn.execute(q)
 
     def variant_failed(self, photo_id: str, error: str, next_attempt_at: datetime) -> None:
         """One more failed try: attempts + 1, the (already redacted) error, a later retry."""

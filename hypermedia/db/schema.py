@@ -6,6 +6,7 @@ on SQLite, PostgreSQL and MariaDB.  Timestamps are naive UTC.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,7 +32,7 @@ Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb"
 Json = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 
-class UtcNow(sa.sql.expression.FunctionElement[sa.DateTime]):
+class UtcNow(sa.sql.expression.FunctionElement[datetime]):
     """The database's clock in naive UTC, whatever the session's time zone.
 
     A column default: rows a legacy producer writes from a session in Tokyo

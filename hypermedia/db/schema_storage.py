@@ -110,6 +110,10 @@ variant_jobs = sa.Table(
     sa.Column("last_error", sa.Text, nullable=False, server_default=""),
     sa.Column("adopted_at", Timestamp, nullable=True),
     sa.Column("created_at", Timestamp, nullable=False, server_default=NOW),
+    # Written by this service's own photos (add, a copy taking over): when
+    # the engine refused them at first, the bridge enqueues them later, and
+    # that is no use of the legacy surface.  A legacy producer leaves it false.
+    sa.Column("native", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index("variant_jobs_due_idx", "next_attempt_at"),
 )
 

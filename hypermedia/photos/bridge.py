@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypermedia.errors import HypermediaError
-from hypermedia.photos.service import Photos, backoff, variants_known
+from hypermedia.photos.service import BRIDGE, NATIVE, Photos, backoff, variants_known
 from hypermedia.redact import redact
 from hypermedia.scheduler.budget import BUDGET_SECONDS
 
@@ -28,7 +28,7 @@ SURFACE = "variant_jobs"
 @dataclass
 class PhotoBridge:
     photos: Photos
-    name: str = "photo-bridge"
+    name: str = BRIDGE
     period: float = 10.0
     batch: int = 100  # rows adopted per run at most
     # Seconds a run may spend binding variants: the leader runs its services
@@ -79,8 +79,10 @@ class PhotoBridge:
                 return False
             row = rows[0]
             current.append(row["photo_id"])
+            native = bool(row["native"])
+            actor = NATIVE if native else BRIDGE
             try:
-                ids = self.photos.adopt(row["photo_id"], now, tx)
+                ids = self.photos.adopt(row["photo_id"], now, tx, actor=actor)
             except HypermediaError as exc:
                 reason = redact(exc, 500)
                 tx.variant_failed(row["photo_id"], reason, now + backoff(row["attempts"]))
@@ -89,7 +91,8 @@ class PhotoBridge:
             if ids is None:  # its photo is gone (a foreign key would have taken the row)
                 tx.delete_variant_job(row["photo_id"])
                 return True
-            targets: list[int | None] = [*ids] or [None]
+            # Our own photo's row, retried after a refusal: no legacy use to count.
+            targets: list[int | None] = [] if native else [*ids] or [None]
             for job_id in targets:
                 tx.insert_bridge_hit(_hit(job_id, row["photo_id"], now, done=not ids))
             counts["adopted"] += 1

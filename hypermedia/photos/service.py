@@ -63,6 +63,7 @@ _VARIANT_STATUS = {
 }
 # Jobs a cancel still stops: not finished, and not already asked to stop.
 BRIDGE = "photo-bridge"  # the actor of what the bridge does to jobs
+NATIVE = "photos"  # ... and of our own photos' jobs
 _LIVE = frozenset(states.STATUSES) - states.TERMINAL - {"cancel_requested"}
 
 
@@ -125,7 +126,7 @@ class Photos:
         with self.db.tx() as tx:
             tx.insert_photo(photo)
             tx.bind(photo_id, obj["object_id"], "original")
-            tx.insert_variant_job(photo_id, now)
+            tx.insert_variant_job(photo_id, now, native=True)
             if self._enqueue_variants(tx, photo, obj["object_id"]) is not None:
                 tx.mark_variant_adopted(photo_id, now)
         return self.get(photo_id)
@@ -143,7 +144,7 @@ class Photos:
                 owner_id=photo["owner_id"] or "system",
                 idempotency_key=variant_key(photo["photo_id"], role),
                 object_id=object_id,
-                created_by="photos",
+                created_by=NATIVE,
             )
             for role, job_type in VARIANTS.items()
         ]
@@ -362,7 +363,7 @@ class Photos:
             heir_row = tx.photo(heir, lock=True)
             if heir_row is None:
                 continue
-            tx.insert_variant_job(heir, now)
+            tx.insert_variant_job(heir, now, native=True)
             if self._enqueue_variants(tx, heir_row, original) is not None:
                 tx.mark_variant_adopted(heir, now)
             return
@@ -414,6 +415,12 @@ class Photos:
                 and (obj := tx.output_object(job["job_id"])) is not None
             }
             bound = {b["role"]: b["object_id"] for b in tx.bindings_of([photo_id])}
+        if any(jobs[r] is None and r not in bound for r in VARIANTS):
+            # Adopted, yet no engine job makes a variant it lacks: a producer
+            # wrote adopted_at itself.  The photo said "queued" for ever.
+            with self.db.tx() as tx:
+                tx.unadopt_variant_job(photo_id, "no engine job made its variants: adopted again")
+            return counts
         failed = {r: j for r, j in jobs.items() if j and j["status"] in ("failed", "cancelled")}
         errors = [f"{r}: {j['safe_reason'] or j['status']}" for r, j in failed.items()]
         attempts = sum(j["attempt_count"] for j in failed.values()) or pending["attempts"]
@@ -464,8 +471,9 @@ class Photos:
 
     # -- the bridge's side of adoption --------------------------------------------
 
-    def adopt(self, photo_id: str, now: datetime, tx: Any) -> JobIds | None:
-        """Enqueue the variant jobs of a row a legacy producer wrote, inside ``tx``.
+    def adopt(self, photo_id: str, now: datetime, tx: Any, *, actor: str = BRIDGE) -> JobIds | None:
+        """Enqueue the variant jobs of a row no engine job was made for, inside
+        ``tx``: a legacy producer's, or one of ours the engine refused at first.
 
         Returns the job ids ([] when the photo has its variants already: the row
         is deleted), None when the photo is gone; raises when the engine refuses.
@@ -489,7 +497,7 @@ class Photos:
                 owner_id=photo["owner_id"] or "system",
                 idempotency_key=variant_key(photo_id, role),
                 object_id=original,
-                created_by=BRIDGE,
+                created_by=actor,
             )
             for role, job_type in VARIANTS.items()
         ]

@@ -27,6 +27,7 @@ from hypermedia.photos.service import VARIANTS, variant_key
 from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import AttemptResult, Output
+from hypermedia.queue.profiles import Credits
 from hypermedia.storage.gc import GarbageCollector
 from hypermedia.storage.ledger import Storage
 from tests.conftest import _VOLATILE, BACKENDS
@@ -250,7 +251,8 @@ def test_add_without_image_pipelines_still_stores_the_photo(
         assert sorted(j["idempotency_key"] for j in jobs) == sorted(
             variant_key(row["id"], r) for r in VARIANTS
         )
-        assert len(_hits(driver)) == 2
+        # Our own photo's row: no use of the legacy surface to count.
+        assert _hits(driver) == [] and {j["created_by"] for j in jobs} == {"photos"}
 
 
 def test_add_refuses_what_is_not_an_image(photos: Photos, driver: Driver) -> None:
@@ -551,6 +553,48 @@ def test_a_legacy_request_after_a_new_original_makes_new_variants(
     row = photos.get(src["id"])
     assert {row["objects"][r]["object_id"] for r in VARIANTS} == set(second.values())
     assert _variant_row(driver, src["id"]) is None
+
+
+def test_a_photo_the_engine_refused_at_first_is_no_legacy_use(
+    photos: Photos, engine: Engine, driver: Driver, clock: Any, image_jobs: None
+) -> None:
+    """Its variant row, left to the bridge, was adopted as a legacy producer's:
+    two bridge hits and jobs "created by photo-bridge" for a native photo."""
+    budgets = Credits(engine)
+    budgets.set_budget("default", 0)
+    row = _add(photos)
+    assert engine.list() == []  # the variants cost credits: refused for now
+    budgets.set_budget("default", None)
+    clock.advance(3600)
+    assert PhotoBridge(photos).run_once()["adopted"] == 1
+    jobs = engine.list()
+    assert len(jobs) == 2 and {j["created_by"] for j in jobs} == {"photos"}
+    assert _hits(driver) == []
+    assert {v["status"] for v in photos.get(row["id"])["variants"].values()} == {"queued"}
+
+
+def test_a_row_that_says_adopted_without_jobs_is_adopted_again(
+    photos: Photos, storage: Storage, engine: Engine, driver: Driver, clock: Any, image_jobs: None
+) -> None:
+    """A producer copying whole rows wrote adopted_at: no job was ever made and
+    the photo said "queued" for ever."""
+    obj = storage.put(io.BytesIO(png(5, 5)))
+    pid = _legacy_photo(driver, obj["object_id"])
+    with driver.tx() as tx:
+        tx.conn.execute(
+            variant_jobs.update().where(variant_jobs.c.photo_id == pid).values(adopted_at=clock())
+        )
+    clock.advance(86400)
+    bridge = PhotoBridge(photos)
+    bridge.run_once()  # binds nothing: gives the row back
+    vrow = _variant_row(driver, pid)
+    assert vrow is not None and vrow["adopted_at"] is None
+    assert "adopted again" in vrow["last_error"]
+    assert bridge.run_once()["adopted"] == 1
+    assert sorted(j["idempotency_key"] for j in engine.list()) == sorted(
+        variant_key(pid, r) for r in VARIANTS
+    )
+    assert len(_hits(driver)) == 2  # a legacy producer's row: its use counts
 
 
 def test_a_legacy_attempt_count_at_its_limit_is_deferred_at_once(

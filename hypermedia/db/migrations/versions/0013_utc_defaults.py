@@ -7,6 +7,8 @@ Create Date: 2026-12-04
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -33,7 +35,7 @@ def downgrade() -> None:
     _set_defaults(lambda default: "utc" in default, LOCAL)
 
 
-def _set_defaults(matches, to: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+def _set_defaults(matches: Callable[[str], bool], to: dict[str, str]) -> None:
     conn = op.get_bind()
     dialect = "mysql" if conn.dialect.name in ("mysql", "mariadb") else conn.dialect.name
     if dialect not in to:
