@@ -77,7 +77,7 @@ def ls(
             return
         table = Table(*COLUMNS)
         for r in page["photos"]:
-            table.add_row(*(str(r[c]) for c in COLUMNS))
+            table.add_row(*("" if r[c] is None else str(r[c]) for c in COLUMNS))
         console.print(table)
         if page["next_cursor"]:
             console.print(f"more: --cursor '{page['next_cursor']}'")
@@ -99,7 +99,7 @@ def show(
             print_json(row)
             return
         for k in ("id", "album", "title", "mime_type", "size", "width", "height", "created_at"):
-            console.print(f"{k:>10}: {row[k]}")
+            console.print(f"{k:>10}: {'' if row[k] is None else row[k]}")  # no original: ""
         for role, obj in row["objects"].items():
             console.print(
                 f"{role:>10}: object {obj['object_id']} {obj['url'] or ''}", soft_wrap=True
