@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hypermedia import __version__
-from hypermedia.api import errors
+from hypermedia.api import errors, openapi, swagger
 from hypermedia.api.deps import RateLimiter, StreamLimit
 from hypermedia.api.routes import (
     credits,
@@ -42,7 +42,8 @@ Durable media processing jobs over a storage ledger.
 
 Authenticate with `Authorization: Bearer hm_…` (see `hypermedia tokens create`).
 Every resource is scoped to the token's project: another project's job, object
-or photo answers 404.  Errors share one shape: `{"code", "message", "request_id"}`.
+or photo answers 404.  Errors share one shape, `Error`: `{"code", "message",
+"request_id"}`, with `details` for a request that fails validation.
 """
 
 
@@ -202,7 +203,7 @@ def create_app(svc: Services) -> FastAPI:
         title="hypermedia",
         version=__version__,
         description=DESCRIPTION,
-        docs_url="/docs",
+        docs_url=None,  # FastAPI's page loads Swagger UI from a CDN: ours is swagger.py
         redoc_url=None,
         lifespan=_lifespan,
     )
@@ -216,6 +217,7 @@ def create_app(svc: Services) -> FastAPI:
     # the shutdown to its timeout.
     app.state.stopping = False
     errors.install(app)
+    openapi.install(app)
     app.state.error_page = dashboard_error  # errors under /ui are its HTML page
     objects.sweep_uploads(svc.settings.home)  # of a server here killed mid-upload
 
@@ -228,4 +230,5 @@ def create_app(svc: Services) -> FastAPI:
     for module in routers:
         app.include_router(module.router)
     app.include_router(ui.root)  # /favicon.ico
+    app.include_router(swagger.router)  # /docs
     return app

@@ -13,7 +13,8 @@ import threading
 import time
 from typing import Annotated, Any
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Request, Security
+from fastapi.security import HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from hypermedia.api.errors import ApiError
@@ -118,17 +119,32 @@ async def authenticate(request: Request, *, cookie: bool = False) -> Principal:
     return principal
 
 
+# For the OpenAPI document only: it names the bearer scheme and the route's
+# scope on each operation (Swagger UI's Authorize button, "Try it out" sending
+# the token).  auto_error=False: it never answers a request; ``authenticate``
+# does every check.
+BEARER = HTTPBearer(
+    scheme_name="bearer",
+    bearerFormat="hm_…",
+    description="An API token (`hypermedia tokens create`); the dashboard's session "
+    "secret is refused.",
+    auto_error=False,
+)
+
+
 def scoped(scope: str) -> Any:
     """A dependency: the caller's principal, which must hold ``scope``."""
 
-    async def dependency(request: Request) -> Principal:
+    # ``_documented`` is unused: FastAPI fills it from BEARER, and
+    # errors._caller_refused calls this with the request alone.
+    async def dependency(request: Request, _documented: Any = Depends(BEARER)) -> Principal:
         principal = await authenticate(request)
         if not principal.allows(scope):
             raise Forbidden(f"this token lacks the {scope} scope")
         return principal
 
     dependency.__name__ = f"scope_{scope.replace(':', '_')}"
-    return Depends(dependency)
+    return Security(dependency, scopes=[scope])
 
 
 def may_submit(principal: Principal, job_type: str) -> bool:

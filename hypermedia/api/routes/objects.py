@@ -30,6 +30,7 @@ from starlette.requests import ClientDisconnect
 from hypermedia import leftovers
 from hypermedia.api.deps import Id, owned, scoped, services
 from hypermedia.api.errors import ApiError
+from hypermedia.api.openapi import upload_body
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.auth.tokens import Principal
 from hypermedia.config import Settings
@@ -333,6 +334,7 @@ class _Form:
         "needs a Content-Length. Larger than the server's upload limit: 413. An "
         "empty body stores an empty object."
     ),
+    openapi_extra=upload_body(),  # the body is read by receive_upload, not by FastAPI
 )
 async def upload_object(
     request: Request,

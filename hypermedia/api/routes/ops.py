@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from hypermedia.api.deps import services
@@ -18,8 +21,19 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+class Readiness(BaseModel):
+    database: Literal["ok", "unreachable", "refused", "not migrated"]
+    storage: Literal["ok", "unreachable", "not checked"]
+
+
 @router.get(
-    "/readyz", summary="The database answers at this code's schema, and every storage pool answers"
+    "/readyz",
+    summary="The database answers at this code's schema, and every storage pool answers",
+    responses={
+        200: {"model": Readiness},
+        # Not the error shape: a probe's answer, saying which part is not ready.
+        503: {"model": Readiness, "description": "Not ready"},
+    },
 )
 async def readyz(request: Request) -> JSONResponse:
     svc = services(request)

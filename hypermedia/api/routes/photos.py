@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from hypermedia.api.deps import scoped, services
+from hypermedia.api.openapi import upload_body
 from hypermedia.api.routes.objects import Upload, receive_upload
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import InvalidRequest, NotFound
@@ -104,6 +105,10 @@ def _add(svc: Services, upload: Upload, principal: Principal, **text: str) -> st
     description=(
         "The body is sent as for `POST /v1/objects`. `album` and `title` are form fields "
         "of a multipart upload or query parameters (one or the other). Not an image: 422."
+    ),
+    # The body is read by receive_upload, not by FastAPI.
+    openapi_extra=upload_body(
+        album={"type": "string", "maxLength": 200}, title={"type": "string", "maxLength": 500}
     ),
 )
 async def upload_photo(
