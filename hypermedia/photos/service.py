@@ -61,9 +61,9 @@ _VARIANT_STATUS = {
     # An attempt failed and another comes after a backoff: said, with why.
     "retry_wait": "retry_wait",
 }
-# Jobs a cancel still stops: not finished, and not already asked to stop.
 BRIDGE = "photo-bridge"  # the actor of what the bridge does to jobs
 NATIVE = "photos"  # ... and of our own photos' jobs
+# Jobs a cancel still stops: not finished, and not already asked to stop.
 _LIVE = frozenset(states.STATUSES) - states.TERMINAL - {"cancel_requested"}
 
 
