@@ -29,7 +29,7 @@ from hypermedia.cli.common import (
 from hypermedia.errors import Conflict, HypermediaError, InvalidRequest
 from hypermedia.storage.base import StorageError
 from hypermedia.storage.gc import GarbageCollector
-from hypermedia.storage.ledger import Storage
+from hypermedia.storage.ledger import POOL_RECHECK_SECONDS, Storage
 
 objects_app = typer.Typer(help="Store and fetch objects (files).", no_args_is_help=True)
 pools_app = typer.Typer(help="Storage pools: local folders and S3 buckets.", no_args_is_help=True)
@@ -286,8 +286,8 @@ def pools_set_url(
         except StorageError as exc:  # exit 1, as `pools add`
             raise StorageError(f"pool {name!r} not changed: {exc}") from None
         console.print(
-            f"pool {row['pool_id']} {row['name']} now at the new URL: restart the workers "
-            "and servers that use it",
+            f"pool {row['pool_id']} {row['name']} now at the new URL: running workers and "
+            f"servers move to it within {POOL_RECHECK_SECONDS:.0f} s",
             highlight=False,
         )
 

@@ -16,6 +16,7 @@ import os
 import secrets
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,6 +53,11 @@ DEFAULT_POOL = "local"
 SET_URL_SAMPLE = 3
 
 
+# How soon a running process sees a pool's new URL (`pools set-url`): one
+# read of the pool's row per pool and process this often.
+POOL_RECHECK_SECONDS = 30.0
+
+
 class Storage:
     def __init__(
         self, db: Driver, settings: Settings, *, clock: Callable[[], datetime] = utcnow
@@ -60,6 +66,7 @@ class Storage:
         self.settings = settings
         self.clock = clock  # an engine's (queue/clock.py): the GC compares ages across machines
         self._backends: dict[int, Backend] = {}
+        self._opened: dict[int, tuple[str, float]] = {}  # pool id -> (its URL, when read)
         self._secret: bytes | None = None
         # (pool, key) of output blobs written without fsync: see make_durable.
         self._unsynced: list[tuple[int, str]] = []
@@ -107,7 +114,7 @@ class Storage:
         """Point a pool at another URL (a store that moved, a URL stored before
         a check it fails), checked as ``add_pool`` checks one.  Its objects stay
         as they are: their blobs must be at the new place under the same keys.
-        Other processes keep the backend they opened until they restart."""
+        Other processes see the new URL within POOL_RECHECK_SECONDS."""
         parse_pool_url(url)
         if name == DEFAULT_POOL:
             raise Refused(f"{DEFAULT_POOL!r} is HYPERMEDIA_HOME/storage: it has no URL to set")
@@ -209,29 +216,41 @@ class Storage:
             return tx.pools()
 
     def backend(self, pool_id: int) -> Backend:
-        if pool_id not in self._backends:
-            with self.db.read() as tx:
-                row = tx.pool(pool_id=pool_id)
-            if row is None:
-                raise NotFound(f"no pool {pool_id}")
-            try:
-                self._backends[pool_id] = open_backend(row["backend_url"], self.settings)
-            except StorageError:
-                raise
-            except Exception as exc:
-                # A value botocore only refuses when the client is made, the
-                # credential settings: a storage failure of this pool (GC goes
-                # on with the others, /readyz says 503), not a 500.
-                if isinstance(exc, CredentialsRefused):
-                    fix = "fix the settings"
-                elif row["name"] == DEFAULT_POOL:
-                    fix = "check HYPERMEDIA_HOME"
-                else:
-                    fix = "fix its URL with `hypermedia pools set-url`"
-                raise StorageUnavailable(
-                    f"pool {row['name']!r} cannot be opened ({brief(exc)}): {fix}"
-                ) from None
-        return self._backends[pool_id]
+        """The pool's backend, opened once; its URL is read again every
+        POOL_RECHECK_SECONDS, so that `pools set-url` reaches every process."""
+        backend = self._backends.get(pool_id)
+        opened = self._opened.get(pool_id)
+        if backend is not None and opened and time.monotonic() - opened[1] < POOL_RECHECK_SECONDS:
+            return backend
+        with self.db.read() as tx:
+            row = tx.pool(pool_id=pool_id)
+        if row is None:
+            raise NotFound(f"no pool {pool_id}")
+        url = row["backend_url"]
+        if backend is None or opened is None or opened[0] != url:
+            # The old backend is not closed: another thread may be reading through it.
+            backend = self._backends[pool_id] = self._open(row)
+        self._opened[pool_id] = (url, time.monotonic())
+        return backend
+
+    def _open(self, row: Row) -> Backend:
+        try:
+            return open_backend(row["backend_url"], self.settings)
+        except StorageError:
+            raise
+        except Exception as exc:
+            # A value botocore only refuses when the client is made, the
+            # credential settings: a storage failure of this pool (GC goes
+            # on with the others, /readyz says 503), not a 500.
+            if isinstance(exc, CredentialsRefused):
+                fix = "fix the settings"
+            elif row["name"] == DEFAULT_POOL:
+                fix = "check HYPERMEDIA_HOME"
+            else:
+                fix = "fix its URL with `hypermedia pools set-url`"
+            raise StorageUnavailable(
+                f"pool {row['name']!r} cannot be opened ({brief(exc)}): {fix}"
+            ) from None
 
     # -- writing -------------------------------------------------------------
 

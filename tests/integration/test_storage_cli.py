@@ -152,7 +152,9 @@ def test_pools_set_url_moves_a_pool_with_its_objects(driver: Driver, tmp_path: P
     said = " ".join(wrong.stderr.split())
     assert wrong.returncode == 1 and f"lacks object {row['object_id']}'s blob" in said, said
     said = _ok("pools", "set-url", "archive", f"file://{new}", url=url, home=home)
-    assert "now at the new URL: restart the workers" in " ".join(said.split())
+    assert "now at the new URL: running workers and servers move to it within 30 s" in " ".join(
+        said.split()
+    )
     got = tmp_path / "got.txt"
     _ok("objects", "get", str(row["object_id"]), "-o", str(got), url=url, home=home)
     assert got.read_text() == "hello"

@@ -34,7 +34,12 @@ from hypermedia.queue.models import NewJob
 from hypermedia.scheduler.budget import Backlog
 from hypermedia.scheduler.leader import Leader
 from hypermedia.storage import scrub
-from hypermedia.storage.base import BucketMissing, StorageError, StorageUnavailable
+from hypermedia.storage.base import (
+    BlobMissing,
+    BucketMissing,
+    StorageError,
+    StorageUnavailable,
+)
 from hypermedia.storage.gc import GarbageCollector
 from hypermedia.storage.ledger import Storage
 from hypermedia.storage.s3 import S3Backend
@@ -444,3 +449,29 @@ def test_verify_json_reports_a_store_that_went_away(
     # A run that ends normally says there was no error.
     healthy = hypermedia("objects", "verify", "--json", url=s.url, home=s.home, **creds)
     assert json.loads(healthy.stdout)["error"] is None
+
+
+def test_another_process_sees_a_new_pool_url_within_the_recheck(
+    storage: Storage, driver: Driver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pools set-url` changed the row; a running worker or server kept
+    writing to the store it had opened until it restarted."""
+    from hypermedia.storage import ledger
+
+    old_root, new_root = tmp_path / "old", tmp_path / "new"
+    pool = storage.add_pool("moving", f"file://{old_root}")
+    other = Storage(driver, storage.settings)  # another process's ledger
+    before = other.put(io.BytesIO(b"written before the move"), pool="moving")
+    assert (old_root / before["storage_key"]).is_file()
+    new_root.mkdir()
+    os.rename(old_root / "objects", new_root / "objects")  # the operator moves the store
+    storage.set_pool_url("moving", f"file://{new_root}")
+    with pytest.raises(BlobMissing), other.open(before["object_id"]):
+        pass  # within the recheck: still the old store
+    monkeypatch.setattr(ledger, "POOL_RECHECK_SECONDS", 0.0)
+    with other.open(before["object_id"]) as f:
+        assert f.read() == b"written before the move"
+    after = other.put(io.BytesIO(b"written after"), pool="moving")
+    assert (new_root / after["storage_key"]).is_file()
+    assert not (old_root / after["storage_key"]).exists()
+    assert pool["pool_id"] == after["pool_id"]
