@@ -20,6 +20,8 @@ from hypermedia.queue.models import EVERY_QUEUE
 Row = dict[str, Any]
 DRAINABLE = ("active", "idle")
 LIVE = ("active", "idle", "draining")
+# The id prefix of a worker that lives inside a ``process`` command (worker/local.py).
+TEMPORARY = "process-"
 
 
 class Fleet:
@@ -62,7 +64,9 @@ class Fleet:
     def serving(self, queues: set[str]) -> set[str]:
         """Which of ``queues`` a worker serves now: one that is not draining,
         was heard from within the stale window, and (on this machine) whose
-        process still exists, so a worker killed a moment ago serves nothing."""
+        process still exists, so a worker killed a moment ago serves nothing.
+        Another ``process`` command's worker counts for nothing: it stops when
+        that command's jobs end, and a second ``process`` waited on it in vain."""
         cutoff = self.clock() - timedelta(seconds=self.settings.worker_stale_seconds)
         host = socket.gethostname()[:255]
         served: set[str] = set()
@@ -70,6 +74,8 @@ class Fleet:
             rows = tx.workers()
         for row in rows:
             if row["status"] not in DRAINABLE or row["last_heartbeat"] < cutoff:
+                continue
+            if row["worker_id"].startswith(TEMPORARY):
                 continue
             if row["hostname"] == host and not psutil.pid_exists(row["pid"] or 0):
                 continue

@@ -13,7 +13,8 @@ import threading
 
 from hypermedia.queue.engine import Engine
 from hypermedia.scheduler.leader import Leader
-from hypermedia.worker.runner import Worker
+from hypermedia.worker.fleet import TEMPORARY
+from hypermedia.worker.runner import Worker, new_worker_id
 
 # A graceful stop finishes the attempts that run; past this it stops at once
 # (what it ran is orphaned and retried, as when a worker is killed).
@@ -24,7 +25,13 @@ class LocalWorker:
     def __init__(self, engine: Engine, queues: list[str], concurrency: int) -> None:
         # No availability report: its command says what matters to it (process
         # warns about its profile), not every job type of the queues it serves.
-        self.worker = Worker(engine, queues, concurrency=concurrency, job_types=[])
+        self.worker = Worker(
+            engine,
+            queues,
+            concurrency=concurrency,
+            job_types=[],
+            worker_id=f"{TEMPORARY}{new_worker_id()}",
+        )
         self._thread = threading.Thread(
             target=self.worker.run,
             kwargs={"install_signals": False},  # the command owns its signals

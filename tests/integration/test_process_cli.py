@@ -287,6 +287,46 @@ def test_on_a_fresh_home_process_migrates_and_runs_the_jobs_itself(tmp_path: Pat
         driver.dispose()
 
 
+def test_a_second_process_does_not_wait_on_the_first_ones_worker(tmp_path: Path) -> None:
+    """The first command's worker stops when its own jobs end: the second saw
+    it serving the queue, ran none of its own, and waited out its timeout."""
+    home, a = tmp_path / "home", tmp_path / "a.bin"
+    a.write_bytes(b"x")
+    env = cli_env("", home)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "hypermedia", "process", str(a), "--profile", "debug-sleep",
+         "--params", '{"ms": 2500}', "-c", "1", "--out", str(tmp_path / "o1")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        db = home / "hypermedia.db"
+
+        def first_worker_runs() -> bool:
+            if not db.exists():
+                return False
+            driver = Driver(f"sqlite:///{db}")
+            try:
+                with driver.read() as tx:
+                    return any(w["status"] in ("active", "idle") for w in tx.workers())
+            except Exception:  # the first command is still migrating
+                return False
+            finally:
+                driver.dispose()
+
+        eventually(first_worker_runs, 60, "the first process's worker")
+        second = hypermedia(
+            "process", *[str(a)] * 4, "--profile", "debug-sleep", "--params", '{"ms": 600}',
+            "--wait-timeout", "60", "--out", str(tmp_path / "o2"), "--json",
+            url="", home=home, timeout=120,
+        )  # fmt: skip
+    finally:
+        _, first_err = first.communicate(timeout=60)
+    assert second.returncode == 0, second.stderr
+    records = [json.loads(line) for line in second.stdout.splitlines()]
+    assert [r["status"] for r in records] == ["completed"] * 4
+    assert first.returncode == 0, first_err
+
+
 def test_a_data_only_job_shows_its_result(tmp_path: Path) -> None:
     """A duplicate check writes no file: what it found is the record's result."""
     home, a, b = tmp_path / "home", tmp_path / "a.png", tmp_path / "b.png"
