@@ -1,3 +1,3 @@
-from hypermedia.cli.main import app
+from hypermedia.cli.main import main
 
-app()
+main()

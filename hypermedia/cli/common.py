@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import io
 import ipaddress
 import json
 import logging
@@ -430,6 +431,9 @@ def user_errors() -> Iterator[None]:
         yield
     except (typer.Exit, click.exceptions.ClickException):
         raise  # Typer's usage errors (exit 2) keep their own words
+    except OutputFailed as exc:
+        err_console.print(f"[red]error:[/] {escape(str(exc.strerror))}", markup=True)
+        raise typer.Exit(EXIT_FAILED) from None
     except BrokenPipeError as exc:
         if _stdout_gone():
             raise  # the reader went (`| head`): Typer ends us quietly (exit 1)
@@ -473,6 +477,62 @@ def _stdout_gone() -> bool:
         return any(ev & select.POLLERR for _, ev in poller.poll(0))
     except (OSError, ValueError):  # stdout closed or replaced: nobody reads it
         return True
+
+
+class OutputFailed(OSError):
+    """stdout refused what was written to it: a full disk, a quota, EIO."""
+
+
+class _WholeWrites(io.RawIOBase):
+    """stdout's descriptor, every write whole or an error.
+
+    CPython's buffered writer, handed a large write that the kernel took only
+    part of (a disk filling up under ``objects get > file``), drops the rest
+    without an error: the command exited 0 with its output cut short."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def write(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        done = 0
+        while done < len(view):
+            try:
+                done += os.write(self.fd, view[done:])
+            except BrokenPipeError:
+                raise  # the reader left (`| head`): handled as that
+            except OSError as exc:
+                said = f"the output could not be written: {exc.strerror}"
+                raise OutputFailed(exc.errno, said) from None
+        return done
+
+
+_ORIGINAL_STDOUT: list[Any] = []  # kept: collected, it would close descriptor 1
+
+
+def whole_stdout_writes() -> None:
+    """Make stdout write whole or fail (``_WholeWrites``); no-op when it has no
+    descriptor (a test's capture) or is done already."""
+    if _ORIGINAL_STDOUT:
+        return
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):
+        return
+    sys.stdout.flush()
+    _ORIGINAL_STDOUT.append(sys.stdout)
+    sys.stdout = io.TextIOWrapper(
+        io.BufferedWriter(_WholeWrites(fd)),
+        encoding=sys.stdout.encoding,
+        errors=sys.stdout.errors,
+        line_buffering=bool(sys.stdout.line_buffering),
+    )
 
 
 def end_if_reader_left() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import sys
 import threading
 
 import typer
@@ -21,6 +22,8 @@ from hypermedia.cli import (
     workers,
 )
 from hypermedia.cli.common import (
+    EXIT_FAILED,
+    OutputFailed,
     console,
     end_if_reader_left,
     engine,
@@ -30,6 +33,7 @@ from hypermedia.cli.common import (
     setup_logging,
     user_errors,
     wait_for_database,
+    whole_stdout_writes,
 )
 from hypermedia.db.ready import not_ready
 from hypermedia.errors import InvalidRequest
@@ -44,7 +48,18 @@ app = typer.Typer(
 
 @app.callback()
 def _root(ctx: typer.Context) -> None:
+    whole_stdout_writes()
     ctx.call_on_close(end_if_reader_left)
+
+
+def main() -> None:
+    """The ``hypermedia`` command: ``app``, and stdout refusing what a command
+    printed outside ``user_errors`` (a listing to a full disk) said as one line."""
+    try:
+        app()
+    except OutputFailed as exc:
+        err_console.print(f"error: {exc.strerror}", markup=False, highlight=False)
+        sys.exit(EXIT_FAILED)
 
 
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)

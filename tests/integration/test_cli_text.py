@@ -17,7 +17,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from hypermedia.db.driver import Driver
-from tests.harness import cli_env, hypermedia
+from tests.harness import cli_env, fill_disk, hypermedia, small_tmpfs
 
 
 def test_a_reason_keeps_its_brackets(tmp_path: Path) -> None:
@@ -173,3 +173,37 @@ def test_a_reader_that_leaves_mid_output_ends_the_command_with_1(tmp_path: Path)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 1, (args, err)
         assert err == "", err
+
+
+def test_stdout_on_a_full_disk_is_an_error_not_a_short_file(tmp_path: Path) -> None:
+    """`objects get ID > file` on a disk that fills: CPython's buffered writer
+    dropped what the kernel did not take of a large write, without an error,
+    and the command exited 0 with the file cut short."""
+    home = tmp_path / "home"
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(os.urandom(600_000))
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    put = hypermedia("objects", "put", str(blob), "--json", url="", home=home)
+    assert put.returncode == 0, put.stderr
+    object_id = str(json.loads(put.stdout)["object_id"])
+    assert (
+        hypermedia("jobs", "submit", "debug.noop", "--count", "2000", url="", home=home).returncode
+        == 0
+    )
+    with small_tmpfs(tmp_path / "disk", 1) as disk:
+        fill_disk(disk, 300_000)  # room for half the blob
+        for args in (["objects", "get", object_id], ["jobs", "ls", "--limit", "2000", "--json"]):
+            target = disk / "out"
+            with open(target, "wb") as out:
+                done = subprocess.run(
+                    [sys.executable, "-m", "hypermedia", *args],
+                    env=cli_env("", home),
+                    stdout=out,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    timeout=60,
+                )
+            assert done.returncode == 1, (args, done.stderr)
+            assert "the output could not be written: No space left on device" in done.stderr
+            assert "Traceback" not in done.stderr
+            target.unlink()
