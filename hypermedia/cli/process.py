@@ -139,10 +139,15 @@ def run(
         if local is not None:
             jobs = _rows(eng, ids)  # what its drain finished meanwhile
         out.mkdir(parents=True, exist_ok=True)
-        records = []
+        records: list[Row] = []
         inputs = _resolved(files)
-        for path, stem, job_id in zip(files, _stems(files), ids, strict=True):
-            records.append(_record(eng, store, path, stem, jobs[job_id], out, why, inputs))
+        each = list(zip(files, _stems(files), ids, strict=True))
+        for n, (path, stem, job_id) in enumerate(each):
+            try:
+                records.append(_record(eng, store, path, stem, jobs[job_id], out, why, inputs))
+            except KeyboardInterrupt:  # its jobs exist: every input is still reported
+                records += [_unwritten(p, jobs[j]) for p, _, j in each[n:]]
+                break
     for r in records:
         if as_json:
             print_json(r)
@@ -342,17 +347,8 @@ def _resolved(files: list[Path]) -> set[Path]:
     return {f.resolve() for f in files if f.is_file()}
 
 
-def _record(
-    eng: Engine,
-    store: Storage,
-    path: Path,
-    stem: str,
-    job: Row,
-    out: Path,
-    why: str,
-    inputs: set[Path],
-) -> Row:
-    record: Row = {
+def _base(path: Path, job: Row) -> Row:
+    return {
         "input": str(path),
         "job_id": job["job_id"],
         "status": job["status"],
@@ -363,6 +359,31 @@ def _record(
         # is no file to write for it, and a bare "completed" said nothing.
         "result": job.get("result"),
     }
+
+
+def _unwritten(path: Path, job: Row) -> Row:
+    """The record of an input whose outputs Ctrl-C stopped from being written."""
+    if job["status"] != "completed":
+        return _base(path, job)
+    return {
+        **_base(path, job),
+        "error_code": "OUTPUT_NOT_WRITTEN",
+        "safe_reason": "interrupted before its outputs were written "
+        f"(`hypermedia jobs show {job['job_id']}`)",
+    }
+
+
+def _record(
+    eng: Engine,
+    store: Storage,
+    path: Path,
+    stem: str,
+    job: Row,
+    out: Path,
+    why: str,
+    inputs: set[Path],
+) -> Row:
+    record = _base(path, job)
     if job["status"] not in TERMINAL:
         # The last attempt's reason stays: "clamd is away" is why it waits.
         last = f" (its last attempt: {job['safe_reason']})" if job["safe_reason"] else ""

@@ -570,3 +570,35 @@ def test_a_signal_ends_the_wait_and_hands_its_jobs_back(
     assert "the wait was interrupted" in record["safe_reason"]
     assert procs.query("SELECT status FROM processing_jobs") == [("retry_wait",)]
     assert procs.query("SELECT status FROM workers") == [("terminated",)]
+
+
+@sqlite_only
+def test_ctrl_c_while_outputs_are_written_still_reports_every_input(
+    procs: Procs, tmp_path: Path
+) -> None:
+    """The jobs had completed and Ctrl-C came while their outputs downloaded:
+    the command ended with 130 and said nothing of its inputs."""
+    files = []
+    for name in ("a.bin", "b.bin", "c.bin"):
+        files.append(tmp_path / name)
+        files[-1].write_bytes(os.urandom(64 << 20))  # long enough to catch mid-write
+    for attempt in range(5):  # a run whose writes all fell between two looks: again
+        out = tmp_path / f"out{attempt}"
+        run = Run(procs, *map(str, files), "--profile", "debug-copy", "--out", str(out), "--json")
+
+        def writing(out: Path = out, run: Run = run) -> bool:
+            if run.proc.poll() is not None:
+                return True
+            return out.is_dir() and any(p.name.endswith(".part") for p in out.iterdir())
+
+        eventually(writing, 120, "the first output being written")
+        if run.proc.poll() is None:
+            break
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait(60) == 1, tail(run.err)
+    records = run.records()
+    assert [r["input"] for r in records] == [str(f) for f in files]
+    assert all(r["status"] == "completed" for r in records), records
+    unwritten = [r for r in records if r["error_code"] == "OUTPUT_NOT_WRITTEN"]
+    assert unwritten and all("interrupted" in r["safe_reason"] for r in unwritten)
+    assert not [p for p in out.iterdir() if p.name.endswith(".part")]
