@@ -500,17 +500,22 @@ class _WholeWrites(io.RawIOBase):
         return self.fd
 
     def write(self, b: Any) -> int:
-        view = memoryview(b).cast("B")
-        done = 0
-        while done < len(view):
-            try:
-                done += os.write(self.fd, view[done:])
-            except BrokenPipeError:
-                raise  # the reader left (`| head`): handled as that
-            except OSError as exc:
-                said = f"the output could not be written: {exc.strerror}"
-                raise OutputFailed(exc.errno, said) from None
-        return done
+        return write_whole(self.fd, b, "the output")
+
+
+def write_whole(fd: int, data: Any, what: str) -> int:
+    """Write all of ``data`` to ``fd`` or raise OutputFailed naming ``what``
+    (a BrokenPipeError stays one: the reader left)."""
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        try:
+            done += os.write(fd, view[done:])
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputFailed(exc.errno, f"{what} could not be written: {exc.strerror}") from None
+    return done
 
 
 _ORIGINAL_STDOUT: list[Any] = []  # kept: collected, it would close descriptor 1

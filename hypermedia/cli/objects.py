@@ -25,6 +25,7 @@ from hypermedia.cli.common import (
     print_json,
     settings,
     user_errors,
+    write_whole,
 )
 from hypermedia.errors import Conflict, HypermediaError, InvalidRequest
 from hypermedia.storage.base import StorageError
@@ -95,10 +96,12 @@ def get(
                     sys.stdout.buffer.write(chunk)
             return
         target = download_target(output)
+        # Unbuffered, each chunk written whole: a buffered file dropped the rest
+        # of a chunk the disk took only part of, and the cut file looked done.
         if target is None:  # a pipe, a device, a symlink to one: written as it is
-            with st.open(object_id) as src, open(output, "wb") as out:
+            with st.open(object_id) as src, open(output, "wb", buffering=0) as out:
                 while chunk := src.read(1024 * 1024):
-                    out.write(chunk)
+                    write_whole(out.fileno(), chunk, "-o")
             return
         # A new file of our own beside it (made exclusively: ".NAME.part"
         # removed a file the user had by that name, or wrote through a
@@ -109,10 +112,10 @@ def get(
             raise InvalidRequest(f"-o cannot be written to: {exc.strerror}") from None
         tmp = Path(name)
         try:
-            with os.fdopen(fd, "wb") as out, st.open(object_id) as src:
+            with os.fdopen(fd, "wb", buffering=0) as out, st.open(object_id) as src:
                 os.fchmod(out.fileno(), 0o666 & ~_umask())  # as open() would have made it
                 while chunk := src.read(1024 * 1024):
-                    out.write(chunk)
+                    write_whole(out.fileno(), chunk, "-o")
             tmp.replace(target)  # never leave a half or unverified file under the name
         finally:
             tmp.unlink(missing_ok=True)

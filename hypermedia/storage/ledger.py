@@ -356,9 +356,10 @@ class Storage:
                 stored = put_files(list(zip(keys, paths, strict=True)))
             else:
                 stored = [self._put_path(backend, k, p) for k, p in zip(keys, paths, strict=True)]
-        except BaseException:  # Ctrl-C too: nothing else would hand these to GC
+        except BaseException as exc:  # Ctrl-C too: nothing else would hand these to GC
             for object_id in object_ids:
                 self._abandon(object_id)
+            _blame_source(exc, paths)
             raise
         self._unchanged(
             {i: (p, b, st) for i, p, b, st in zip(object_ids, paths, before, stored, strict=True)},
@@ -473,8 +474,9 @@ class Storage:
     def _upload_file(self, obj: Row, path: Path) -> Stored:
         try:
             return self._put_path(self.backend(obj["pool_id"]), obj["storage_key"], path)
-        except BaseException:  # Ctrl-C too
+        except BaseException as exc:  # Ctrl-C too
             self._abandon(obj["object_id"])
+            _blame_source(exc, [path])
             raise
 
     def _pending(
@@ -726,6 +728,23 @@ def _close(backend: object) -> None:
     close = getattr(backend, "close", None)
     if close is not None:
         close()
+
+
+def _blame_source(exc: BaseException, paths: list[Path]) -> None:
+    """A failed upload whose input file went away or became unreadable meanwhile
+    is that file's fault, not the store's: "could not write to local storage
+    (No such file or directory)" sent operators to a disk that was fine."""
+    if not isinstance(exc, StorageError):
+        return
+    for path in paths:
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as err:
+            raise Conflict(
+                f"{display_name(path.name)} could not be read while it was stored "
+                f"({err.strerror}): nothing was kept"
+            ) from None
 
 
 def _version(path: Path, gone: tuple[int, int] = (-1, -1)) -> tuple[int, int]:

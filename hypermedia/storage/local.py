@@ -41,6 +41,10 @@ from hypermedia.storage.keys import check_key, probe_key
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+# Errors only a write gives: a download that meets one failed on its copy's side.
+_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+
+
 class LocalBackend:
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
@@ -205,6 +209,8 @@ class LocalBackend:
             _remove(dst)
             if isinstance(exc, FileNotFoundError) and not os.path.lexists(src):
                 raise BlobMissing("no blob under this key") from exc
+            if exc.errno in _WRITE_ERRORS:  # a read fails no such way: the copy's disk
+                raise StorageUnavailable(f"could not write the copy ({exc.strerror})") from exc
             raise StorageUnavailable(f"could not read local storage ({exc.strerror})") from exc
         except BaseException:
             _remove(dst)

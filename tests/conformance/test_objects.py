@@ -142,6 +142,39 @@ def test_a_file_that_changes_while_it_is_stored_is_refused(storage: Storage, tmp
         assert f.read() == src.read_bytes()
 
 
+def test_a_file_that_goes_away_while_it_is_stored_is_named(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Deleted (or made unreadable) between the command's start and its copy:
+    "could not write to local storage (No such file or directory)" blamed a
+    disk that was fine."""
+    local = storage.backend(storage.pool()["pool_id"])
+    real_one, real_many = local.put_file, local.put_files  # type: ignore[attr-defined]
+    keep, lost = tmp_path / "keep.bin", tmp_path / "lost.png"
+
+    def one(key, path, **kw):  # type: ignore[no-untyped-def]
+        lost.unlink(missing_ok=True)
+        return real_one(key, path, **kw)
+
+    def many(items):  # type: ignore[no-untyped-def]
+        lost.unlink(missing_ok=True)
+        return real_many(items)
+
+    local.put_file, local.put_files = one, many  # type: ignore[attr-defined]
+    try:
+        for store in (lambda: storage.put_file(lost), lambda: storage.put_files([keep, lost])):
+            keep.write_bytes(b"here to stay")
+            lost.write_bytes(b"about to go")
+            with pytest.raises(Conflict) as info:
+                store()
+            assert str(info.value) == (
+                "lost.png could not be read while it was stored (No such file or directory): "
+                "nothing was kept"
+            )
+    finally:
+        local.put_file, local.put_files = real_one, real_many  # type: ignore[attr-defined]
+    assert storage.list() == []
+    assert {r["state"] for r in storage.list(reserved=True)} == {"deleting"}
+
+
 def test_pools(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert storage.pool()["name"] == "local"  # made on first use
     other = tmp_path / "elsewhere"

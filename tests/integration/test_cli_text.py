@@ -207,3 +207,10 @@ def test_stdout_on_a_full_disk_is_an_error_not_a_short_file(tmp_path: Path) -> N
             assert "the output could not be written: No space left on device" in done.stderr
             assert "Traceback" not in done.stderr
             target.unlink()
+        # -o: named, and no file under the name (it was "OSError: [Errno 28]"; a
+        # buffered write could also drop a last chunk's rest and leave it cut short).
+        got = hypermedia("objects", "get", object_id, "-o", str(disk / "o.bin"), url="", home=home)
+        assert got.returncode == 1, got.stderr
+        assert "-o could not be written: No space left on device" in got.stderr, got.stderr
+        assert not (disk / "o.bin").exists()
+        assert not [p for p in disk.iterdir() if p.name.endswith(".part")]

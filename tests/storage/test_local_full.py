@@ -31,3 +31,18 @@ def test_a_full_disk_is_storage_full_and_leaves_nothing(tmp_path: Path) -> None:
         filler.unlink()
         stored = backend.put("objects/2/original.bin", io.BytesIO(data))
         assert stored.size == len(data)
+
+
+def test_a_download_to_a_full_disk_names_the_copy_not_the_store(tmp_path: Path) -> None:
+    """A job's output written to a full `--out`: "could not read local storage
+    (No space left on device)" sent the reader to a store that was fine."""
+    pool = LocalBackend(tmp_path / "pool")
+    data = os.urandom(1 << 20)
+    stored = pool.put("objects/1/original.bin", io.BytesIO(data))
+    with small_tmpfs(tmp_path / "disk", 16) as disk:
+        fill_disk(disk, leave=256 << 10)
+        dst = disk / "copy.bin"
+        with pytest.raises(StorageUnavailable) as caught:
+            pool.get_file("objects/1/original.bin", dst, stored.checksum)
+        assert str(caught.value) == "could not write the copy (No space left on device)"
+        assert not dst.exists()  # nothing unverified left behind
