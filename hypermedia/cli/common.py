@@ -479,6 +479,14 @@ def _stdout_gone() -> bool:
         return True
 
 
+def sigterm_as_ctrl_c() -> None:
+    """SIGTERM (timeout(1), systemd, CI) does what Ctrl-C does: a command that
+    moves files then cleans up after itself.  Left at its default, `objects
+    get -o` left its ".part" file and `objects put` its row `pending` (and its
+    bytes in the pool's .tmp) for GC's pending sweep, hours later."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
 class OutputFailed(OSError):
     """stdout refused what was written to it: a full disk, a quota, EIO."""
 

@@ -24,6 +24,7 @@ from hypermedia.cli.common import (
     media_type,
     print_json,
     settings,
+    sigterm_as_ctrl_c,
     user_errors,
     write_whole,
 )
@@ -64,6 +65,7 @@ def put(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Upload FILES (streamed, checksummed); several files are registered and synced together."""
+    sigterm_as_ctrl_c()
     with user_errors():  # before a stream is read in
         mime = None if mime is None else media_type(mime)
     with user_errors(), as_regular_files(files) as files:
@@ -88,6 +90,7 @@ def get(
     output: Path | None = typer.Option(None, "-o", "--output", help="default: stdout"),
 ) -> None:
     """Download an object, verifying its checksum."""
+    sigterm_as_ctrl_c()
     with user_errors():
         st = storage()
         if output is None:

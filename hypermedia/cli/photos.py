@@ -16,6 +16,7 @@ from hypermedia.cli.common import (
     existing_inputs,
     print_json,
     settings,
+    sigterm_as_ctrl_c,
     user_errors,
 )
 from hypermedia.photos.service import Photos
@@ -52,6 +53,7 @@ def add(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Upload an image FILE as a new photo; its thumbnail and preview are made by workers."""
+    sigterm_as_ctrl_c()
     with user_errors():
         with as_regular_files([file]) as (path,):
             row = photos().add(path, album=album, title=title, project_id=project)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import tempfile
 import time
 import uuid
@@ -45,6 +44,7 @@ from hypermedia.cli.common import (
     printable,
     require_schema,
     settings,
+    sigterm_as_ctrl_c,
     through_outages,
     user_errors,
 )
@@ -91,11 +91,11 @@ def run(
     ),
 ) -> None:
     """Process FILES with a profile: upload, run as jobs, wait, write the outputs."""
-    # SIGTERM (timeout(1), systemd, CI) ends the wait as Ctrl-C does: the jobs
-    # its worker holds are handed back for retry and every input is reported.
-    # Left at its default, the process died with its worker row active and its
-    # jobs `processing` until the reaper found them minutes later.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # SIGTERM ends the wait as Ctrl-C does: the jobs its worker holds are
+    # handed back for retry and every input is reported.  Left at its default,
+    # the process died with its worker row active and its jobs `processing`
+    # until the reaper found them minutes later.
+    sigterm_as_ctrl_c()
     with user_errors():
         overrides = json_object(params, "--params")
         s = settings()

@@ -8,10 +8,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -214,3 +216,33 @@ def test_stdout_on_a_full_disk_is_an_error_not_a_short_file(tmp_path: Path) -> N
         assert "-o could not be written: No space left on device" in got.stderr, got.stderr
         assert not (disk / "o.bin").exists()
         assert not [p for p in disk.iterdir() if p.name.endswith(".part")]
+
+
+def test_sigterm_during_a_download_leaves_no_part_file(tmp_path: Path) -> None:
+    """`timeout 2 hypermedia objects get 1 -o big.bin`: SIGTERM at its default
+    left a ".hypermedia-get-….part" of half a gigabyte in the user's folder."""
+    home = tmp_path / "home"
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(os.urandom(96 << 20))
+    put = hypermedia("objects", "put", str(blob), "--json", url="", home=home)
+    object_id = str(json.loads(put.stdout)["object_id"])
+    blob.unlink()
+    for attempt in range(5):  # a download that ended between two looks: again
+        out = tmp_path / f"got{attempt}"
+        out.mkdir()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hypermedia", "objects", "get", object_id, "-o", str(out / "b")],
+            env=cli_env("", home),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        while proc.poll() is None and not any(p.suffix == ".part" for p in out.iterdir()):
+            time.sleep(0.002)
+        if proc.poll() is None:
+            break
+        proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert list(out.iterdir()) == [], "no part file, no file under the name"
