@@ -334,12 +334,18 @@ def existing_inputs(value: Any) -> Any:
     the Path to the string "-").  Folders and unreadable files are still
     refused by Typer itself (``dir_okay=False, readable=True``)."""
     paths = value if isinstance(value, list) else [value]
-    if sum(str(p) == "-" for p in paths) > 1:  # the second would read an empty stdin
+    if sum(_is_stdin(p) for p in paths) > 1:  # the second would read an empty stdin
         raise typer.BadParameter("'-' (stdin) can be given once")
     for p in paths:
         if str(p) != "-" and not os.path.exists(p):
             raise typer.BadParameter(f"file {str(p)!r} does not exist.")
     return value
+
+
+def _is_stdin(path: Path) -> bool:
+    """``-``, or a name of descriptor 0 (``/dev/stdin``, ``/dev/fd/0``)."""
+    text = str(path)
+    return text == "-" or os.path.abspath(text) in ("/dev/stdin", "/dev/fd/0", "/proc/self/fd/0")
 
 
 def is_descriptor(path: Path) -> bool:

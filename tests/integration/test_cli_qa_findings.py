@@ -252,6 +252,8 @@ def test_a_dash_reads_stdin(home: Path, tmp_path: Path) -> None:
     assert Path(written).read_bytes() == image.read_bytes()
     twice = piped("objects", "put", "-", "-")  # the second would be an empty stdin
     assert twice.returncode == USAGE and "can be given once" in twice.stderr, twice.stderr
+    twice = piped("objects", "put", "-", "/dev/stdin")  # stdin by another name
+    assert twice.returncode == USAGE and "can be given once" in twice.stderr, twice.stderr
     # A file that is not there is still refused before anything is done.
     gone = hypermedia("objects", "put", str(tmp_path / "gone.bin"), url="", home=home)
     assert gone.returncode == USAGE and "does not" in gone.stderr, gone.stderr  # rich wraps
