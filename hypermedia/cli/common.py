@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import io
 import ipaddress
@@ -501,8 +500,10 @@ class _WholeWrites(io.RawIOBase):
     """stdout's descriptor, every write whole or an error.
 
     CPython's buffered writer, handed a large write that the kernel took only
-    part of (a disk filling up under ``objects get > file``), drops the rest
-    without an error: the command exited 0 with its output cut short."""
+    part of (a disk filling up under ``objects get > file``, a reader leaving
+    ``| head``), drops the rest without an error: the command exited 0 with
+    its output cut short.  Here the rest is written, or its error raised: a
+    closed pipe's BrokenPipeError ends the command quietly with exit 1."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -554,23 +555,16 @@ def whole_stdout_writes() -> None:
     )
 
 
-def end_if_reader_left() -> None:
-    """Exit 1, quietly, when stdout is a pipe whose reader left (``| head``).
-
-    Run as the command ends: CPython hands a large write to a pipe over in
-    one call, and when the reader leaves mid-way the rest is dropped without
-    an error, so the command exited 0 having written half its output."""
-    with contextlib.suppress(OSError, ValueError):  # the check below tells
-        sys.stdout.flush()
+def flush_stdout() -> None:
+    """Flush stdout as the command ends, inside it: left to the interpreter's
+    exit, a closed pipe's error came out as "Exception ignored … BrokenPipeError"
+    and exit 120.  A reader that left ends the command quietly with 1."""
     try:
-        if not stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode):
-            return
-    except (OSError, ValueError, AttributeError):  # no descriptor (a test's capture)
-        return
-    if _stdout_gone():
+        sys.stdout.flush()
+    except BrokenPipeError:
         # What is still buffered would fail again at exit, loudly.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(EXIT_FAILED)
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 def wait_for_database(url: str, seconds: float | None) -> str | None:

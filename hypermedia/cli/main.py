@@ -25,9 +25,9 @@ from hypermedia.cli.common import (
     EXIT_FAILED,
     OutputFailed,
     console,
-    end_if_reader_left,
     engine,
     err_console,
+    flush_stdout,
     require_database,
     settings,
     setup_logging,
@@ -49,7 +49,7 @@ app = typer.Typer(
 @app.callback()
 def _root(ctx: typer.Context) -> None:
     whole_stdout_writes()
-    ctx.call_on_close(end_if_reader_left)
+    ctx.call_on_close(flush_stdout)
 
 
 def main() -> None:
