@@ -352,7 +352,7 @@ def test_put_files_that_fail_leave_nothing_ready(storage: Storage, tmp_path) -> 
         return real(items)
 
     local.put_files = vanish_then_store  # type: ignore[attr-defined]
-    with pytest.raises(StorageUnavailable):
+    with pytest.raises(Conflict, match=r"gone\.bin could not be read while it was stored"):
         storage.put_files([ok, gone])
     assert storage.list() == []
     assert sorted(r["state"] for r in storage.list(reserved=True)) == ["deleting", "deleting"]
