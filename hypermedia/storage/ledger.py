@@ -222,8 +222,16 @@ class Storage:
         opened = self._opened.get(pool_id)
         if backend is not None and opened and time.monotonic() - opened[1] < POOL_RECHECK_SECONDS:
             return backend
-        with self.db.read() as tx:
-            row = tx.pool(pool_id=pool_id)
+        try:
+            with self.db.read() as tx:
+                row = tx.pool(pool_id=pool_id)
+        except Exception:
+            if backend is None or opened is None:
+                raise
+            # The database is away: the store is not, and what it opened still
+            # works (an output stored now is recorded once the database is back).
+            self._opened[pool_id] = (opened[0], time.monotonic())
+            return backend
         if row is None:
             raise NotFound(f"no pool {pool_id}")
         url = row["backend_url"]

@@ -475,3 +475,11 @@ def test_another_process_sees_a_new_pool_url_within_the_recheck(
     assert (new_root / after["storage_key"]).is_file()
     assert not (old_root / after["storage_key"]).exists()
     assert pool["pool_id"] == after["pool_id"]
+    # The database away at a recheck: the store is not, and the backend stays.
+    opened = other.backend(pool["pool_id"])
+
+    def away() -> Any:
+        raise ConnectionError("the database is restarting")
+
+    monkeypatch.setattr(other.db, "read", away)
+    assert other.backend(pool["pool_id"]) is opened
