@@ -265,11 +265,13 @@ class Slot:
             stop = self._why_stop(rj, budget, deadline)
             if stop is LOST:
                 self._kill()
+                self._replace(rj)
                 log.warning("job %s: lease lost, attempt %s abandoned", job.job_id, job.attempt)
                 return None
             if stop is not None:
                 elapsed_ms = int((time.monotonic() - t0) * 1000)  # the kill is not the attempt's
                 ex = self._kill()
+                self._replace(rj)
                 status, code, reason = stop
                 return self._result(
                     rj, status, code, reason, elapsed_ms, ex.peak_mb, self._cpu(child, ex)
@@ -281,7 +283,9 @@ class Slot:
             elapsed_ms = int((time.monotonic() - t0) * 1000)
             grew = (vm_start, vm_peak)
             if msg is None:
-                return self._died(rj, child, mem, elapsed_ms, grew), []
+                died = self._died(rj, child, mem, elapsed_ms, grew)
+                self._replace(rj)
+                return died, []
             if msg["op"] == "progress":
                 self.flusher.progress(
                     job.job_id, job.attempt, {"percent": msg["percent"], "step": msg["step"]}
@@ -298,7 +302,9 @@ class Slot:
                 continue
             if msg["op"] != "done":
                 child.refuse("a report out of turn")
-                return self._died(rj, child, mem, elapsed_ms, grew), []
+                died = self._died(rj, child, mem, elapsed_ms, grew)
+                self._replace(rj)
+                return died, []
             return self._done(rj, child, msg, elapsed_ms)
 
     @staticmethod
@@ -353,6 +359,7 @@ class Slot:
             # Never reused: a child that hit its memory limit, or one whose
             # attempt left a process running (killed with its whole group).
             self._kill()
+            self._replace(rj)
         elif child.attempts >= self.cfg.max_attempts_per_child or (
             msg["rss_mb"] is not None and msg["rss_mb"] > self.cfg.recycle_rss_mb
         ):
@@ -381,6 +388,14 @@ class Slot:
             self.child = None
             return None
         return child
+
+    def _replace(self, rj: Running) -> None:
+        """After a child was killed or died: its successor loads its libraries
+        while the result is reported, so that the next attempt finds it warm
+        (as after a recycle) instead of paying a cold start.  Not when the
+        worker stops at once: nothing will run on it."""
+        if self.child is None and self._job_types and not rj.stop_now.is_set():
+            self._spawn()
 
     def _recycle(self, child: Child) -> None:
         """Retire a worn child without waiting for it: a thread of its own
