@@ -39,6 +39,7 @@ from hypermedia.pipelines import imaging
 from hypermedia.pipelines.imaging import DEFAULT_MAX_PIXELS, FORMATS
 from hypermedia.pipelines.registry import Context, Pipeline, Runner, register
 from hypermedia.pipelines.schema import Field, Schema, clean_settings, validator
+from hypermedia.storage import sniff
 
 FITS = ("cover", "contain", "inside", "fill")
 MAX_SIDE = 8192  # a thumbnail or preview box side
@@ -144,7 +145,8 @@ class Progress:
 # Formats whose size the ledger reads from their header as they are stored
 # (storage/sniff.py; a JPEG's EXIF orientation too): reported again, the
 # completion would leave the fast path (a result with input facts writes the
-# input object too) for nothing.
+# input object too) for nothing.  A JPEG is checked (_sniffed_as_shown): its
+# frame header can lie past the head the ledger reads.
 SNIFFED = frozenset({"jpegload", "pngload", "webpload", "gifload"})
 
 
@@ -181,7 +183,10 @@ def _runner(job_type: str, schema: Schema, output_type: str) -> Runner:
             raise imaging.failure(exc, header) from None
         meta = {"width": width, "height": height, "format": fmt, "bytes": os.path.getsize(path)}
         ctx.output(output_type, mime, dict(meta), path=name)
-        if header.loader in SNIFFED and (header.loader == "jpegload" or not header.turned):
+        if header.loader == "jpegload":
+            if _sniffed_as_shown(ctx.input_path, header):
+                return meta
+        elif header.loader in SNIFFED and not header.turned:
             return meta
         # Only a decoder knows a TIFF's or a HEIF's size, or that a PNG or a
         # WebP is turned (their EXIF may lie past the head the ledger
@@ -190,6 +195,23 @@ def _runner(job_type: str, schema: Schema, output_type: str) -> Runner:
         return {**meta, "input_facts": {"width": width, "height": height}}
 
     return run
+
+
+def _sniffed_as_shown(path: str, header: imaging.Header) -> bool:
+    """Whether the ledger read this JPEG's size as shown from its head when it
+    was stored.  Not when the frame header lies past the head it reads (a
+    press profile or a large XMP block before it), nor when libvips turns the
+    image by an orientation the sniffer does not read.  Usually the first
+    16 kB tell."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16 * 1024)
+            if sniff.dimensions(head, "image/jpeg") == header.upright:
+                return True
+            head += f.read(sniff.HEAD_BYTES - len(head))
+    except OSError:
+        return False
+    return sniff.dimensions(head, "image/jpeg") == header.upright
 
 
 def _work_pixels(header: imaging.Header, p: dict[str, Any], box: bool) -> int:

@@ -181,6 +181,7 @@ class Header:
     icc: bool  # an embedded colour profile: convert through it to sRGB
     compression: str = ""  # HEIF containers: "hevc" or "av1"
     turned: bool = False  # its EXIF orientation swaps width and height (5..8)
+    extra_bands: bool = False  # channels past its colour and alpha (see fit)
 
     @property
     def upright(self) -> tuple[int, int]:
@@ -209,7 +210,14 @@ def check_input(vips: Any, path: str, max_pixels: int) -> Header:
         fields = set(header.get_fields())
         compression = str(header.get("heif-compression")) if "heif-compression" in fields else ""
         turned = "orientation" in fields and header.get("orientation") in (5, 6, 7, 8)
-    except vips.Error:
+        extra = bands > _COLOUR_BANDS.get(str(header.interpretation), 3) + 1
+    except vips.Error as exc:
+        if "labq" in str(exc).lower():
+            # The bundled libvips (8.18) cannot read any 8-bit CIELab TIFF,
+            # not even its own: the file is sound, this server cannot read it.
+            raise JobError(
+                "UNSUPPORTED_FORMAT", "8-bit CIELab TIFF images cannot be decoded on this server"
+            ) from None
         raise JobError("CORRUPT_INPUT", "the image header is damaged or unreadable") from None
     if loader != LOADER_FOR[mime]:
         raise JobError("UNSUPPORTED_FORMAT", "the file's content does not match its image format")
@@ -221,7 +229,11 @@ def check_input(vips: Any, path: str, max_pixels: int) -> Header:
     if bands > MAX_BANDS:
         raise JobError("LIMIT_EXCEEDED", f"the image has {bands} channels, more than {MAX_BANDS}")
     icc = "icc-profile-data" in fields
-    return Header(width, height, loader, mime, size, icc, compression, turned)
+    return Header(width, height, loader, mime, size, icc, compression, turned, extra)
+
+
+# Colour channels by interpretation (sRGB, RGB16, LAB, scRGB... have three).
+_COLOUR_BANDS = {"b-w": 1, "grey16": 1, "cmyk": 4}
 
 
 def webp_frames(path: str, cap: int) -> int:
@@ -301,7 +313,9 @@ def fit(vips: Any, path: str, header: Header, width: int, height: int, mode: str
         # sRGB, after the shrink; without one libvips assumes sRGB already.
         options["export_profile"] = "srgb"
     shrink = jpeg_shrink(header, width, height, mode) if header.loader == "jpegload" else 1
-    if shrink > 1:
+    if header.extra_bands:
+        image = _colour_and_alpha(vips, path, header).thumbnail_image(width, **options)
+    elif shrink > 1:
         # libvips' thumbnail leaves a factor of two for its own resize after a
         # JPEG's shrink-on-load; decoding straight to the smallest DCT scale
         # still at least the box (as sharp does by default) saves ~10% of the
@@ -341,11 +355,23 @@ def _cover_by_crop(vips: Any, path: str, header: Header, width: int, height: int
     w, h = header.upright
     options = {"export_profile": "srgb"} if header.icc else {}
     # At its own size: only loaded, turned upright and converted.
-    image = vips.Image.thumbnail(path, w, height=h, size="down", fail_on="error", **options)
+    if header.extra_bands:
+        image = _colour_and_alpha(vips, path, header).thumbnail_image(w, height=h, **options)
+    else:
+        image = vips.Image.thumbnail(path, w, height=h, size="down", fail_on="error", **options)
     scale = max(width / w, height / h)
     cw, ch = min(w, max(1, round(width / scale))), min(h, max(1, round(height / scale)))
     image = image.extract_area((w - cw) // 2, (h - ch) // 2, cw, ch)
     return srgb(image.thumbnail_image(width, height=height, size="force"))
+
+
+def _colour_and_alpha(vips: Any, path: str, header: Header) -> Any:
+    """An image with channels past its alpha (a print TIFF's saved selections,
+    spot colours), loaded upright without them: libvips' resize premultiplies
+    by the last channel, taking the extra one for the alpha."""
+    image = vips.Image.new_from_file(path, access="sequential", fail_on="error").autorot()
+    keep = _COLOUR_BANDS.get(str(image.interpretation), 3) + 1
+    return image.extract_band(0, n=keep)
 
 
 def jpeg_shrink(header: Header, width: int, height: int, mode: str) -> int:
@@ -357,15 +383,34 @@ def jpeg_shrink(header: Header, width: int, height: int, mode: str) -> int:
     factor = min(ratios) if mode in ("cover", "fill") else max(ratios)
     # libjpeg refuses a scale that leaves a side under one pixel (a 3 x 20000 strip).
     short = min(header.width, header.height)
-    return next((s for s in (8, 4, 2) if factor >= s and short >= s), 1)
+    return next(
+        (s for s in (8, 4, 2) if factor >= s and short >= s and _true_to_shape(w, h, s, factor)),
+        1,
+    )
+
+
+def _true_to_shape(w: int, h: int, shrink: int, factor: float) -> bool:
+    """Whether shrinking on load by ``shrink`` keeps the output's shape within
+    a pixel.  The shrunk sides are rounded down, and the resize after takes its
+    aspect ratio from them: a side's remainder moves the other side's output
+    by that fraction of it (a 5000 x 3 strip shrunk by 2 is 2500 x 1, and came
+    out 2500 wide instead of 1667)."""
+    out_w, out_h = w / factor, h / factor  # before a cover's crop
+    return out_w * (h % shrink) / h < 1 and out_h * (w % shrink) / w < 1
 
 
 def srgb(image: Any) -> Any:
-    """8-bit sRGB (greyscale, 16-bit, CMYK without a profile, LAB...), alpha kept."""
+    """8-bit sRGB (greyscale, 16-bit, CMYK without a profile, LAB...), alpha kept.
+
+    Channels past the alpha (a print file's saved selections, spot colours)
+    are dropped: the PNG, WebP and AVIF savers take the first four anyway,
+    while JPEG's flatten would take the last one for the alpha."""
     if image.interpretation != "srgb" or image.format != "uchar":
         image = image.colourspace("srgb")
     if image.format != "uchar":
         image = image.cast("uchar")
+    if image.bands > 4:
+        image = image.extract_band(0, n=4)
     return image
 
 

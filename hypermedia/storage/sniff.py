@@ -136,6 +136,8 @@ def _exif_orientation(tiff: bytes) -> int:
         if len(entry) < 12:
             break
         tag, kind = struct.unpack(order + "HH", entry[:4])
-        if tag == 0x0112 and kind == 3:  # SHORT
+        if tag == 0x0112 and kind == 3:  # SHORT, as the standard says
             return int(struct.unpack(order + "H", entry[8:10])[0])
+        if tag == 0x0112 and kind == 4:  # LONG: libvips and Pillow apply it too
+            return int(struct.unpack(order + "I", entry[8:12])[0])
     return 1

@@ -151,7 +151,8 @@ def test_an_input_learns_its_shown_size_from_its_first_job(
 ) -> None:
     """The ledger sniffs JPEG, PNG, WebP and GIF sizes; a TIFF stayed 0 x 0
     for ever, and a PNG turned by its EXIF kept its stored size, though every
-    job on them decoded their header."""
+    job on them decoded their header.  So did a JPEG with its frame header
+    past the ledger's sniff."""
     tiff = pyvips.Image.black(300, 200, bands=3).tiffsave_buffer()
     src = storage.put(io.BytesIO(tiff), filename="scan.tif")
     assert (src["mime_type"], src["width"], src["height"]) == ("image/tiff", 0, 0)
@@ -160,18 +161,24 @@ def test_an_input_learns_its_shown_size_from_its_first_job(
     turned.set_type(pyvips.GValue.gint_type, "orientation", 6)
     png = storage.put(io.BytesIO(turned.pngsave_buffer()), filename="turned.png")
     assert (png["width"], png["height"]) == (300, 200)
-    jpeg = storage.put(io.BytesIO(_photo(40, 30)), filename="a.jpg")
-    inputs = (src, png, jpeg)
+    # A JPEG whose frame header lies past the 256 kB the ledger reads (a
+    # press profile's worth of APP segments first): 0 x 0 until a job says.
+    photo = _photo(40, 30)
+    junk = (b"\xff\xef" + (65535).to_bytes(2, "big") + bytes(65533)) * 5
+    deep = storage.put(io.BytesIO(photo[:2] + junk + photo[2:]), filename="press.jpg")
+    assert (deep["mime_type"], deep["width"], deep["height"]) == ("image/jpeg", 0, 0)
+    jpeg = storage.put(io.BytesIO(photo), filename="a.jpg")
+    inputs = (src, png, deep, jpeg)
     jobs = [live.enqueue(NewJob("image.thumbnail", object_id=o["object_id"])) for o in inputs]
     _burst(procs)
     for job_id in jobs:
         assert wait_job(driver, job_id, timeout=5)["status"] == "completed"
-    for job_id, obj, shown in zip(jobs, inputs, ((300, 200), (200, 300)), strict=False):
+    for job_id, obj, shown in zip(jobs, inputs, ((300, 200), (200, 300), (40, 30)), strict=False):
         facts = {"width": shown[0], "height": shown[1]}
         assert live.get(job_id)["result"]["input_facts"] == facts
         stored = storage.get(obj["object_id"])
         assert (stored["width"], stored["height"]) == shown
-    assert "input_facts" not in live.get(jobs[2])["result"]  # sniffed already
+    assert "input_facts" not in live.get(jobs[3])["result"]  # sniffed already
 
 
 def test_hostile_files_fail_cleanly_and_the_worker_carries_on(

@@ -1237,3 +1237,63 @@ def test_pyvips_works_in_an_empty_environment_without_imagemagick(tmp_path: Path
     assert '"width": 30, "height": 20' in done.stdout
     assert '"foreign": []' in done.stdout
     assert (tmp_path / "thumb.webp").exists()
+
+
+# -- unusual but sound inputs (a QA pass) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bands", "interpretation"),
+    [
+        ([200, 60, 30, 255, 77], "srgb"),  # RGB, alpha, a saved selection
+        ([200, 60, 30, 255, 77, 5], "srgb"),  # two extra channels
+        ([125, 255, 9], "b-w"),  # grey, alpha, one extra
+    ],
+)
+@pytest.mark.parametrize("fmt", ["jpeg", "png", "webp"])
+def test_channels_past_the_alpha_are_dropped_not_taken_for_it(
+    scratch: Path, bands: list[int], interpretation: str, fmt: str
+) -> None:
+    """JPEG's flatten took the last channel for the alpha: an opaque print
+    file with a saved selection came out washed out, unlike PNG and WebP."""
+    img = (pyvips.Image.black(64, 48) + bands).cast("uchar").copy(interpretation=interpretation)
+    src = write(scratch, "print.tif", img)
+    out = run(THUMB, scratch, src, {"format": fmt, "fit": "inside", "width": 32, "height": 32})
+    pixel = out.decoded().getpoint(5, 5)
+    expect = bands[:3] if interpretation == "srgb" else [bands[0]] * 3
+    assert all(abs(a - b) <= 3 for a, b in zip(pixel[:3], expect, strict=True)), (fmt, pixel)
+    assert out.decoded().bands <= 4
+
+
+@pytest.mark.parametrize(("name", "options"), [("strip.jpg", {}), ("strip.png", {})])
+def test_a_thin_jpeg_keeps_its_shape_when_shrunk_on_load(
+    scratch: Path, name: str, options: dict[str, Any]
+) -> None:
+    """A 5000 x 3 strip shrunk by 2 on load is 2500 x 1: the resize after
+    took that shape and gave 2500 x 1 where a PNG of it gives 1667 x 1."""
+    strip = pyvips.Image.xyz(5000, 3)[0].cast("uchar").copy(interpretation="b-w")
+    src = write(scratch, name, strip, **options)
+    params = {"fit": "inside", "width": 8192, "height": 1}
+    assert run(THUMB, scratch, src, params).size == (1667, 1)
+
+
+def test_the_usual_photos_still_shrink_by_eight_on_load() -> None:
+    """The shape check costs the benchmarks' photos (and a camera's) nothing:
+    3464 x 2309 leaves a remainder of 5 in 2309, under a pixel at 200 x 200."""
+    for w, h in ((3464, 2309), (2450, 1633), (4242, 2828), (4899, 3266), (4000, 3000)):
+        header = imaging.Header(w, h, "jpegload", "image/jpeg", 0, False)
+        assert imaging.jpeg_shrink(header, 200, 200, "cover") == 8, (w, h)
+
+
+def test_an_8_bit_cielab_tiff_is_unsupported_not_corrupt(scratch: Path) -> None:
+    src = write(scratch, "lab8.tif", flat(64, 48, (200, 60, 30)).colourspace("labq"))
+    try:
+        pyvips.Image.new_from_file(str(src)).avg()
+    except pyvips.Error:
+        err = failure(THUMB, scratch, src)
+        assert (err.code, err.reason) == (
+            "UNSUPPORTED_FORMAT",
+            "8-bit CIELab TIFF images cannot be decoded on this server",
+        )
+    else:  # a libvips that reads it (8.14) converts it like any other
+        assert run(THUMB, scratch, src).size == (200, 200)

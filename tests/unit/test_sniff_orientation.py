@@ -41,7 +41,9 @@ def _with_exif(tiff: bytes) -> bytes:
         b"XX*\x00\x08\x00\x00\x00",  # no byte order
         b"II*\x00\xff\xff\xff\x7f",  # IFD past the block
         b"II*\x00\x08\x00\x00\x00\xff\xff",  # 65,535 entries promised, none there
-        b"MM\x00*\x00\x00\x00\x08\x00\x01\x01\x12\x00\x04\x00\x00\x00\x01\x00\x06",  # not a SHORT
+        b"MM\x00*\x00\x00\x00\x08\x00\x01\x01\x12\x00\x04\x00\x00\x00\x01\x00\x06",  # cut short
+        # a RATIONAL: neither a SHORT nor a LONG
+        b"MM\x00*\x00\x00\x00\x08\x00\x01\x01\x12\x00\x05\x00\x00\x00\x01\x00\x00\x00\x06",
     ],
 )
 def test_a_broken_exif_block_leaves_the_size_alone(tiff: bytes) -> None:
@@ -51,3 +53,10 @@ def test_a_broken_exif_block_leaves_the_size_alone(tiff: bytes) -> None:
 def test_a_big_endian_orientation_is_read() -> None:
     ifd = b"\x00\x01" + b"\x01\x12\x00\x03\x00\x00\x00\x01\x00\x06\x00\x00" + b"\x00\x00\x00\x00"
     assert sniff.dimensions(_with_exif(b"MM\x00*\x00\x00\x00\x08" + ifd), "image/jpeg") == (40, 80)
+
+
+def test_an_orientation_stored_as_a_long_is_read() -> None:
+    """The standard says SHORT; some writers store a LONG, and libvips and
+    Pillow turn the image by it all the same: the stored size must follow."""
+    ifd = struct.pack("<H", 1) + struct.pack("<HHII", 0x0112, 4, 1, 6) + bytes(4)
+    assert sniff.dimensions(_with_exif(b"II*\x00\x08\x00\x00\x00" + ifd), "image/jpeg") == (40, 80)
