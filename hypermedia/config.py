@@ -102,6 +102,8 @@ class Settings:
     # API and workers run on different machines names a shared one (S3).
     default_pool: str = "local"
     secret_key: str = ""
+    # The key before a rotation: links it signed stay good until they expire.
+    previous_secret_key: str = ""
     signed_url_seconds: int = 900
     gc_interval_seconds: float = 60.0
     gc_unreferenced_seconds: float = 86400.0
@@ -180,6 +182,7 @@ _ENV_NAMES = {
     "s3_presign": "S3_PRESIGN",
     "default_pool": "DEFAULT_POOL",
     "secret_key": "SECRET_KEY",
+    "previous_secret_key": "PREVIOUS_SECRET_KEY",
     "signed_url_seconds": "SIGNED_URL_SECONDS",
     "gc_interval_seconds": "GC_INTERVAL_SECONDS",
     "gc_unreferenced_seconds": "GC_UNREFERENCED_SECONDS",
@@ -270,6 +273,9 @@ def load_settings() -> Settings:
         raise InvalidRequest("HYPERMEDIA_DEFAULT_POOL must name a pool (1 to 64 characters)")
     _check_durations(settings)
     _check_gc_pending_seconds(settings.gc_pending_seconds)
+    for name in ("secret_key", "previous_secret_key"):
+        if getattr(settings, name):
+            check_secret_key(getattr(settings, name), f"HYPERMEDIA_{_ENV_NAMES[name]}")
     for name in ("s3_access_key_id", "s3_secret_access_key"):
         # A CRLF env file's "\r" went into the signed header, and the header
         # library's error quoted it, key id and signature and all.
@@ -322,6 +328,26 @@ def _check_signed_url_seconds(seconds: int) -> None:
         raise InvalidRequest(
             f"HYPERMEDIA_SIGNED_URL_SECONDS must be 1 to {MAX_SIGNED_URL_SECONDS} "
             f"(7 days, the longest an S3 presigned URL lives); it is {seconds}"
+        )
+
+
+# The shortest URL-signing key taken: a key anyone can guess (empty, "a",
+# what `touch secret.key` leaves) let anyone sign a link to any object.
+MIN_SECRET_KEY = 32
+
+
+def check_secret_key(key: str, where: str) -> None:
+    """Refuse a URL-signing key that is short, or that has a line end or a
+    space at either end (a CRLF env file on one node only: every link it signs
+    is a 403 at the others)."""
+    if len(key) < MIN_SECRET_KEY:
+        raise InvalidRequest(
+            f"{where} must be at least {MIN_SECRET_KEY} characters "
+            "(make one with `openssl rand -hex 32`)"
+        )
+    if key != key.strip() or not key.isprintable():
+        raise InvalidRequest(
+            f"{where} has a control character or a space at an end (a line end from a CRLF file?)"
         )
 
 

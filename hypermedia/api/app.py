@@ -220,6 +220,7 @@ def create_app(svc: Services) -> FastAPI:
     openapi.install(app)
     app.state.error_page = dashboard_error  # errors under /ui are its HTML page
     objects.sweep_uploads(svc.settings.home)  # of a server here killed mid-upload
+    svc.storage.secret()  # an unusable URL-signing key stops the start, not a download
 
     # Added first, so it runs inside RequestId: its 413 carries the request id.
     app.add_middleware(

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NoReturn, cast
 from urllib.parse import quote
 
-from hypermedia.config import DEFAULT_PROJECT, Settings
+from hypermedia.config import DEFAULT_PROJECT, MIN_SECRET_KEY, Settings
 from hypermedia.db.driver import Driver
 from hypermedia.db.schema_storage import OBJECT_STATES
 from hypermedia.errors import Conflict, HypermediaError, InvalidRequest, NotFound, Refused
@@ -678,7 +678,11 @@ class Storage:
         return True
 
     def check_signature(self, object_id: int, expires: int, sig: str) -> bool:
-        return local.verify(self.secret(), object_id, expires, sig, now=self.epoch())
+        now = self.epoch()
+        if local.verify(self.secret(), object_id, expires, sig, now=now):
+            return True
+        previous = self.settings.previous_secret_key  # during a rotation
+        return bool(previous) and local.verify(previous.encode(), object_id, expires, sig, now=now)
 
     def epoch(self) -> int:
         """Now in POSIX seconds, by the storage clock: a URL one API node signs
@@ -713,7 +717,13 @@ def _home_secret(home: Path) -> bytes:
             pass
         finally:
             os.unlink(tmp)
-    return path.read_bytes().strip()
+    key = path.read_bytes().strip()
+    if len(key) < MIN_SECRET_KEY:  # emptied, or written by hand
+        raise InvalidRequest(
+            f"{path} holds no usable URL-signing key (under {MIN_SECRET_KEY} characters): "
+            "delete it to have a new one made, or set HYPERMEDIA_SECRET_KEY"
+        )
+    return key
 
 
 def _users(objects: dict[str, int], jobs: int) -> str:

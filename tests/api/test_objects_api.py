@@ -3,6 +3,7 @@ signed URLs and the signed download."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -229,6 +230,25 @@ def test_bad_expired_and_forged_links_get_one_403(
         secret, obj_id, future
     )
     assert client.get(good).content == b"secret bytes"
+
+
+def test_links_of_the_previous_key_stay_good_through_a_rotation(
+    client: TestClient, a: Project, svc: Services
+) -> None:
+    obj_id = upload(client, a.admin, b"rotated")["object_id"]
+    future = int(time.time()) + 60
+    old, new, stranger = (c * 32 for c in "onx")
+
+    def link(key: str) -> str:
+        sig = local.sign(key.encode(), int(str(obj_id)), future)
+        return f"/v1/objects/{obj_id}/content?expires={future}&sig={sig}"
+
+    svc.storage._secret = new.encode()
+    assert client.get(link(old)).status_code == 403  # no previous key: only the new one
+    svc.storage.settings = dataclasses.replace(svc.settings, previous_secret_key=old)
+    assert client.get(link(old)).content == b"rotated"
+    assert client.get(link(new)).content == b"rotated"
+    assert client.get(link(stranger)).status_code == 403
 
 
 def test_a_corrupted_blob_is_cut_short(client: TestClient, a: Project, svc: Services) -> None:

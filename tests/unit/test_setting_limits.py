@@ -162,3 +162,29 @@ def test_a_yes_or_no_setting_takes_only_yes_or_no(monkeypatch: pytest.MonkeyPatc
         monkeypatch.setenv("HYPERMEDIA_S3_PRESIGN", bad)
         with pytest.raises(InvalidRequest, match="HYPERMEDIA_S3_PRESIGN must be true or false"):
             load_settings()
+
+
+@pytest.mark.parametrize("name", ["HYPERMEDIA_SECRET_KEY", "HYPERMEDIA_PREVIOUS_SECRET_KEY"])
+def test_a_guessable_url_signing_key_is_refused(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """An empty file, " " or "a" signed links anyone could forge: one key for
+    every object, any expiry."""
+    for bad, said in (
+        (" ", "at least 32 characters"),
+        ("a", "at least 32 characters"),
+        ("k" * 31, "at least 32 characters"),
+        ("k" * 40 + "\r", "control character"),
+        (" " + "k" * 40, "space at an end"),
+    ):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(InvalidRequest, match=said):
+            load_settings()
+    monkeypatch.setenv(name, "correct horse battery staple, 32+")
+    assert len(getattr(load_settings(), name.removeprefix("HYPERMEDIA_").lower())) > 32
+
+
+def test_an_emptied_secret_file_stops_the_start(tmp_path: Path) -> None:
+    (tmp_path / "secret.key").write_bytes(b"\n")
+    done = hypermedia("api", "--port", "1", url="", home=tmp_path, timeout=30)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "holds no usable URL-signing key" in done.stderr
+    assert "Traceback" not in done.stderr
