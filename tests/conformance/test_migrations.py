@@ -248,3 +248,47 @@ def test_time_defaults_are_utc_in_any_session_time_zone(database_url: str) -> No
                     assert "current_timestamp" not in default, (table, column["name"], default)
     finally:
         drv.dispose()
+
+
+def test_0013_leaves_other_applications_tables_alone(database_url: str, tmp_path) -> None:
+    """A database shared with another application: 0013 set every "now"
+    default of every table to UTC, a text column's 'current_timestamp' string
+    and MariaDB's ON UPDATE clause included."""
+    backend = Driver(database_url).name
+    if backend == "sqlite":
+        pytest.skip("SQLite's CURRENT_TIMESTAMP is UTC: 0013 changes nothing there")
+    backend = "mariadb" if backend == "mysql" else backend
+    url = make_database(backend, tmp_path)
+    other = {
+        "postgresql": "CREATE TABLE other_app (id int PRIMARY KEY, "
+        "seen timestamptz NOT NULL DEFAULT CURRENT_TIMESTAMP, "
+        "note text DEFAULT 'current_timestamp')",
+        "mariadb": "CREATE TABLE other_app (id int PRIMARY KEY, "
+        "seen TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP, "
+        "note varchar(40) DEFAULT 'current_timestamp')",
+    }
+    drv = Driver(url)
+    try:
+        with drv.engine.begin() as conn:
+            conn.exec_driver_sql(other[backend])
+
+        def defaults() -> dict[str, str]:
+            with drv.engine.connect() as conn:
+                cols = sa.inspect(conn).get_columns("other_app")
+                if backend == "mariadb":
+                    ddl = conn.exec_driver_sql("SHOW CREATE TABLE other_app").one()[1]
+                    assert "on update current_timestamp" in ddl.lower(), ddl
+            return {c["name"]: str(c["default"]) for c in cols}
+
+        before = defaults()
+        upgrade(url, "0013")
+        assert defaults() == before
+        downgrade(url, "0012")
+        assert defaults() == before
+        upgrade(url)
+        with drv.engine.connect() as conn:  # ours did change
+            ours = {c["name"]: c["default"] for c in sa.inspect(conn).get_columns("photos")}
+        assert "utc" in str(ours["created_at"]).lower(), ours
+    finally:
+        drv.dispose()
+        drop_database(backend, url)

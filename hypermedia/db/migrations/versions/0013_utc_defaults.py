@@ -7,7 +7,7 @@ Create Date: 2026-12-04
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
 
 import sqlalchemy as sa
 from alembic import op
@@ -25,17 +25,32 @@ depends_on = None
 # CURRENT_TIMESTAMP is UTC already.  A default is metadata: no row is read.
 UTC = {"postgresql": "timezone('utc', now())", "mysql": "(UTC_TIMESTAMP(6))"}
 LOCAL = {"postgresql": "CURRENT_TIMESTAMP", "mysql": "CURRENT_TIMESTAMP(6)"}
+# Each default as reflected, whole (a text column's 'current_timestamp' is
+# a string, not a clock): PostgreSQL "CURRENT_TIMESTAMP" or "now()", MariaDB
+# "current_timestamp(6)"; and what this revision set instead.
+IS_LOCAL = re.compile(r"\(?(current_timestamp|now)(\(\d*\))?\)?")
+IS_UTC = re.compile(r"\(?(timezone\('utc'(::text)?, ?now\(\)\)|utc_timestamp(\(\d*\))?)\)?")
+# This schema's tables at 0012: another application's tables in the same
+# database keep their defaults (an upgrade once rewrote them, a text
+# column's string default and MariaDB's ON UPDATE clause included).
+TABLES = (
+    "api_tokens", "attempt_fold", "bridge_hits", "dashboard_sessions", "job_attempts",
+    "job_events", "job_outputs", "leader_leases", "object_hashes", "objects", "photo_objects",
+    "photos", "pools", "processing_jobs", "processing_profiles", "project_credits", "projects",
+    "pruned_attempt_durations", "queue_states", "variant_jobs", "worker_metrics",
+    "worker_metrics_hourly", "workers",
+)  # fmt: skip
 
 
 def upgrade() -> None:
-    _set_defaults(lambda default: "current_timestamp" in default, UTC)
+    _set_defaults(IS_LOCAL, UTC)
 
 
 def downgrade() -> None:
-    _set_defaults(lambda default: "utc" in default, LOCAL)
+    _set_defaults(IS_UTC, LOCAL)
 
 
-def _set_defaults(matches: Callable[[str], bool], to: dict[str, str]) -> None:
+def _set_defaults(matches: re.Pattern[str], to: dict[str, str]) -> None:
     conn = op.get_bind()
     dialect = "mysql" if conn.dialect.name in ("mysql", "mariadb") else conn.dialect.name
     if dialect not in to:
@@ -43,11 +58,11 @@ def _set_defaults(matches: Callable[[str], bool], to: dict[str, str]) -> None:
     quote = conn.dialect.identifier_preparer.quote
     inspector = sa.inspect(conn)
     for table in inspector.get_table_names():
-        if table == "alembic_version":
+        if table not in TABLES:
             continue
         for column in inspector.get_columns(table):
             default = str(column.get("default") or "").lower()
-            if default and matches(default):
+            if default and matches.fullmatch(default):
                 op.execute(
                     f"ALTER TABLE {quote(table)} ALTER COLUMN {quote(column['name'])} "
                     f"SET DEFAULT {to[dialect]}"
