@@ -292,3 +292,27 @@ def test_0013_leaves_other_applications_tables_alone(database_url: str, tmp_path
     finally:
         drv.dispose()
         drop_database(backend, url)
+
+
+def test_a_dangling_row_from_before_does_not_stop_the_upgrade(database_url: str, tmp_path) -> None:
+    """A legacy producer writing with foreign keys off (sqlite3's default)
+    left a variant_jobs row of a photo that is gone: the check after the
+    migrations blamed them for it, and every `db upgrade` and `serve` start
+    failed for ever."""
+    if Driver(database_url).name != "sqlite":
+        pytest.skip("SQLite only: the others enforce their foreign keys")
+    url = make_database("sqlite", tmp_path)
+    upgrade(url, "0013")
+    drv = Driver(url)
+    try:
+        with drv.engine.connect() as conn:
+            raw = conn.connection.driver_connection
+            assert raw is not None
+            raw.execute("PRAGMA foreign_keys=OFF")
+            conn.exec_driver_sql("INSERT INTO variant_jobs (photo_id) VALUES ('gone')")
+            conn.commit()
+    finally:
+        drv.dispose()
+    upgrade(url)
+    assert current(url) == head()
+    upgrade(url)  # and again, with nothing to do
