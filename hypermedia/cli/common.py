@@ -514,6 +514,10 @@ class _WholeWrites(io.RawIOBase):
     def fileno(self) -> int:
         return self.fd
 
+    def isatty(self) -> bool:
+        # Rich asks, through the wrappers: a terminal gets progress bars.
+        return os.isatty(self.fd)
+
     def write(self, b: Any) -> int:
         return write_whole(self.fd, b, "the output")
 

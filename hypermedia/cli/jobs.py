@@ -21,6 +21,7 @@ from hypermedia.cli.common import (
     cut,
     engine,
     err_console,
+    flush_stdout,
     json_object,
     print_json,
     through_outages,
@@ -349,7 +350,10 @@ class _Follower:
 
     def event(self, row: dict[str, Any]) -> None:
         if self.as_json:
+            # Flushed per line: to a pipe (`| jq`, `| head -1`) stdout is
+            # block-buffered, and every line came at the job's end.
             print_json(row)
+            flush_stdout()
             return
         pct = _percent(row)
         if pct is not None and console.is_terminal:
@@ -396,16 +400,20 @@ def tail(
         with user_errors():
             eng = engine()
             after = 0
+            # The first read is not waited out: a database that never
+            # answered (a typo in the URL) is an error, as for `jobs show`;
+            # an outage while following is ridden out.
+            status, rows = eng.events_since(job_id, after)
             while True:
-                # Status first: if terminal, the events read with it include
-                # the one that made it so, and the loop may stop.
-                status, rows = through_outages(partial(eng.events_since, job_id, after))
                 for row in rows:
                     follower.event(row)
                     after = max(after, int(row["event_id"]))
                 if status in TERMINAL:
                     break
                 time.sleep(TAIL_POLL_SECONDS)
+                # Status first: if terminal, the events read with it include
+                # the one that made it so, and the loop may stop.
+                status, rows = through_outages(partial(eng.events_since, job_id, after))
             follower.close()
             job = eng.get(job_id)
     except KeyboardInterrupt:

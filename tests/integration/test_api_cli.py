@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import select
 import signal
 import socket
 import stat
@@ -273,6 +274,13 @@ def test_jobs_tail_follows_to_the_end(tmp_path: Path, spawn: Spawn) -> None:
     as_json = _tail(home, stepper, "--json")
     time.sleep(1.0)
     assert human.poll() is None and as_json.poll() is None
+    # Live into a pipe too: the queued event's line is there before the job
+    # ends (stdout to a pipe is block-buffered, and every line came at the end).
+    assert as_json.stdout is not None
+    ready, _, _ = select.select([as_json.stdout], [], [], 10)
+    assert ready, "no line from `jobs tail --json` while the job waits"
+    first = as_json.stdout.readline()
+    assert json.loads(first)["to_status"] == "queued"
     spawn("worker", "--queues", "bulk", "--concurrency", "2", home=home, name="worker")
 
     started = time.monotonic()
@@ -284,7 +292,7 @@ def test_jobs_tail_follows_to_the_end(tmp_path: Path, spawn: Spawn) -> None:
 
     code, out, _ = _finish(as_json)
     assert code == 0, out
-    lines = _json_lines(out)
+    lines = _json_lines(first + out)
     events, end = lines[:-1], lines[-1]
     assert end["kind"] == "end" and end["status"] == "completed" and end["job_id"] == stepper
     ids = [e["event_id"] for e in events]
