@@ -200,7 +200,7 @@ def install(app: FastAPI) -> None:
     # may pass are called without that; Exception stays for real bugs.
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
-        away = _away(exc)
+        away = passing(exc)
         if away is not None:
             log.warning("request %s: %s", request_id(request), brief(exc))
             status, code, message = away
@@ -214,7 +214,7 @@ def install(app: FastAPI) -> None:
         app.add_exception_handler(kind, _unexpected)
 
 
-def _away(exc: Exception) -> tuple[int, str, str] | None:
+def passing(exc: Exception) -> tuple[int, str, str] | None:
     """A 503 or 507 for what is no fault of the request and passes: the
     database restarting, unreachable or not migrated yet, the disk full.  The
     client is told to try again; what the database said goes to the log only

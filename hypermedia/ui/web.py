@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import jinja2
 from fastapi import Request, Response
@@ -25,10 +25,10 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hypermedia.api.deps import COOKIE, LEGACY_COOKIE, authenticate
-from hypermedia.api.errors import STATUS_OF, ApiError, request_id
+from hypermedia.api.errors import RETRY_AFTER, STATUS_OF, ApiError, passing, request_id
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import Forbidden, HypermediaError, Unauthorized
-from hypermedia.redact import redact
+from hypermedia.redact import brief, redact
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,9 @@ def page(request: Request, template: str, code: int = 200, **context: Any) -> HT
     html = env.get_template(template).render(
         principal=principal, nav_links=nav_links(principal), home=home(principal), **context
     )
-    return HTMLResponse(html, status_code=code, headers=PAGE_HEADERS)
+    response = HTMLResponse(html, status_code=code, headers=PAGE_HEADERS)
+    clear_legacy_cookie(request, response)
+    return response
 
 
 def error_page(request: Request, status: int, message: str) -> HTMLResponse:
@@ -295,6 +297,14 @@ def _failure(request: Request, exc: Exception) -> Response:
     if isinstance(exc, StarletteHTTPException):
         message = exc.detail if isinstance(exc.detail, str) else "request refused"
         return error_page(request, exc.status_code, message)
+    if (away := passing(exc)) is not None:
+        # The database restarting or not migrated yet: the API's 503, one
+        # log line, not a traceback with the SQL on every page.
+        log.warning("dashboard request %s: %s", request_id(request), brief(exc))
+        status, _, message = away
+        response = error_page(request, status, message)
+        response.headers["Retry-After"] = RETRY_AFTER
+        return response
     log.exception("dashboard request %s failed", request_id(request), exc_info=exc)
     return error_page(request, 500, "internal error; quote the request id")
 
@@ -320,6 +330,7 @@ def safe_next(target: str | None) -> str:
         or target.startswith("//")
         or "\\" in target
         or any(ord(ch) < 32 for ch in target)
+        or ".." in unquote(urlsplit(target).path).split("/")  # /ui/../v1: out of /ui
     ):
         return "/ui"
     return target

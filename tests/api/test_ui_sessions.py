@@ -179,3 +179,16 @@ def test_a_session_secret_is_no_api_token(client: TestClient, svc: Services, a: 
     client.cookies.set(LEGACY_COOKIE, a.admin)
     r = client.get("/ui", follow_redirects=False)
     assert r.status_code == 303 and f'{LEGACY_COOKIE}=""' in r.headers["set-cookie"]
+    # Beside a good session too: every page deletes it, not only the login's.
+    client.cookies.set(COOKIE, secret)
+    client.cookies.set(LEGACY_COOKIE, a.admin)
+    r = client.get("/ui", follow_redirects=False)
+    assert r.status_code == 200 and f'{LEGACY_COOKIE}=""' in r.headers["set-cookie"]
+
+
+def test_a_login_target_leaving_the_dashboard_is_not_followed() -> None:
+    from hypermedia.ui.web import safe_next
+
+    for target in ("/ui/../v1/jobs", "/ui/%2e%2e/v1/jobs", "/ui/jobs/../../v1", "//evil/ui"):
+        assert safe_next(target) == "/ui", target
+    assert safe_next("/ui/jobs/7?x=..") == "/ui/jobs/7?x=.."

@@ -6,6 +6,7 @@ again once it is back."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -74,3 +75,56 @@ def test_an_upload_to_a_full_disk_is_507_and_leaves_nothing(driver, settings, tm
             assert [o["size"] for o in rows if o["state"] == "ready"] == [len(data)]
             blobs = [p for p in (disk / "storage").rglob("*") if p.is_file()]
             assert [p.stat().st_size for p in blobs] == [len(data)]  # no partial file
+
+
+def test_the_dashboard_is_503_and_an_open_stream_rides_the_outage_out(tmp_path: Path) -> None:
+    """The dashboard's pages were a 500 with a traceback (and the SQL) per
+    request while the database was away, where the API said 503; an open
+    event stream broke mid-body with two tracebacks, and its page stopped
+    updating for good."""
+    from hypermedia.queue.models import NewJob
+    from tests.api.test_ui_pages import login
+
+    url = make_database("postgresql", tmp_path)
+    name = sa.engine.make_url(url).database
+    assert name
+    try:
+        upgrade(url)
+        driver = Driver(url)
+        svc = Services.from_engine(Engine(driver, Settings(home=tmp_path, database_url=url)))
+        _, token = svc.tokens.create("p", ["admin"])
+        job_id = svc.engine.enqueue(NewJob("debug.noop", project_id="p"))
+        with TestClient(create_app(svc)) as client:
+            login(client, token)
+            events = f"/v1/jobs/{job_id}/events"
+            sse = {**bearer(token), "Accept": "text/event-stream"}
+            with client.stream("GET", events, headers=sse) as stream:
+                lines = stream.iter_lines()
+                assert next(lines).startswith("retry:")
+                assert next(line for line in lines if line.startswith("data:"))  # queued
+                pg_accepting(name, False)
+                page = client.get("/ui/jobs")
+                assert page.status_code == 503, page.text
+                assert "Unavailable" in page.text and page.headers["Retry-After"] == "2"
+                assert name not in page.text
+                time.sleep(1.5)  # the stream polls the database away a few times
+                pg_accepting(name, True)
+                svc.engine.cancel(job_id, "test")
+                said = [line for line in lines if line.startswith("data:")]
+            assert said[-1] == 'data: {"status": "cancelled"}', said
+            assert client.get("/ui/jobs").status_code == 200
+        driver.dispose()
+    finally:
+        pg_accepting(name, True)
+        drop_database("postgresql", url)
+
+
+def test_healthz_needs_no_thread() -> None:
+    """A sync route waits for a thread of the pool the streams' and the other
+    routes' database reads hold: blocked on a frozen database, /healthz hung
+    (59 s with 50 open streams) and a liveness probe would restart the API."""
+    import asyncio
+
+    from hypermedia.api.routes import ops
+
+    assert asyncio.iscoroutinefunction(ops.healthz)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
+import anyio
+import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import StreamingResponse
@@ -17,13 +20,16 @@ from starlette.types import Receive, Scope, Send
 from hypermedia.api.deps import Id, may_submit, owned, scoped, services, shown
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.auth.tokens import Principal
+from hypermedia.db.dialects import is_transient
 from hypermedia.errors import Forbidden, InvalidRequest, NotFound
 from hypermedia.parse import ascii_int
 from hypermedia.queue.models import NewJob
 from hypermedia.queue.states import STATUSES, TERMINAL
+from hypermedia.redact import brief
 from hypermedia.services import Services
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
 # What a job row shows of itself; storage keys and soft-delete columns stay inside.
@@ -37,6 +43,45 @@ SSE_KEEPALIVE_SECONDS = 15.0
 # How often an open stream checks its token again: a revoked or expired one
 # ends it (it streamed on until its job ended, up to the 7-day timeout).
 SSE_RECHECK_SECONDS = 5.0
+# Threads the streams' polls may hold at once, in one API process: blocked on
+# a database that stopped answering, 40 streams held every thread of the
+# pool the other routes run in, and /healthz hung with them.
+SSE_THREADS = 8
+# While the database is away a stream polls less often, up to this.
+SSE_AWAY_MAX_SECONDS = 5.0
+
+_AWAY = object()  # a read the database could not answer this time
+
+
+class _StreamReads:
+    """A stream's database reads: in threads of the streams' own limiter, and
+    a transient failure (a restart, a dropped connection) said once and then
+    ridden out, as `jobs tail` does, instead of cutting the body short with
+    two tracebacks."""
+
+    def __init__(self, request: Request, job_id: int) -> None:
+        state = request.app.state
+        if getattr(state, "stream_threads", None) is None:  # made inside the loop
+            state.stream_threads = anyio.CapacityLimiter(SSE_THREADS)
+        self.limiter: anyio.CapacityLimiter = state.stream_threads
+        self.job_id = job_id
+        self.delay = 0.0
+
+    async def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            got = await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            if not self.delay:
+                log.warning(
+                    "job %s: event stream waits for the database: %s", self.job_id, brief(exc)
+                )
+            self.delay = min(max(self.delay * 2, SSE_POLL_SECONDS), SSE_AWAY_MAX_SECONDS)
+            await asyncio.sleep(self.delay)
+            return _AWAY
+        self.delay = 0.0
+        return got
 
 
 class JobCreate(BaseModel):
@@ -240,14 +285,24 @@ async def event_stream(
 ) -> Any:
     loop = asyncio.get_running_loop()
     quiet_since = checked_at = loop.time()
+    read = _StreamReads(request, job_id)
     yield "retry: 1000\n\n"
     while not request.app.state.stopping and not await request.is_disconnected():
         if loop.time() - checked_at > SSE_RECHECK_SECONDS:
-            if not await run_in_threadpool(svc.tokens.still_valid, principal):
+            valid = await read(svc.tokens.still_valid, principal)
+            if valid is _AWAY:
+                continue
+            if not valid:
                 yield f"event: end\ndata: {json.dumps({'status': 'unauthorized'})}\n\n"
                 return
             checked_at = loop.time()
-        status, rows = await run_in_threadpool(svc.engine.events_since, job_id, after)
+        got = await read(svc.engine.events_since, job_id, after)
+        if got is _AWAY:
+            if loop.time() - quiet_since > SSE_KEEPALIVE_SECONDS:
+                yield ": keep-alive\n\n"
+                quiet_since = loop.time()
+            continue
+        status, rows = got
         for row in rows:
             yield sse_message(row)
             after = row["event_id"]
