@@ -232,7 +232,12 @@ def serve(
             return  # stopped while waiting
         from hypermedia.db import migrate
 
-        migrate.upgrade(s.url)
+        try:
+            migrate.upgrade(s.url)
+        except migrate.NewerSchema as exc:
+            # A rolling deploy: this replica is older than the one that
+            # migrated.  It carries on, as `worker` and `api` do.
+            log.warning("%s; carrying on", exc)
         svc = Services.from_settings(s)
         token = svc.tokens.first_admin(s.home)
     token_file = s.home.resolve() / "admin-token"

@@ -10,7 +10,9 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
+from hypermedia.db import revisions
 from hypermedia.db.driver import normalise_url
+from hypermedia.errors import InvalidRequest, Refused
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -23,7 +25,25 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+class NewerSchema(Refused):
+    """The database was migrated by a newer hypermedia: nothing to do here."""
+
+
 def upgrade(url: str, revision: str = "head") -> None:
+    """Migrate to ``revision``; NewerSchema for a database this code is older
+    than (Alembic said "Can't locate revision", as if the argument were
+    wrong), InvalidRequest for a revision below the database's (Alembic did
+    nothing and said nothing: this is no downgrade)."""
+    at = current(url)
+    if revisions.newer(at):
+        raise NewerSchema(
+            f"the database schema (revision {at}) is newer than this hypermedia "
+            f"(revision {revisions.head()}): upgrade hypermedia"
+        )
+    if at is not None and (revision == "base" or (revision in revisions.known() and revision < at)):
+        raise InvalidRequest(
+            f"the database is at revision {at}, past {revision}: `db upgrade` does not downgrade"
+        )
     with _steps_only():
         command.upgrade(alembic_config(url), revision)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any
 import pytest
 
 from hypermedia.db.driver import Driver
-from tests.harness import hypermedia
+from tests.harness import cli_env, free_port, hypermedia
 
 USAGE, FAILED = 2, 1
 
@@ -325,6 +327,48 @@ def test_a_database_behind_this_code_is_refused_before_anything_is_done(tmp_path
         ), said
     assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
     assert hypermedia("jobs", "submit", "debug.noop", url="", home=home).returncode == 0
+
+
+def test_a_newer_database_and_a_revision_below_it_are_said_plainly(tmp_path: Path) -> None:
+    """A database a newer hypermedia migrated: `db upgrade` said "Can't
+    locate revision" with exit 2 (the command line blamed) and `serve`
+    stopped, where `worker` and `api` carry on.  A revision below the
+    database's did nothing and said "database at revision 0014"."""
+    import sqlite3
+
+    from hypermedia.db import revisions
+
+    home = tmp_path / "home"
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    for below in ("0004", "base"):
+        proc = hypermedia("db", "upgrade", below, url="", home=home)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "does not downgrade" in " ".join(proc.stderr.split())
+    with sqlite3.connect(home / "hypermedia.db") as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '9999'")
+    proc = hypermedia("db", "upgrade", url="", home=home)
+    assert proc.returncode == FAILED, proc.stdout + proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert f"(revision 9999) is newer than this hypermedia (revision {revisions.head()})" in said
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "hypermedia", "serve", "--port", str(free_port())],
+        env=cli_env("", home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert serve.stdout is not None
+        lines = []
+        for line in serve.stdout:
+            lines.append(line)
+            if "hypermedia serving" in line:
+                break
+        assert serve.poll() is None, "".join(lines)
+        assert any("is newer than this hypermedia" in ln for ln in lines), "".join(lines)
+    finally:
+        serve.terminate()
+        serve.communicate(timeout=30)
 
 
 def test_db_upgrade_creates_it(tmp_path: Path) -> None:
