@@ -316,3 +316,35 @@ def test_a_dangling_row_from_before_does_not_stop_the_upgrade(database_url: str,
     upgrade(url)
     assert current(url) == head()
     upgrade(url)  # and again, with nothing to do
+
+
+def test_a_users_profile_named_like_a_later_built_in_is_kept(database_url: str, tmp_path) -> None:
+    """`profiles create pdf-preview` at 0004 made pdf-preview v1, which 0005
+    ships: the upgrade stopped on the unique key (on MariaDB for good, its
+    DDL committed), with no word on what to do."""
+    backend = Driver(database_url).name
+    backend = "mariadb" if backend == "mysql" else backend
+    url = make_database(backend, tmp_path)
+    drv = Driver(url)
+    try:
+        upgrade(url, "0004")
+        with drv.engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO processing_profiles (profile_key, profile_version, job_type,"
+                " queue_name, settings, credit_cost_base, is_active)"
+                " VALUES ('pdf-preview', 'v1', 'debug.noop', 'bulk', '{}', 5, true)"
+            )
+        upgrade(url)
+        assert current(url) == head()
+        with drv.engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                "SELECT profile_key, job_type FROM processing_profiles"
+                " WHERE profile_key IN ('pdf-preview', 'virus-scan')"
+            ).all()
+        assert sorted(map(tuple, rows)) == [
+            ("pdf-preview", "debug.noop"),
+            ("virus-scan", "security.virus_scan"),
+        ]
+    finally:
+        drv.dispose()
+        drop_database(backend, url)

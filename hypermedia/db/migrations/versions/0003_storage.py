@@ -11,6 +11,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
+from hypermedia.db.builtin_rows import new_profiles
+
 # Written out, not imported from hypermedia.db: see 0001.
 BIG_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 TS = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
@@ -120,21 +122,21 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("bridge_id", name="pk_bridge_hits"),
     )
     op.create_index("bridge_hits_job_idx", "bridge_hits", ["job_id"])
-    op.bulk_insert(
-        _profiles(),
-        [
-            {
-                "profile_key": "debug-copy",
-                "profile_version": "v1",
-                "job_type": "debug.copy",
-                "queue_name": "bulk",
-                "settings": {},
-                "credit_cost_base": 0,
-                "timeout_seconds": 600,
-                "is_active": True,
-            }
-        ],
-    )
+    table = _profiles()
+    rows = [
+        {
+            "profile_key": "debug-copy",
+            "profile_version": "v1",
+            "job_type": "debug.copy",
+            "queue_name": "bulk",
+            "settings": {},
+            "credit_cost_base": 0,
+            "timeout_seconds": 600,
+            "is_active": True,
+        }
+    ]
+    if fresh := new_profiles(op.get_bind(), table, rows):  # an empty insert adds a row
+        op.bulk_insert(table, fresh)
 
 
 def _profiles() -> sa.TableClause:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from hypermedia.db.builtin_rows import new_profiles
+
 revision = "0004"
 down_revision = "0003"
 branch_labels = None
@@ -67,22 +69,22 @@ def _table() -> sa.TableClause:
 
 
 def upgrade() -> None:
-    op.bulk_insert(
-        _table(),
-        [
-            {
-                "profile_key": key,
-                "profile_version": version,
-                "job_type": job_type,
-                "queue_name": queue,
-                "settings": settings,
-                "credit_cost_base": cost,
-                "timeout_seconds": timeout,
-                "is_active": True,
-            }
-            for key, version, job_type, queue, settings, cost, timeout in PROFILES
-        ],
-    )
+    table = _table()
+    rows = [
+        {
+            "profile_key": key,
+            "profile_version": version,
+            "job_type": job_type,
+            "queue_name": queue,
+            "settings": settings,
+            "credit_cost_base": cost,
+            "timeout_seconds": timeout,
+            "is_active": True,
+        }
+        for key, version, job_type, queue, settings, cost, timeout in PROFILES
+    ]
+    if fresh := new_profiles(op.get_bind(), table, rows):  # an empty insert adds a row
+        op.bulk_insert(table, fresh)
 
 
 def downgrade() -> None:

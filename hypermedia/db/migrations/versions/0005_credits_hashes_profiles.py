@@ -11,6 +11,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
+from hypermedia.db.builtin_rows import new_profiles
+
 revision = "0005"
 down_revision = "0004"
 branch_labels = None
@@ -103,25 +105,25 @@ def upgrade() -> None:
         "object_hashes_project_idx", "object_hashes", ["project_id", "algorithm", "version"]
     )
     op.create_index("objects_checksum_idx", "objects", ["checksum"])
-    op.bulk_insert(
-        _profiles(),
-        [
-            {
-                "profile_key": key,
-                "profile_version": version,
-                "job_type": job_type,
-                "queue_name": queue,
-                "settings": settings,
-                "credit_cost_base": base,
-                "credit_cost_per_mb": per_mb,
-                "credit_cost_per_page": per_page,
-                "credit_cost_per_minute": per_minute,
-                "timeout_seconds": timeout,
-                "is_active": True,
-            }
-            for key, version, job_type, queue, settings, base, per_mb, per_page, per_minute, timeout in PROFILES
-        ],
-    )
+    table = _profiles()
+    rows = [
+        {
+            "profile_key": key,
+            "profile_version": version,
+            "job_type": job_type,
+            "queue_name": queue,
+            "settings": settings,
+            "credit_cost_base": base,
+            "credit_cost_per_mb": per_mb,
+            "credit_cost_per_page": per_page,
+            "credit_cost_per_minute": per_minute,
+            "timeout_seconds": timeout,
+            "is_active": True,
+        }
+        for key, version, job_type, queue, settings, base, per_mb, per_page, per_minute, timeout in PROFILES
+    ]
+    if fresh := new_profiles(op.get_bind(), table, rows):  # an empty insert adds a row
+        op.bulk_insert(table, fresh)
 
 
 def downgrade() -> None:
