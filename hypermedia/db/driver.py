@@ -40,6 +40,11 @@ DEFAULT_POOL = {"pool_size": 10, "max_overflow": 20, "pool_pre_ping": False}
 # past any transaction of ours, a store's slowest answer inside one included
 # (HYPERMEDIA_S3_TIMEOUT_SECONDS, tried twice).  SQLite has no sessions.
 IDLE_TRANSACTION_SECONDS = 300
+# How long opening a connection may take, its handshake and login included:
+# a server that accepts connections but does not answer (stopped, a frozen
+# VM) held every command on it for as long as it stayed so.  A URL's own
+# connect_timeout (read_timeout on MariaDB) is kept.
+CONNECT_SECONDS = 10
 
 
 def normalise_url(url: str) -> str:
@@ -65,6 +70,21 @@ def normalise_url(url: str) -> str:
 
 SHIPPED_DRIVERS = ("pysqlite", "psycopg", "pymysql")
 BACKENDS = "sqlite:///PATH, postgresql://USER@HOST/DB or mariadb://USER@HOST/DB"
+
+
+def _connect_args(url: str, name: str) -> dict[str, Any]:
+    """The timeouts of a new connection (see CONNECT_SECONDS)."""
+    given = make_url(url).query
+    if name == "postgresql":
+        return {} if "connect_timeout" in given else {"connect_timeout": CONNECT_SECONDS}
+    # PyMySQL's connect_timeout covers the TCP connect only; its read timeout
+    # bounds the handshake's reads, and is lifted once the connection is open
+    # (_reads_untimed): a long query is no hang.
+    return {} if "read_timeout" in given else {"read_timeout": CONNECT_SECONDS}
+
+
+def _reads_untimed(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn._read_timeout = None  # PyMySQL resets the socket's at its next read
 
 
 def _idle_transaction_timeout(dbapi_conn: Any, _record: Any) -> None:
@@ -106,16 +126,19 @@ class Driver:
     def _make_engines(self, echo: bool) -> dict[str, sa.Engine]:
         if self.name != "sqlite":
             opts: dict[str, Any] = dict(DEFAULT_POOL)
+            opts["connect_args"] = _connect_args(self.url, self.name)
             if self.name == "mysql":
                 # READ COMMITTED: gap locks under REPEATABLE READ would make
                 # SKIP LOCKED claims block each other on the index range.
                 opts["isolation_level"] = "READ COMMITTED"
             else:
                 timeout = f"-c idle_in_transaction_session_timeout={IDLE_TRANSACTION_SECONDS}s"
-                opts["connect_args"] = {"options": timeout}
+                opts["connect_args"]["options"] = timeout
             eng = sa.create_engine(self.url, echo=echo, **opts)
             if self.name == "mysql":
                 sa.event.listen(eng, "connect", _idle_transaction_timeout)
+                if "read_timeout" in opts["connect_args"]:
+                    sa.event.listen(eng, "connect", _reads_untimed)
             # Same pool; snapshot() reads see one snapshot for all statements.
             engines = {
                 "write": eng,
@@ -277,7 +300,9 @@ class _JobWatch:
 
     def __init__(self, url: str) -> None:
         self._engine = sa.create_engine(
-            url, poolclass=sa.pool.NullPool, connect_args={"autocommit": True}
+            url,
+            poolclass=sa.pool.NullPool,
+            connect_args={"autocommit": True, **_connect_args(url, "mysql")},
         )
         self._lock = threading.Lock()  # one connection for the process's listeners
         self._conn: Any = None

@@ -424,3 +424,32 @@ def test_a_media_type_is_stored_lower_cased(home: Path, mime: str, stored: str) 
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["mime_type"] == stored
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "mariadb"])
+def test_a_server_that_takes_connections_but_never_answers_is_given_up(
+    tmp_path: Path, scheme: str
+) -> None:
+    """A stopped server (SIGSTOP, a frozen VM) still takes TCP connections:
+    every command waited on its handshake for as long as it stayed so.  Here
+    a real socket listens and never answers."""
+    import socket
+    import time
+
+    from hypermedia.db.driver import CONNECT_SECONDS
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    try:
+        url = f"{scheme}://root@127.0.0.1:{silent.getsockname()[1]}/nothing"
+        started = time.monotonic()
+        proc = hypermedia(
+            "jobs", "ls", url=url, home=tmp_path / "home", timeout=CONNECT_SECONDS * 6
+        )
+        took = time.monotonic() - started
+    finally:
+        silent.close()
+    assert proc.returncode == FAILED, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert took < CONNECT_SECONDS * 4, took
