@@ -93,13 +93,15 @@ class WorkerQueries:
             )
         return ids
 
-    def mark_gone_workers(self, cutoff: datetime) -> int:
-        """Unhealthy (or draining) workers silent since ``cutoff`` → terminated.
-        Guarded on both: a worker whose heartbeat came back in between is left alone."""
+    def mark_gone_workers(self, cutoff: datetime, now: datetime) -> int:
+        """Unhealthy (or draining) workers silent since ``cutoff`` → terminated
+        at ``now`` (when they were given up: a worker that stops cleanly sets
+        its own).  Guarded on both: a worker whose heartbeat came back in
+        between is left alone."""
         q = (
             sa.update(W)
             .where(W.c.status.in_(("unhealthy", "draining")), W.c.last_heartbeat < cutoff)
-            .values(status="terminated")
+            .values(status="terminated", terminated_at=now)
         )
         return int(self.conn.execute(q).rowcount)
 

@@ -640,7 +640,7 @@ class Engine(Enqueuing, UserActions):
         stale_cutoff = now - timedelta(seconds=self.settings.worker_stale_seconds)
         gone_cutoff = now - timedelta(seconds=self.settings.worker_gone_seconds)
         with self.db.tx() as tx:
-            gone = tx.mark_gone_workers(gone_cutoff)
+            gone = tx.mark_gone_workers(gone_cutoff, now)
             stale = tx.mark_stale_workers(stale_cutoff)
             orphans = tx.held_by(stale)
             released = self._settle(tx, None, _orphaned(orphans, "its worker stopped heartbeating"))

@@ -132,7 +132,10 @@ class Monitor(threading.Thread):
             self._apply(asked, self.engine.renew(self.worker_id, [r.key for r in asked]))
 
     def heartbeat(self) -> None:
-        busy = len(self.running())
+        held = self.running()
+        # Running: what slots took, not the jobs claimed ahead for them
+        # (workers ls showed 6/2 on a worker of two slots).
+        busy = sum(1 for r in held if r.started)
         with self.engine.db.tx() as tx:
             tx.update_worker(
                 self.worker_id,
@@ -141,7 +144,7 @@ class Monitor(threading.Thread):
                     "current_jobs": min(busy, 127),
                     "status": self.status
                     if self.status == "draining"
-                    else ("active" if busy else "idle"),
+                    else ("active" if held else "idle"),
                 },
             )
 

@@ -80,6 +80,7 @@ class Running:
     stop_now: Flag = field(default_factory=Flag)
     staging: Staging | None = None  # its input, when the stager fetches it ahead
     input_name: str | None = None  # its input's file name in the slot's inbox, once there
+    started: bool = False  # a slot took it (else it waits, claimed ahead)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -188,6 +189,7 @@ class Slot:
             scratch.mkdir(parents=True, exist_ok=True)
             self.inbox.mkdir(parents=True, exist_ok=True)
             self._scratch_mtime = os.stat(self._scratch_str).st_mtime_ns
+        rj.started = True
         self.flusher.started(job.job_id, job.attempt)
         try:
             done = self._attempt(rj)

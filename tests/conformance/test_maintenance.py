@@ -201,6 +201,9 @@ def test_a_worker_silent_for_worker_gone_seconds_is_terminated(engine, driver, s
     _worker(driver, "silent", clock.now - timedelta(seconds=gone + 1))  # live: unhealthy first
     assert engine.reap()["terminated_workers"] == 1
     assert _worker_status(driver, "killed") == "terminated"
+    with driver.read() as tx:  # when it was given up, as a clean stop says its own
+        assert tx.worker("killed")["terminated_at"] == clock.now
+        assert tx.worker("stopped")["terminated_at"] is None
     assert _worker_status(driver, "stopped") == "unhealthy"
     assert _worker_status(driver, "silent") == "unhealthy"
     clock.advance(10)

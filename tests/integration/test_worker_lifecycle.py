@@ -72,7 +72,7 @@ def test_cancel_stops_a_running_attempt_and_kills_its_child(
 def test_sigterm_drains_finishes_the_running_job_and_hands_back_the_rest(
     driver: Driver, live: Engine, procs: Procs, tmp_path: Path
 ) -> None:
-    w = procs.worker("--concurrency", "1", "--no-maintenance")
+    w = procs.worker("--concurrency", "1", "--no-maintenance", HYPERMEDIA_HEARTBEAT_SECONDS="0.5")
     # Short jobs first: a worker busy with short jobs claims ahead of its one
     # slot (worker/pace.py), so the long one's batch brings the waiting ones.
     # All in one transaction: enqueued apart, a claim in between could find
@@ -91,6 +91,15 @@ def test_sigterm_drains_finishes_the_running_job_and_hands_back_the_rest(
     )
 
     assert job(driver, running)["status"] == "processing"
+    # Its row says one job running on its one slot, not the four it holds
+    # (`workers ls` showed 4/1).
+    eventually(
+        lambda: (lambda r: (r.status, r.current_jobs) == ("active", 1))(
+            _worker_row(procs, w.worker_id)
+        ),
+        5,
+        "a heartbeat counting the running job only",
+    )
     w.proc.send_signal(signal.SIGTERM)
     assert w.proc.wait(20) == 0
 
