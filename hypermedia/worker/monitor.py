@@ -13,6 +13,7 @@ while it lasts.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import socket
 import threading
@@ -188,3 +189,29 @@ def worker_row(
         "started_at": now,
         "created_at": now,
     }
+
+
+# A worker whose flusher or stager thread died went on heartbeating and
+# renewing its leases: its jobs were held for as long as it lived, never
+# reaped.  It exits at once instead (as a kill -9 would), and the reaper
+# gives its jobs to other workers when their leases expire.
+EXIT_THREAD_DIED = 70  # EX_SOFTWARE
+
+
+def exit_if_they_die(vital: set[threading.Thread]) -> None:
+    """Make an uncaught exception in any of ``vital`` end the process."""
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        previous(args)  # its traceback first
+        if args.thread in vital:
+            name = args.thread.name
+            log.critical(
+                "the %s thread failed: the worker exits now; its jobs go to other "
+                "workers once their leases expire",
+                name,
+            )
+            logging.shutdown()
+            os._exit(EXIT_THREAD_DIED)
+
+    threading.excepthook = hook

@@ -34,7 +34,7 @@ from hypermedia.storage.ledger import Storage
 from hypermedia.worker import sandbox as landlock
 from hypermedia.worker import seccomp
 from hypermedia.worker.flusher import Flusher
-from hypermedia.worker.monitor import Monitor, Stats, worker_row
+from hypermedia.worker.monitor import Monitor, Stats, exit_if_they_die, worker_row
 from hypermedia.worker.outage import Outage
 from hypermedia.worker.pace import Pace
 from hypermedia.worker.slot import Running, Slot, SlotConfig, scratch_root
@@ -146,6 +146,7 @@ class Worker:
             daemon=True,
             name="listener",
         )
+        exit_if_they_die({self.flusher, self.stager})
         for t in (self.flusher, monitor, listener, self.stager, *threads):
             t.start()
         log.info(
