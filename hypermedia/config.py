@@ -123,6 +123,9 @@ class Settings:
     # An upload's body that sends nothing for this long is dropped (408): a
     # client gone quiet held its connection and temp file for ever.
     upload_idle_seconds: float = 60.0
+    # A download whose client takes nothing for this long is dropped: each
+    # held an open blob and a few MB of buffers for as long as it stalled.
+    download_idle_seconds: float = 60.0
     # A dashboard login (session cookie) ends this long after it began.
     session_hours: float = 12.0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -193,6 +196,7 @@ _ENV_NAMES = {
     "api_max_streams": "API_MAX_STREAMS",
     "max_upload_bytes": "MAX_UPLOAD_BYTES",
     "upload_idle_seconds": "UPLOAD_IDLE_SECONDS",
+    "download_idle_seconds": "DOWNLOAD_IDLE_SECONDS",
     "session_hours": "SESSION_HOURS",
     "api_max_body_bytes": "API_MAX_BODY_BYTES",
 }
@@ -227,6 +231,9 @@ _ABOVE_ZERO = (
     "api_rate_burst",
     "api_max_streams",
     "child_recycle_rss_mb",
+    # 0 dropped every request body, and every download, at once.
+    "upload_idle_seconds",
+    "download_idle_seconds",
 )
 
 

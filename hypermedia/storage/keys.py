@@ -11,6 +11,7 @@ import mimetypes
 import re
 import unicodedata
 import uuid
+from urllib.parse import quote
 
 from hypermedia.storage.base import UnsafeKey
 
@@ -91,3 +92,15 @@ def display_name(name: str | None) -> str:
 
 
 MAX_NAME = 255
+
+
+def attachment(filename: str | None) -> str:
+    """A Content-Disposition that downloads the file under its name: the name
+    in UTF-8 (RFC 5987), and first an ASCII approximation for clients that
+    read only ``filename=`` (``curl -OJ`` saved every file as "content")."""
+    if not filename:
+        return "attachment"
+    letters = unicodedata.normalize("NFKD", filename)  # é: e and its accent
+    plain = "".join(c for c in letters if not unicodedata.combining(c))
+    plain = re.sub(r"[^A-Za-z0-9 ._()+,=@-]", "_", plain).strip(" .") or "download"
+    return f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(filename, safe='')}"

@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import boto3
 import botocore.exceptions
@@ -65,7 +65,7 @@ from hypermedia.storage.base import (
     Stored,
     algorithm_of,
 )
-from hypermedia.storage.keys import check_key, probe_key
+from hypermedia.storage.keys import attachment, check_key, probe_key
 from hypermedia.storage.s3_lean import LeanS3
 from hypermedia.storage.s3_streams import (
     NET_READ,
@@ -290,9 +290,7 @@ class S3Backend:
         check_key(key)
         # Always an attachment, as the local pools' downloads are: without a
         # name, an uploaded HTML or SVG was shown inline by the store's origin.
-        disposition = "attachment"
-        if filename:
-            disposition += f"; filename*=UTF-8''{quote(filename, safe='')}"
+        disposition = attachment(filename)
         params: dict[str, str] = {
             "Bucket": self.bucket,
             "Key": key,

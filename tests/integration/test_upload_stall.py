@@ -116,3 +116,45 @@ def test_a_refused_upload_closes_its_connection(tmp_path: Path) -> None:
         answer = s.recv(65536)
         assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
         _closed_after(answer, s)
+
+
+def test_a_download_whose_client_takes_nothing_is_dropped(tmp_path: Path) -> None:
+    """It held an open blob and a few MB of buffers for as long as the client
+    stalled (100 stalled clients: +420 MB and 200 descriptors)."""
+    home = tmp_path / "home"
+    size = 48 << 20  # past the socket buffers on both ends
+    blob = tmp_path / "big.bin"
+    with open(blob, "wb") as f:
+        f.truncate(size)
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    put = hypermedia("objects", "put", str(blob), "--json", url="", home=home)
+    assert put.returncode == 0, put.stderr
+    object_id = json.loads(put.stdout)["object_id"]
+    server, base = start_serve(tmp_path, home, HYPERMEDIA_DOWNLOAD_IDLE_SECONDS="1")
+    try:
+        link = hypermedia("objects", "url", str(object_id), "--base-url", base, url="", home=home)
+        assert link.returncode == 0, link.stderr
+        target = link.stdout.strip().split(base, 1)[1]
+        port = int(base.rsplit(":", 1)[1])
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.settimeout(15)
+            s.connect(("127.0.0.1", port))
+            s.sendall(f"GET {target} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
+            time.sleep(4)  # takes nothing
+            got = 0
+            while chunk := s.recv(1 << 20):
+                got += len(chunk)
+        assert got < size, got  # the connection ended before the body did
+        said = (tmp_path / "serve.log").read_text()
+        assert "download dropped (the client took nothing for 1 s)" in said
+        assert "Traceback" not in said
+        # A client that reads gets it all, stall setting and all.
+        with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+            s.sendall(f"GET {target} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n".encode())
+            got = 0
+            while chunk := s.recv(1 << 20):
+                got += len(chunk)
+        assert size < got < size + 2000
+    finally:
+        assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]

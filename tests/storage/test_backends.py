@@ -555,7 +555,8 @@ def test_presign(backend: Backend) -> None:
     status, body, headers = _get(backend.presign(KEY, 300, filename=name) or "")
     assert (status, body) == (200, data)
     assert headers["Content-Disposition"] == (
-        f"attachment; filename*=UTF-8''{quote(name, safe='')}"
+        'attachment; filename="resume 2024 _final__.pdf"; '
+        f"filename*=UTF-8''{quote(name, safe='')}"
     )
     # The ledger's type, whatever the store kept (a multipart upload: none).
     status, _, headers = _get(backend.presign(KEY, 300, mime="image/jpeg") or "")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -26,6 +26,7 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
+from starlette.types import Send
 
 from hypermedia import leftovers
 from hypermedia.api.deps import Id, owned, scoped, services
@@ -39,6 +40,7 @@ from hypermedia.errors import Forbidden, HypermediaError, InvalidRequest, NotFou
 from hypermedia.parse import ascii_int
 from hypermedia.services import Services
 from hypermedia.storage.base import ChecksumMismatch, StorageUnavailable, unavailable
+from hypermedia.storage.keys import attachment
 from hypermedia.storage.ledger import Storage
 
 if TYPE_CHECKING:
@@ -437,10 +439,12 @@ async def object_content(
         stack.close()
         media_type = str(row["mime_type"] or "application/octet-stream")
         return Response(media_type=media_type, headers=_download_headers(row))
-    return StreamingResponse(
+    return _Download(
         _held_back(stack, src, first, object_id),
         media_type=str(row["mime_type"] or "application/octet-stream"),
         headers=_download_headers(row),
+        idle=st.settings.download_idle_seconds,
+        object_id=object_id,
     )
 
 
@@ -463,12 +467,9 @@ def _start(
 def _download_headers(row: Row) -> dict[str, str]:
     # Always an attachment, never sniffed: these bytes are served from the
     # API's own origin, where the dashboard's cookie lives.
-    disposition = "attachment"
-    if row["filename"]:
-        disposition += f"; filename*=UTF-8''{quote(str(row['filename']), safe='')}"
     return {
         "Content-Length": str(row["size"]),
-        "Content-Disposition": disposition,
+        "Content-Disposition": attachment(row["filename"]),
         "X-Content-Type-Options": "nosniff",
         "Cache-Control": "private, no-store",
     }
@@ -476,6 +477,41 @@ def _download_headers(row: Row) -> dict[str, str]:
 
 class DownloadCutShort(Exception):
     """Raised mid-stream so the server drops the connection: the only signal left."""
+
+
+class _Download(StreamingResponse):
+    """A download that ends early, and quietly, when it must.
+
+    A client that takes nothing for ``idle`` seconds is dropped: each one that
+    stalled held an open blob and a few MB of buffers for as long as it liked.
+    A body cut short (DownloadCutShort, said in the log already) ends with
+    the connection, without the server's traceback of an application error.
+    Either way the app returns before the body is complete, so the server
+    closes the connection: the client sees less than Content-Length."""
+
+    def __init__(self, *args: Any, idle: float, object_id: int, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.idle = idle
+        self.object_id = object_id
+
+    async def stream_response(self, send: Send) -> None:
+        body = self.body_iterator
+        start = {"type": "http.response.start", "status": self.status_code}
+        await send({**start, "headers": self.raw_headers})
+        try:
+            async for chunk in body:
+                message = {"type": "http.response.body", "body": chunk, "more_body": True}
+                try:
+                    await asyncio.wait_for(send(message), self.idle)
+                except TimeoutError:
+                    why = f"the client took nothing for {self.idle:g} s"
+                    log.warning("object %s: download dropped (%s)", self.object_id, why)
+                    return
+        except DownloadCutShort:
+            return
+        finally:
+            await body.aclose()  # type: ignore[attr-defined]  # the blob is closed now
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _held_back(
