@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request, Security
 from fastapi.security import HTTPBearer
+from pydantic import BeforeValidator
 from starlette.concurrency import run_in_threadpool
 
 from hypermedia.api.errors import ApiError
@@ -28,7 +29,16 @@ COOKIE = "hm_session"
 # Where older versions kept the token itself: cleared wherever it is seen.
 LEGACY_COOKIE = "hm_token"
 # A database id in a path: bounded, so a huge number is a 422, not a driver overflow.
-Id = Annotated[int, Path(ge=1, le=2**62)]
+
+
+def _digits(value: Any) -> Any:
+    """Digits only: an int() reads "1_0" as 10 and " +1" or "1.0" as 1."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise ValueError("must be a whole number, digits only")
+    return value
+
+
+Id = Annotated[int, BeforeValidator(_digits), Path(ge=1, le=2**62)]
 
 
 def services(request: Request) -> Services:

@@ -394,3 +394,15 @@ def test_a_long_file_name_is_cut_alike_raw_or_multipart(client: TestClient, a: P
     assert r.status_code == 201, r.text
     for obj in (raw, r.json()):
         assert obj["filename"] == "n" * 251 + ".txt"
+
+
+def test_ids_in_paths_are_digits_only(client: TestClient, a: Project) -> None:
+    """int() read "1_0" as object 10, and " 1", "+1" and "1.0" as 1."""
+    ids = [int(str(upload(client, a.admin, b"x")["object_id"])) for _ in range(10)]
+    n = str(ids[-1])  # two digits at least
+    for raw in (f"{n[0]}_{n[1:]}", f"{n}.0", f"+{n}", f"%20{n}", "%EF%BC%91", f"0x{n}"):
+        r = client.get(f"/v1/objects/{raw}", headers=bearer(a.admin))
+        assert r.status_code == 422, (raw, r.status_code, r.text)
+        r = client.get(f"/v1/objects/{raw}/content?expires=1&sig=x")
+        assert r.status_code == 422, (raw, r.status_code)
+    assert client.get(f"/v1/objects/{n}", headers=bearer(a.admin)).json()["object_id"] == ids[-1]

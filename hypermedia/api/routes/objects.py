@@ -409,7 +409,7 @@ def object_url(
     response_class=StreamingResponse,
 )
 async def object_content(
-    object_id: int,
+    object_id: Id,
     request: Request,
     expires: str = Query(""),
     sig: str = Query(""),
