@@ -83,6 +83,11 @@ class HypermediaError(Exception):
     """Base class; ``str()`` of every subclass is safe to show a user."""
 
 
+class ReadOnlyDatabase(HypermediaError):
+    """A SQLite database this user cannot write (it, or its folder, where
+    SQLite keeps its -wal and -shm files): no wait will change that."""
+
+
 class JobError(HypermediaError):
     """A pipeline failure with a machine-readable code and a user-safe reason."""
 

@@ -40,6 +40,7 @@ from hypermedia.errors import (
     IdempotencyConflict,
     InvalidRequest,
     NotFound,
+    ReadOnlyDatabase,
     Refused,
 )
 from hypermedia.queue.clock import clock_for
@@ -459,7 +460,7 @@ def user_errors() -> Iterator[None]:
     except OverflowError:  # an id past 64 bits: the driver cannot even bind it
         err_console.print("[red]error:[/] a number given is too large", markup=True)
         raise typer.Exit(EXIT_USAGE) from None
-    except NoDatabase as exc:  # the path is the user's own: named, not redacted
+    except (NoDatabase, ReadOnlyDatabase) as exc:  # the path is the user's own: named
         err_console.print(f"[red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
         raise typer.Exit(EXIT_FAILED) from None
     except HypermediaError as exc:

@@ -25,7 +25,7 @@ from sqlalchemy.engine import make_url
 
 from hypermedia.db import dialects, wakeups
 from hypermedia.db.queries import Tx
-from hypermedia.errors import InvalidRequest, ValueRefused
+from hypermedia.errors import InvalidRequest, ReadOnlyDatabase, ValueRefused
 
 T = TypeVar("T")
 
@@ -70,6 +70,19 @@ def normalise_url(url: str) -> str:
 
 SHIPPED_DRIVERS = ("pysqlite", "psycopg", "pymysql")
 BACKENDS = "sqlite:///PATH, postgresql://USER@HOST/DB or mariadb://USER@HOST/DB"
+
+
+def _check_writable(database: str) -> None:
+    """Every process writes (a reader too: WAL's -shm file).  In a read-only
+    folder each command said "attempt to write a readonly database", naming
+    nothing, and `serve` waited for it as if the database were away."""
+    path = Path(database)
+    folder = path.parent
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ReadOnlyDatabase(
+            f"the SQLite database {path} cannot be written by this user: it and its folder "
+            f"{folder} must be writable (SQLite keeps its -wal and -shm files beside it)"
+        )
 
 
 def _connect_args(url: str, name: str) -> dict[str, Any]:
@@ -152,6 +165,7 @@ class Driver:
         database = make_url(self.url).database
         if database and database != ":memory:":
             Path(database).parent.mkdir(parents=True, exist_ok=True)
+            _check_writable(database)
         # Two engines on SQLite: writers take the database lock up front with
         # BEGIN IMMEDIATE (no deadlocked upgrades); readers stay deferred so
         # they never wait on writers under WAL.

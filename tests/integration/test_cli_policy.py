@@ -453,3 +453,36 @@ def test_a_server_that_takes_connections_but_never_answers_is_given_up(
     assert proc.returncode == FAILED, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert took < CONNECT_SECONDS * 4, took
+
+
+def test_a_read_only_data_folder_is_named_and_not_waited_for() -> None:
+    """In a folder its user cannot write (SQLite's -wal and -shm go beside the
+    database), every command said "attempt to write a readonly database",
+    naming nothing, and `serve` waited for it for ever."""
+    import shutil
+    import tempfile
+
+    if not shutil.which("setpriv") or os.geteuid() != 0:
+        pytest.skip("needs root and setpriv, to run as another user")
+    root = Path(tempfile.mkdtemp(prefix="hm-ro-", dir="/tmp"))  # pytest's is root's only
+    try:
+        home = root / "home"
+        assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+        for path in (root, home, *home.iterdir()):
+            os.chown(path, 65534, 65534)
+        home.chmod(0o555)
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        for args in (["jobs", "ls"], ["serve", "--port", str(free_port())]):
+            done = subprocess.run(
+                [*nobody, sys.executable, "-m", "hypermedia", *args],
+                env=cli_env("", home),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            said = " ".join(done.stderr.split())
+            assert done.returncode == FAILED, (args, said)
+            assert f"the SQLite database {home / 'hypermedia.db'} cannot be written" in said
+            assert "Traceback" not in said
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
