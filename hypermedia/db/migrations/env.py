@@ -9,6 +9,7 @@ from sqlalchemy import Connection
 
 from hypermedia.db import dialects
 from hypermedia.db.driver import Driver
+from hypermedia.db.migrations import redone
 from hypermedia.db.schema import metadata
 
 
@@ -41,6 +42,8 @@ try:
                 render_as_batch=driver.name == "sqlite",
                 compare_type=True,
             )
+            if driver.name == "mysql":
+                redone.install(context.get_context().impl)
             # Rows that broke a foreign key before (a legacy producer writing
             # with foreign keys off, as sqlite3 does by default) are not the
             # migration's doing: only new breakage stops it.
