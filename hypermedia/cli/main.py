@@ -98,6 +98,9 @@ def db_upgrade(
 ) -> None:
     """Apply migrations up to REVISION (default: the newest)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    # Each step as it starts ("Running upgrade 0008 -> 0009, …"): one may
+    # take minutes, and the command said nothing until it ended.
+    logging.getLogger("alembic.runtime.migration").setLevel(logging.INFO)
     with user_errors():
         s = settings()
         s.home.mkdir(parents=True, exist_ok=True)

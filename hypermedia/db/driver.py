@@ -54,6 +54,12 @@ def normalise_url(url: str) -> str:
         u.port  # noqa: B018  (parsed lazily: "host:notaport" fails here)
     except (sa.exc.ArgumentError, ValueError):  # its message quotes the URL, password and all
         raise InvalidRequest(f"the database URL is not a URL: {BACKENDS}") from None
+    if u.host and "@" in u.host:
+        # Read as host "r1t@db" from "user:Sek@r1t@db": every connection error
+        # then named that host, showing the password's tail.
+        raise InvalidRequest(
+            "the database URL has an '@' in its user name or password: write it as %40"
+        )
     if u.get_backend_name() not in ("sqlite", "postgresql", "postgres", "mysql", "mariadb"):
         raise InvalidRequest(f"the database URL names no database hypermedia runs on: {BACKENDS}")
     driver = u.get_driver_name()

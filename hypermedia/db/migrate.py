@@ -84,7 +84,7 @@ def current(url: str) -> str | None:
 
     drv = Driver(url)
     try:
-        with drv.engine.connect() as conn:
+        with drv.engine.connect() as conn, _steps_only():  # no "Context impl …" lines
             return MigrationContext.configure(conn).get_current_revision()
     finally:
         drv.dispose()

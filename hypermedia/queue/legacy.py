@@ -56,13 +56,21 @@ def our_job_type(seed_type: str) -> str:
     return JOB_TYPES[seed_type]
 
 
+def seed_status(row: Row) -> str:
+    """The seed's status of one of our rows.  Seed 001 holds running ⇒
+    started_at: a cancel asked of a job claimed but never started
+    (cancel_requested, no started_at) is still pending there."""
+    status = states.LEGACY_STATUS[row["status"]]
+    return "pending" if status == "running" and row["started_at"] is None else status
+
+
 def processing_job(row: Row) -> Row:
     """One of our job rows in seed 001's ProcessingJob shape (and nothing else)."""
     return {
         "id": row["job_uuid"],
         "file_id": row["object_id"],
         "job_type": SEED_TYPE[row["job_type"]],
-        "status": states.LEGACY_STATUS[row["status"]],
+        "status": seed_status(row),
         "priority": from_priority(int(row["priority"])),
         "input_data": row["params"],
         "result_data": row["result"],

@@ -151,6 +151,20 @@ def test_status_follows_the_job_through_its_life(
     assert done["metadata"]["updated_at"] >= job["metadata"]["created_at"]
 
 
+def test_a_cancel_asked_before_the_start_is_still_pending(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    """Seed 001: running ⇒ started_at.  A cancel asked of a claimed job that
+    had not started (cancel_requested) showed running with started_at null."""
+    job = _create(client, a.admin, _file(svc, a))
+    job_id = _ours(svc, job["id"], a)["job_id"]
+    svc.engine.claim("w1", ["images"], 1)
+    svc.engine.cancel(job_id, "test")
+    assert svc.engine.get(job_id)["status"] == "cancel_requested"
+    shown = client.get(f"{URL}/{job['id']}", headers=bearer(a.admin)).json()
+    assert (shown["status"], shown["started_at"]) == ("pending", None)
+
+
 def test_cancel_then_retry(client: TestClient, svc: Services, a: Project) -> None:
     h = bearer(a.scoped["jobs:write"])
     job = _create(client, a.admin, _file(svc, a))

@@ -486,3 +486,14 @@ def test_a_read_only_data_folder_is_named_and_not_waited_for() -> None:
             assert "Traceback" not in said
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_db_upgrade_says_each_step_as_it_starts(tmp_path: Path) -> None:
+    """Its log was set to warnings only: a long step said nothing until the end."""
+    proc = hypermedia("db", "upgrade", "0002", url="", home=tmp_path / "home")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "INFO: Running upgrade  -> 0001, initial schema",
+        "INFO: Running upgrade 0001 -> 0002, built-in profiles for the debug job types",
+    ]
+    assert proc.stdout.strip() == "database at revision 0002"

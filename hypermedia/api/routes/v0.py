@@ -12,7 +12,9 @@ A ProcessingJob is exactly the seed's fields; each maps onto a column of
   422).  Jobs of other types (debug.*, image.preview…) are not part of this
   view: they are not listed and answer 404.
 * ``status`` is ``states.LEGACY_STATUS``: pending = created, queued,
-  retry_wait, claimed, paused; running = processing, cancel_requested.
+  retry_wait, claimed, paused; running = processing, cancel_requested (but
+  pending for a cancel asked before the attempt started: running ⇒
+  started_at, as the seed holds).
 * ``priority``: the seed's is "higher = more important", 0 by default; ours is
   1 (highest) … 10 (lowest), 5 by default.  ours = 5 - seed, clamped to 1..10,
   so seed 4 and above are our 1, -5 and below our 10; seed = 5 - ours.
