@@ -8,6 +8,8 @@ main thread and handles the signals itself.
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import threading
 import time
@@ -18,6 +20,7 @@ from fastapi import FastAPI
 from hypermedia.errors import HypermediaError
 
 STARTUP_TIMEOUT_SECONDS = 30.0
+log = logging.getLogger(__name__)
 
 
 class ServerHandle:
@@ -54,7 +57,30 @@ def _stopping(app: object) -> None:
 class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: object) -> None:
         _stopping(self.config.app)
+        exit_within(EXIT_GRACE_SECONDS)
         super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+
+# Past the graceful shutdown's 5 s: what still runs then is a thread blocked
+# on a database that stopped answering (a frozen server), which the
+# interpreter's exit would join for as long as it stays so.
+EXIT_GRACE_SECONDS = 15.0
+
+
+def exit_within(seconds: float) -> None:
+    """End the process in ``seconds`` if it has not ended by then (a daemon
+    timer: a process that ends first takes it along)."""
+
+    def leave() -> None:
+        log.warning(
+            "still stopping after %g s (a database that does not answer?): exiting", seconds
+        )
+        logging.shutdown()
+        os._exit(0)
+
+    timer = threading.Timer(seconds, leave)
+    timer.daemon = True
+    timer.start()
 
 
 def _config(app: FastAPI, host: str, port: int, access_log: bool) -> uvicorn.Config:

@@ -279,6 +279,9 @@ def serve(
     try:
         w.run()
     finally:
+        # The worker has drained: the rest of the stop is short, unless a
+        # thread waits on a database that stopped answering.
+        server.exit_within(server.EXIT_GRACE_SECONDS + 10)
         http.stop()
         leader.join(5)
 
