@@ -5,8 +5,10 @@ again once it is back."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -24,7 +26,10 @@ from tests.harness import fill_disk, pg_accepting, small_tmpfs
 from .conftest import bearer
 
 
-def test_requests_get_503_while_the_database_is_away(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _on_its_own_database(tmp_path: Path) -> Iterator[tuple[Services, str, str]]:
+    """Services on a PostgreSQL database of their own (that the test may make
+    refuse connections), an admin token, and the database's name."""
     url = make_database("postgresql", tmp_path)
     name = sa.engine.make_url(url).database
     assert name
@@ -33,25 +38,34 @@ def test_requests_get_503_while_the_database_is_away(tmp_path: Path) -> None:
         driver = Driver(url)
         svc = Services.from_engine(Engine(driver, Settings(home=tmp_path, database_url=url)))
         _, token = svc.tokens.create("p", ["admin"])
-        # Raised to the server (it logged a traceback with the statement for
-        # every request), the error would be raised here too.
-        with TestClient(create_app(svc)) as client:
-            assert client.get("/v1/jobs", headers=bearer(token)).status_code == 200
-            pg_accepting(name, False)
-            for _ in range(3):
-                r = client.get("/v1/jobs", headers=bearer(token))
-                assert r.status_code == 503, r.text
-                body = r.json()
-                assert body["code"] == "database_unavailable"
-                assert r.headers["Retry-After"] == "2"
-                assert name not in r.text and "127.0.0.1" not in r.text  # said in the log only
-            pg_accepting(name, True)
-            answers = [client.get("/v1/jobs", headers=bearer(token)).status_code for _ in range(3)]
-            assert answers[-1] == 200 and set(answers) <= {200, 503}, answers
-        driver.dispose()
+        try:
+            yield svc, token, name
+        finally:
+            driver.dispose()
     finally:
         pg_accepting(name, True)
         drop_database("postgresql", url)
+
+
+def test_requests_get_503_while_the_database_is_away(tmp_path: Path) -> None:
+    # Raised to the server (it logged a traceback with the statement for
+    # every request), the error would be raised here too.
+    with (
+        _on_its_own_database(tmp_path) as (svc, token, name),
+        TestClient(create_app(svc)) as client,
+    ):
+        assert client.get("/v1/jobs", headers=bearer(token)).status_code == 200
+        pg_accepting(name, False)
+        for _ in range(3):
+            r = client.get("/v1/jobs", headers=bearer(token))
+            assert r.status_code == 503, r.text
+            body = r.json()
+            assert body["code"] == "database_unavailable"
+            assert r.headers["Retry-After"] == "2"
+            assert name not in r.text and "127.0.0.1" not in r.text  # said in the log only
+        pg_accepting(name, True)
+        answers = [client.get("/v1/jobs", headers=bearer(token)).status_code for _ in range(3)]
+        assert answers[-1] == 200 and set(answers) <= {200, 503}, answers
 
 
 def test_an_upload_to_a_full_disk_is_507_and_leaves_nothing(driver, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -85,14 +99,7 @@ def test_the_dashboard_is_503_and_an_open_stream_rides_the_outage_out(tmp_path: 
     from hypermedia.queue.models import NewJob
     from tests.api.test_ui_pages import login
 
-    url = make_database("postgresql", tmp_path)
-    name = sa.engine.make_url(url).database
-    assert name
-    try:
-        upgrade(url)
-        driver = Driver(url)
-        svc = Services.from_engine(Engine(driver, Settings(home=tmp_path, database_url=url)))
-        _, token = svc.tokens.create("p", ["admin"])
+    with _on_its_own_database(tmp_path) as (svc, token, name):
         job_id = svc.engine.enqueue(NewJob("debug.noop", project_id="p"))
         with TestClient(create_app(svc)) as client:
             login(client, token)
@@ -113,10 +120,6 @@ def test_the_dashboard_is_503_and_an_open_stream_rides_the_outage_out(tmp_path: 
                 said = [line for line in lines if line.startswith("data:")]
             assert said[-1] == 'data: {"status": "cancelled"}', said
             assert client.get("/ui/jobs").status_code == 200
-        driver.dispose()
-    finally:
-        pg_accepting(name, True)
-        drop_database("postgresql", url)
 
 
 def test_healthz_needs_no_thread() -> None:
