@@ -400,10 +400,9 @@ def tail(
         with user_errors():
             eng = engine()
             after = 0
-            # The first read is not waited out: a database that never
-            # answered (a typo in the URL) is an error, as for `jobs show`;
-            # an outage while following is ridden out.
-            status, rows = eng.events_since(job_id, after)
+            # Waited out from the first read on: started while the database
+            # is away (a restart), it follows once it is back.
+            status, rows = through_outages(partial(eng.events_since, job_id, after))
             while True:
                 for row in rows:
                     follower.event(row)

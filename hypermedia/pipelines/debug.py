@@ -288,10 +288,6 @@ def _validate_copy(params: dict[str, Any], settings: dict[str, Any]) -> dict[str
         # A file name the child can create (the worker checks where it points).
         if key in params and ("\x00" in params[key] or len(params[key].encode()) > 255):
             raise JobError("INVALID_PARAMS", f"{key} must be at most 255 bytes, without NUL")
-    name = params.get("name")
-    if name is not None and ("/" in name or name in (".", "..")):
-        # Failed in the child as a retried INTERNAL error, three times.
-        raise JobError("INVALID_PARAMS", "name must be a file name (no '/')")
     return dict(params)
 
 

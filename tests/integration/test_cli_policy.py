@@ -285,16 +285,6 @@ def test_a_database_never_migrated_is_said_at_once(tmp_path: Path) -> None:
     assert "the database has no hypermedia schema: run `hypermedia db upgrade`" in said
 
 
-def test_a_database_that_never_answers_is_said_at_once_by_jobs_tail(tmp_path: Path) -> None:
-    """A typo in the URL: `jobs tail` said "waiting" and waited for ever,
-    where `jobs show` says what is wrong; only an outage while following is
-    waited out."""
-    url = "postgresql://postgres@127.0.0.1:9/nothing"  # the discard port: refused
-    proc = hypermedia("jobs", "tail", "1", url=url, home=tmp_path / "home", timeout=30)
-    assert proc.returncode == FAILED, proc.stderr
-    assert "waiting" not in proc.stderr and "Traceback" not in proc.stderr
-
-
 def test_stdout_still_tells_a_terminal_from_a_pipe() -> None:
     """Behind the whole-writes wrapper stdout said it was no terminal, and
     `jobs tail` never drew its progress bar."""
