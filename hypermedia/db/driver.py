@@ -67,6 +67,7 @@ def normalise_url(url: str) -> str:
         raise InvalidRequest(
             f"the database URL names a driver hypermedia does not ship ({driver}): {BACKENDS}"
         )
+    _check_options(u)
     if u.drivername in {"postgresql", "postgres"}:
         u = u.set(drivername="postgresql+psycopg")
     elif u.drivername in {"mysql", "mariadb"}:
@@ -75,6 +76,24 @@ def normalise_url(url: str) -> str:
 
 
 SHIPPED_DRIVERS = ("pysqlite", "psycopg", "pymysql")
+# Options the drivers read as numbers: "abc" failed at the first connection
+# with the driver's own words (ValueError: invalid literal for int()).
+NUMERIC_OPTIONS = ("connect_timeout", "read_timeout", "write_timeout")
+
+
+def _check_options(u: sa.URL) -> None:
+    for name in NUMERIC_OPTIONS:
+        value = u.query.get(name)
+        if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+            raise InvalidRequest(f"the database URL's {name} must be a whole number of seconds")
+    charset = u.query.get("charset")
+    if u.get_backend_name() in ("mysql", "mariadb") and isinstance(charset, str):
+        from pymysql.charset import charset_by_name
+
+        if charset_by_name(charset) is None:  # PyMySQL then failed on None.encoding
+            raise InvalidRequest(f"the database URL's charset is not one MariaDB knows ({charset})")
+
+
 BACKENDS = "sqlite:///PATH, postgresql://USER@HOST/DB or mariadb://USER@HOST/DB"
 
 

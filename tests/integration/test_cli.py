@@ -267,6 +267,8 @@ def test_the_default_worker_serves_a_queue_a_profile_names_later(
         ("sqlite://u:s3cret@host/x.db", {}, "a SQLite database URL is sqlite:///PATH"),
         ("postgresql://u:s3cret@h:99999/db", {}, "port must be from 1 to 65535"),
         ("mariadb://u:s3cret@h:0/db", {}, "port must be from 1 to 65535"),
+        ("mariadb://u:s3cret@h/db?connect_timeout=abc", {}, "connect_timeout must be a whole"),
+        ("mariadb://u:s3cret@h/db?charset=bogus", {}, "charset is not one MariaDB knows"),
         # Read as the host "cret@127.0.0.1", named in every connection error:
         ("postgresql://u:s3@cret@127.0.0.1/db", {}, "an '@' in its user name or password"),
         ("", {"HYPERMEDIA_JOB_RETENTION_DAYS": "abc"}, "HYPERMEDIA_JOB_RETENTION_DAYS must be a"),
