@@ -28,7 +28,6 @@ from hypermedia.services import Services
 COOKIE = "hm_session"
 # Where older versions kept the token itself: cleared wherever it is seen.
 LEGACY_COOKIE = "hm_token"
-# A database id in a path: bounded, so a huge number is a 422, not a driver overflow.
 
 
 def _digits(value: Any) -> Any:
@@ -38,6 +37,7 @@ def _digits(value: Any) -> Any:
     return value
 
 
+# A database id in a path: bounded, so a huge number is a 422, not a driver overflow.
 Id = Annotated[int, BeforeValidator(_digits), Path(ge=1, le=2**62)]
 
 
