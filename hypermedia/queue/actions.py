@@ -73,6 +73,9 @@ class UserActions:
                 "available_at": now,
                 "visibility_timeout": None,
                 "credits_folded": False,  # back among the rows credit use sums
+                # The new attempt starts from nothing (the last one's 100 %
+                # stayed shown, as in a retry_wait, through the next attempt).
+                "progress": None,
             }
             if job["status"] in states.sources("retry"):
                 # Live again, it needs its input (GC collects the inputs of

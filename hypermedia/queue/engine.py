@@ -613,6 +613,19 @@ class Engine(Enqueuing, UserActions):
             tx.notify({r["queue_name"] for r in held})
         return {r["job_id"] for r in held}
 
+    def confirm_cancels(self, worker_id: str, items: Sequence[tuple[int, int]]) -> set[int]:
+        """End the jobs a cancel was asked of while this worker held them
+        unstarted (a drain hands back the rest): cancelled now, their attempts
+        closed, instead of left to the reaper once their leases ran out."""
+        with self.db.tx() as tx:
+            asked = tx.fenced(worker_id, items, states.sources("confirm_cancel"))
+            why = "cancelled before start"
+            results = [
+                AttemptResult(r["job_id"], r["attempt_count"], "cancelled", None, why)
+                for r in asked
+            ]
+            return self._settle(tx, worker_id, results) if results else set()
+
     # -- maintenance -------------------------------------------------------------
 
     def promote(self, limit: int = 1000) -> int:

@@ -69,9 +69,13 @@ def decide(
         "cpu_time_ms": res.cpu_time_ms,
     }
     base = {"updated_at": now, "visibility_timeout": None, "error_code": code}
-    if job["status"] == "claimed" and res.duration_ms is not None:
+    # A worker's held view of the row (PostgreSQL's batch path) has no
+    # started_at: its status says whether the start was written.
+    unstarted = job["status"] == "claimed" or job.get("started_at", False) is None
+    if unstarted and res.duration_ms is not None:
         # The worker folded this attempt's start into its result (it finished
-        # before the start was written): record when it really began.
+        # before the start was written; or a cancel, asked meanwhile, refused
+        # the start): record when it really began.
         base["started_at"] = now - timedelta(milliseconds=res.duration_ms)
     if res.status == "completed":
         action, message = "complete", "attempt completed"

@@ -392,7 +392,11 @@ class Worker:
 
     def _hand_back(self, items: list[Running]) -> None:
         try:
-            self.engine.hand_back(self.worker_id, [rj.key for rj in items])
+            back = self.engine.hand_back(self.worker_id, [rj.key for rj in items])
+            # Not handed back: cancelled meanwhile (or lost, which this ignores).
+            rest = [rj.key for rj in items if rj.job.job_id not in back]
+            if rest:
+                self.engine.confirm_cancels(self.worker_id, rest)
         except Exception as exc:  # the reaper will release them after the lease
             log.warning("hand back failed (%s)", brief(exc))
         with self._lock:

@@ -307,6 +307,23 @@ def test_hand_back_of_a_retried_job_keeps_earlier_attempts(engine, driver, clock
     assert [x["attempt_number"] for x in attempts(driver, job_id)] == [1]
 
 
+def test_a_drain_ends_a_job_whose_cancel_was_asked_before_its_start(engine, driver):
+    """It was neither handed back nor cancelled: cancel_requested with an
+    open attempt until its lease (no longer renewed) ran out and the reaper
+    took it as orphaned."""
+    job_id, a = _running(engine, start=False)
+    assert engine.cancel(job_id) == "cancel_requested"
+    assert engine.hand_back(W1, [(job_id, a)]) == set()  # not back in the queue
+    assert engine.confirm_cancels("w2", [(job_id, a)]) == set()  # fenced
+    assert engine.confirm_cancels(W1, [(job_id, a)]) == {job_id}  # what a drain does next
+    row = job_row(driver, job_id)
+    assert (row["status"], row["outcome"]) == ("cancelled", "cancelled")
+    assert [(x["attempt_number"], x["status"]) for x in attempts(driver, job_id)] == [
+        (a, "cancelled")
+    ]
+    assert transitions(driver, job_id)[-1] == ("cancel_requested", "cancelled")
+
+
 def test_hand_back_is_fenced_and_only_for_unstarted_jobs(engine, driver):
     claimed, ca = _running(engine, start=False)
     started, sa_ = _running(engine)

@@ -216,6 +216,10 @@ def test_a_retry_forgets_the_last_attempts_progress(engine, driver, flush):
     )
     assert status_of(driver, fails[0]) == "failed"
     assert job_row(driver, fails[0])["progress"]["percent"] == 100.0
+    # An explicit retry is a new attempt too: it showed the last one's 100 %
+    # while queued and through the next attempt.
+    engine.retry(fails[0])
+    assert (status_of(driver, fails[0]), job_row(driver, fails[0])["progress"]) == ("queued", None)
 
 
 def test_progress_reports_are_fenced_and_batched(engine, driver, clock):

@@ -39,6 +39,8 @@ def job(
         "max_attempts": max_attempts,
         "claimed_by": "w1",
         "memory_limit_mb": memory_limit_mb,
+        # Set by the attempt's start: a job claimed has none yet.
+        "started_at": None if status == "claimed" else NOW - timedelta(seconds=5),
     }
 
 
@@ -111,6 +113,11 @@ def test_result_with_folded_start_records_when_the_attempt_began():
         "started_at" not in run(job("processing"), result("completed", duration_ms=1500)).job_values
     )
     assert "started_at" not in run(job("claimed"), result("completed")).job_values
+    # A cancel asked meanwhile refused the start: the row says cancel_requested
+    # and has no started_at; the job ended with none, and no duration.
+    asked = {**job("cancel_requested"), "started_at": None}
+    d = run(asked, result("completed", duration_ms=1500))
+    assert d.job_values["started_at"] == NOW - timedelta(milliseconds=1500)
 
 
 # -- cancel requested ----------------------------------------------------------------------
