@@ -266,8 +266,13 @@ def load_settings() -> Settings:
             raise InvalidRequest(f"HYPERMEDIA_{_ENV_NAMES[name]} must be more than 0")
     if not settings.session_hours > 0:  # a login would end as it began
         raise InvalidRequest("HYPERMEDIA_SESSION_HOURS must be more than 0")
-    if not 0 <= settings.api_rate_per_second < float("inf"):  # 0: no limit; NaN fails too
-        raise InvalidRequest("HYPERMEDIA_API_RATE_PER_SECOND must be 0 (no limit) or more")
+    rate = settings.api_rate_per_second
+    # 0: no limit; NaN fails too.  Under MIN_RATE the wait for the next
+    # request overflowed Retry-After (1e-320: every 429 a 500).
+    if not (rate == 0 or MIN_RATE <= rate < float("inf")):
+        raise InvalidRequest(
+            f"HYPERMEDIA_API_RATE_PER_SECOND must be 0 (no limit) or from {MIN_RATE:g}"
+        )
     if not settings.s3_timeout_seconds > 0:
         raise InvalidRequest("HYPERMEDIA_S3_TIMEOUT_SECONDS must be more than 0")
     if settings.child_memory_max_mb < 0:
@@ -336,6 +341,9 @@ def _check_signed_url_seconds(seconds: int) -> None:
             f"HYPERMEDIA_SIGNED_URL_SECONDS must be 1 to {MAX_SIGNED_URL_SECONDS} "
             f"(7 days, the longest an S3 presigned URL lives); it is {seconds}"
         )
+
+
+MIN_RATE = 0.001  # a request every 1,000 s
 
 
 # The shortest URL-signing key taken: a key anyone can guess (empty, "a",

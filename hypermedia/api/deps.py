@@ -164,6 +164,13 @@ def may_submit(principal: Principal, job_type: str) -> bool:
     return principal.allows("admin") or not job_type.startswith("debug.")
 
 
+def check_may_run(principal: Principal, job_type: str) -> None:
+    """Forbidden unless ``principal`` may submit ``job_type``: a new job, or a
+    retry, which runs an operator's debug job again as much as a new one."""
+    if not may_submit(principal, job_type):
+        raise Forbidden(f"{job_type} is an operator's tool: it needs a token with the admin scope")
+
+
 def shown(row: dict[str, Any], principal: Principal, field: str) -> dict[str, Any]:
     """``row`` with its ``field`` (a job's params, a profile's settings) as
     ``principal`` may see it: where the server's daemons listen (a private

@@ -121,6 +121,10 @@ class Tokens:
     ) -> tuple[Row, str]:
         """A new token for ``project_id`` (created if new); returns (row, token)."""
         wanted = parse_scopes(scopes)
+        if len(name) > 100 or not name.isprintable():
+            # Cut to 100 without a word, and printed raw by `tokens ls`: a
+            # name's escape codes reached the operator's terminal.
+            raise InvalidRequest("a token name has at most 100 printable characters")
         self.ensure_project(project_id, owner_id)
         public = "".join(secrets.choice(_ALPHABET) for _ in range(10))
         token = f"hm_{public}_{secrets.token_urlsafe(24)}"
@@ -129,7 +133,7 @@ class Tokens:
             token_id = tx.insert_token(
                 {
                     "project_id": project_id,
-                    "name": name[:100],
+                    "name": name,
                     "prefix": f"hm_{public}",
                     "token_hash": _digest(token),
                     "scopes": wanted,

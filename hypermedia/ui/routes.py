@@ -11,7 +11,7 @@ from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import Match
 
-from hypermedia.api.deps import COOKIE, authenticate, may_submit, services, shown
+from hypermedia.api.deps import COOKIE, authenticate, check_may_run, may_submit, services, shown
 from hypermedia.api.errors import error_response
 from hypermedia.api.routes.jobs import check_owner, owned_job, public_job, sse_response
 from hypermedia.api.routes.objects import receive_upload
@@ -371,6 +371,7 @@ async def retry(request: Request, job_id: str) -> Response:
     svc = services(request)
     ident = _id(job_id, "job")
     await run_in_threadpool(check_owner, svc, ident, principal)
+    check_may_run(principal, (await run_in_threadpool(svc.engine.get, ident))["job_type"])
     await run_in_threadpool(svc.engine.retry, ident, principal.actor)
     return RedirectResponse(f"/ui/jobs/{ident}", status_code=303)
 

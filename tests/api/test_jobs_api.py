@@ -174,7 +174,19 @@ def test_debug_job_types_need_the_admin_scope(client: TestClient, a: Project) ->
         assert r.status_code == 403, body
         assert "needs a token with the admin scope" in r.json()["message"]
     assert client.get("/v1/jobs", headers=bearer(a.admin)).json()["items"] == []
-    assert client.post("/v1/jobs", json=NOOP, headers=bearer(a.admin)).status_code == 201
+    made = client.post("/v1/jobs", json=NOOP, headers=bearer(a.admin))
+    assert made.status_code == 201
+    # Nor run again by a retry (API or dashboard): an admin's cancelled
+    # debug job was re-run, its parameters and all, by any jobs:write token.
+    job_id = made.json()["job_id"]
+    assert client.post(f"/v1/jobs/{job_id}/cancel", headers=bearer(a.admin)).status_code == 200
+    r = client.post(f"/v1/jobs/{job_id}/retry", headers=writer)
+    assert r.status_code == 403 and "needs a token with the admin scope" in r.json()["message"]
+    r = client.post(f"/ui/jobs/{job_id}/retry", headers=writer, follow_redirects=False)
+    assert r.status_code == 403, r.text
+    assert client.get(f"/v1/jobs/{job_id}", headers=bearer(a.admin)).json()["status"] == "cancelled"
+    r = client.post(f"/v1/jobs/{job_id}/retry", headers=bearer(a.admin))
+    assert r.status_code == 200 and r.json()["status"] == "queued"
 
 
 def test_a_job_type_that_reads_an_input_is_refused_without_one(

@@ -137,8 +137,10 @@ def test_a_century_is_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
         ("MAX_UPLOAD_BYTES", "-1", "must be more than 0"),
         ("API_MAX_BODY_BYTES", "0", "must be more than 0"),
         ("API_RATE_BURST", "-1", "must be more than 0"),
-        ("API_RATE_PER_SECOND", "-1", "must be 0 (no limit) or more"),
-        ("API_RATE_PER_SECOND", "nan", "must be 0 (no limit) or more"),
+        ("API_RATE_PER_SECOND", "-1", "must be 0 (no limit) or from 0.001"),
+        ("API_RATE_PER_SECOND", "nan", "must be 0 (no limit) or from 0.001"),
+        # A wait for the next request past any Retry-After: every 429 a 500.
+        ("API_RATE_PER_SECOND", "1e-320", "must be 0 (no limit) or from 0.001"),
     ],
 )
 def test_api_limits_below_one_are_refused_at_start(

@@ -17,11 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from hypermedia.api.deps import Id, may_submit, owned, scoped, services, shown
+from hypermedia.api.deps import Id, check_may_run, owned, scoped, services, shown
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.auth.tokens import Principal
 from hypermedia.db.dialects import is_transient
-from hypermedia.errors import Forbidden, InvalidRequest, NotFound
+from hypermedia.errors import InvalidRequest, NotFound
 from hypermedia.parse import ascii_int
 from hypermedia.queue.models import NewJob
 from hypermedia.queue.states import STATUSES, TERMINAL
@@ -124,8 +124,7 @@ def _new_job(svc: Services, body: JobCreate, principal: Principal, key: str | No
             # or not job_type is given, as an unknown object is; not a 404,
             # which says the job (the resource asked for) does not exist.
             raise InvalidRequest(str(exc)) from None
-    if not may_submit(principal, job_type):
-        raise Forbidden(f"{job_type} is an operator's tool: it needs a token with the admin scope")
+    check_may_run(principal, job_type)
     return NewJob(
         job_type=job_type,
         params=body.params,
@@ -206,7 +205,7 @@ def cancel_job(job_id: Id, request: Request, principal: Principal = scoped("jobs
 @router.post("/{job_id}/retry", summary="Run a failed or cancelled job again, as a new attempt")
 def retry_job(job_id: Id, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
     svc = services(request)
-    check_owner(svc, job_id, principal)
+    check_may_run(principal, owned_job(svc, job_id, principal)["job_type"])
     svc.engine.retry(job_id, actor=principal.actor)
     return public_job(owned_job(svc, job_id, principal), principal)
 
