@@ -41,6 +41,10 @@ STILL_REFERENCED = (
     "still referenced (a photo binding, a job's output or a live job's input); blob not deleted"
 )
 ROW_REFUSED = "the database refused to delete the row"
+# Failures in a row after which a run asks a pool's store no more: each call
+# to a store that hangs waits out its timeout twice (HYPERMEDIA_S3_TIMEOUT_SECONDS),
+# and `gc run-once` spent 2 minutes on each of a pool's rows, hours on a thousand.
+GIVE_UP = 3
 # Object ids a report line names at most, for someone to look at.
 SHOWN_IDS = 10
 
@@ -127,9 +131,13 @@ class GarbageCollector(Backlogged):
     log_failures: bool = True
     # It waits on stores: the leader runs it in a thread of its own.
     detached: ClassVar[bool] = True
+    # pool name -> (failures in a row this run, the last one's words); at
+    # GIVE_UP the pool is not asked again until the next run (_delete_blob).
+    _failing: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def run_once(self) -> GcReport:
         self.report = GcReport()
+        self._failing = {}
         self.backlog.start()
         self.mark()
         self.sweep()
@@ -170,6 +178,9 @@ class GarbageCollector(Backlogged):
     def sweep_uploads(self) -> None:
         """Temporary files of uploads whose process died, as old as stale pending objects."""
         for pool in self.storage.pools():
+            if (gave_up := self._given_up(pool["name"])) is not None:
+                self.report.uploads_not_swept[pool["name"]] = gave_up
+                continue
             try:
                 backend = self.storage.backend(pool["pool_id"])
                 sweep = getattr(backend, "sweep_incomplete", None)
@@ -224,8 +235,18 @@ class GarbageCollector(Backlogged):
         self.report.kept_rows.setdefault((pool, why), []).append(row["object_id"])
         self.report.kept += 1
 
+    def _given_up(self, pool: str) -> str | None:
+        """Why the run asks this pool's store no more, if it does not."""
+        n, last = self._failing.get(pool, (0, ""))
+        return f"not tried after {n} failures in a row: {last}" if n >= GIVE_UP else None
+
     def _delete_blob(self, row: dict[str, Any], pool: str) -> bool:
         """Delete a ``deleting`` row's blob; False (and counted) if it may still be there."""
+        if (gave_up := self._given_up(pool)) is not None:
+            key = (pool, gave_up)
+            self.report.failures[key] = self.report.failures.get(key, 0) + 1
+            self.report.failed += 1
+            return False
         try:
             backend = self.storage.backend(row["pool_id"])
             if is_placeholder(row["storage_key"]):
@@ -246,7 +267,9 @@ class GarbageCollector(Backlogged):
             key = (pool, kind)
             self.report.failures[key] = self.report.failures.get(key, 0) + 1
             self.report.failed += 1
+            self._failing[pool] = (self._failing.get(pool, (0, ""))[0] + 1, kind)
             return False
+        self._failing.pop(pool, None)
         return True
 
 
