@@ -12,7 +12,7 @@ from rich.table import Table
 from hypermedia.cli.common import console, engine, json_object, print_json, user_errors
 from hypermedia.errors import JobError
 from hypermedia.pipelines import registry, schema
-from hypermedia.queue.profiles import Profiles
+from hypermedia.queue.profiles import Profiles, price_text
 
 app = typer.Typer(
     help="Profiles: versioned settings, limits and prices per job type.", no_args_is_help=True
@@ -25,26 +25,13 @@ def profiles() -> Profiles:
     return Profiles(engine())
 
 
-def prices(p: dict[str, Any]) -> str:
-    """base + per MB / page / minute, as one short cell."""
-    parts = [str(p["credit_cost_base"])]
-    for col, unit in (
-        ("credit_cost_per_mb", "MB"),
-        ("credit_cost_per_page", "page"),
-        ("credit_cost_per_minute", "min"),
-    ):
-        if p[col]:
-            parts.append(f"{p[col]}/{unit}")
-    return " + ".join(parts)
-
-
 def _cells(p: dict[str, Any]) -> list[str]:
     return [
         p["ref"],
         p["job_type"],
         p["queue_name"],
         "yes" if p["is_active"] else "no",
-        prices(p),
+        price_text(p),
         f"{p['timeout_seconds']}s",
     ]
 
@@ -104,7 +91,7 @@ def show(
         head = f"[bold]{escape(p['ref'])}[/] {escape(p['job_type'])} ({state})"
         console.print(f"{head}  queue {escape(p['queue_name'])}", markup=True)
         console.print(
-            f"credits: {prices(p)}  timeout {p['timeout_seconds']}s  "
+            f"credits: {price_text(p)}  timeout {p['timeout_seconds']}s  "
             f"max input {p['max_input_bytes']} bytes  created {p['created_at']}"
         )
         console.print(f"settings: {json.dumps(p['settings'], sort_keys=True)}", soft_wrap=True)

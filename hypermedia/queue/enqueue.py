@@ -70,11 +70,17 @@ class Enqueuing:
             ids: list[int] = []
             held: dict[str, list[Any]] = {}
             for start in range(0, len(jobs), chunk):
-                ids += self.enqueue_in(tx, jobs[start : start + chunk], held=held)
+                more = start + chunk < len(jobs)
+                ids += self.enqueue_in(tx, jobs[start : start + chunk], held=held, more=more)
             return ids
 
     def enqueue_in(
-        self, tx: Any, jobs: Sequence[NewJob], *, held: dict[str, list[Any]] | None = None
+        self,
+        tx: Any,
+        jobs: Sequence[NewJob],
+        *,
+        held: dict[str, list[Any]] | None = None,
+        more: bool = False,
     ) -> list[int]:
         """``enqueue_many`` inside the caller's transaction: the jobs commit with its other writes.
 
@@ -82,7 +88,8 @@ class Enqueuing:
         (IdempotencyConflict if that one asked for something else).  Every new
         job is validated before anything is written.  A concurrent enqueue of
         the same key raises Conflict: the caller's transaction must roll back.
-        ``held``: budgets this transaction checked already (see ``check_budgets``).
+        ``held``: budgets this transaction checked already (see ``check_budgets``);
+        ``more``: jobs of the same request come in later chunks.
         """
         profiles: dict[str, Row] = {}
         found: dict[int, int] = {}
@@ -99,7 +106,7 @@ class Enqueuing:
                     found[i] = int(prior["job_id"])
                     continue
             built.append((i, *self._new_row(tx, j, profiles)))
-        check_budgets(tx, [r for _, r, _ in built], held)
+        check_budgets(tx, [r for _, r, _ in built], held, more=more)
         ids = tx.insert_jobs([r for _, r, _ in built])
         tx.insert_events(
             [
@@ -279,7 +286,9 @@ def _same_attempts(found: Row, asked: int) -> bool:
     return kept == asked or (kept > asked and int(found["attempt_count"]) >= asked)
 
 
-def check_budgets(tx: Any, rows: Sequence[Row], held: dict[str, list[Any]] | None = None) -> None:
+def check_budgets(
+    tx: Any, rows: Sequence[Row], held: dict[str, list[Any]] | None = None, *, more: bool = False
+) -> None:
     """Refuse new jobs that would take a project past its credit budget.
 
     The project's budget row is locked first, so concurrent enqueues of
@@ -290,7 +299,9 @@ def check_budgets(tx: Any, rows: Sequence[Row], held: dict[str, list[Any]] | Non
     ``held`` (project -> [limit, used, needed so far]) carries what this
     transaction read under the lock to its next check: a batch written in
     chunks is checked as a whole, without summing the project's jobs again
-    (and again over the chunks it wrote) for every chunk.
+    (and again over the chunks it wrote) for every chunk.  A refusal says
+    "or more" when the request had chunks before this one or has some after
+    (``more``): only then is the figure not the whole request's.
     """
     needs: dict[str, int] = {}
     for r in rows:
@@ -311,5 +322,5 @@ def check_budgets(tx: Any, rows: Sequence[Row], held: dict[str, list[Any]] | Non
         if limit is not None and used + need > limit:
             raise Refused(
                 f"credit budget exceeded: {used} of {limit} used, "
-                f"this request needs {need}{' or more' if before else ''}"
+                f"this request needs {need}{' or more' if more else ''}"
             )

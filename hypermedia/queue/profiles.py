@@ -154,6 +154,20 @@ def _amount(value: Any, default: Fraction) -> Fraction:
 # -- references --------------------------------------------------------------------------
 
 
+def price_text(profile: Mapping[str, Any]) -> str:
+    """A profile's prices as one short cell: base + per MB / page / minute
+    (the CLI's listing and the dashboard's say it alike)."""
+    parts = [str(profile["credit_cost_base"])]
+    for col, unit in (
+        ("credit_cost_per_mb", "MB"),
+        ("credit_cost_per_page", "page"),
+        ("credit_cost_per_minute", "min"),
+    ):
+        if profile[col]:
+            parts.append(f"{profile[col]}/{unit}")
+    return " + ".join(parts)
+
+
 def parse_ref(ref: str) -> tuple[str, str | None]:
     """``"key"`` → (key, None); ``"key:vN"`` → (key, "vN")."""
     key, sep, version = ref.strip().partition(":")
@@ -296,6 +310,8 @@ class Credits:
         snapshot: the credit fold and job retention move credits from job
         rows to ``settled_credits`` in one commit (db/credit_queries.py).
         """
+        if project_id is not None:
+            check_project_id(project_id)  # "" or 300 characters: no project's
         with self.db.snapshot() as tx:
             if project_id is not None:
                 budget = tx.budget(project_id)

@@ -28,6 +28,7 @@ from hypermedia.api.deps import COOKIE, LEGACY_COOKIE, authenticate
 from hypermedia.api.errors import RETRY_AFTER, STATUS_OF, ApiError, passing, request_id
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import Forbidden, HypermediaError, Unauthorized
+from hypermedia.queue.profiles import price_text
 from hypermedia.redact import brief, redact
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ env = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-env.filters.update(when=_when, size=human_size, ms=_ms, json=_json)
+env.filters.update(when=_when, size=human_size, ms=_ms, json=_json, prices=price_text)
 
 # The static files, read once: only these names are served.
 _STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}

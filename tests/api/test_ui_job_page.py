@@ -216,3 +216,22 @@ def test_times_say_they_are_utc(client: TestClient, svc: Services, a: Project) -
     assert f"<td>{created:%Y-%m-%d %H:%M:%S} UTC</td>" in jobs
     js = client.get("/ui/static/job.js").text
     assert '" UTC"' in js  # what the live page adds to the events it appends
+
+
+def test_credits_shown_are_the_ones_charged(client: TestClient, svc: Services, a: Project) -> None:
+    """A failed or cancelled job, which costs nothing, showed its estimate as
+    its credits; the profiles page showed every price as `base + N/MB`, a
+    per-page or per-minute price never."""
+    key = f"paid-{uuid.uuid4().hex[:6]}"
+    svc.profiles.create(key, "debug.sleep", {}, credits={"base": 2, "per_page": 3})
+    login(client, a.admin)
+    failing = svc.engine.enqueue(NewJob("debug.sleep", profile=key, project_id=a.id))
+    run(svc, failing)
+    finish(svc, failing, "failed", code="CORRUPT_INPUT", message="bad")
+    page = client.get(f"/ui/jobs/{failing}").text
+    assert re.search(r'id="credits">0 \(not charged\)<', page), page
+    queued = svc.engine.enqueue(NewJob("debug.sleep", profile=key, project_id=a.id))
+    assert re.search(r'id="credits">\d+ \(estimated\)<', client.get(f"/ui/jobs/{queued}").text)
+    profiles = client.get("/ui/profiles").text
+    assert "<td>2 + 3/page</td>" in _profile_row(profiles, f"{key}:v1")
+    assert "<td>1 + 1/page</td>" in _profile_row(profiles, "pdf-preview:v1")

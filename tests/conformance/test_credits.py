@@ -143,9 +143,15 @@ def test_a_batch_written_in_chunks_is_refused_whole(engine):
     credits.set_budget(project, 25)
     job = NewJob("debug.sleep", profile=key, project_id=project)
     engine.enqueue(job)
-    msg = "credit budget exceeded: 1 of 25 used, this request needs 30 or more"
+    # Refused in its last chunk, the figure is the whole request's.
+    msg = "credit budget exceeded: 1 of 25 used, this request needs 30$"
     with pytest.raises(InvalidRequest, match=msg):
         engine.enqueue_many([job] * 30, chunk=10)
+    # Refused before its last chunk, it is not: "or more" (it read as exact,
+    # and a budget raised to it was refused again).
+    msg = "credit budget exceeded: 1 of 25 used, this request needs 30 or more"
+    with pytest.raises(InvalidRequest, match=msg):
+        engine.enqueue_many([job] * 40, chunk=30)
     assert len(engine.list(project_id=project)) == 1
     ids = engine.enqueue_many([job] * 24, chunk=10)
     assert len(set(ids)) == 24
@@ -300,3 +306,12 @@ def test_bad_input_facts_are_ignored_and_failures_report_none(engine, driver, st
     res = failed(again, attempt, "CORRUPT_INPUT", result={"input_facts": {"pages": 99}})
     engine.settle(W1, [res])
     assert storage.get(oid)["pages"] == 3
+
+
+def test_credits_of_a_project_id_no_project_can_have_are_refused(engine):
+    """`credits show --project ''` answered "unlimited, 0 used", where
+    `set-budget` refuses the same id."""
+    credits = Credits(engine)
+    for bad in ("", "x" * 300, "a\nb"):
+        with pytest.raises(InvalidRequest, match="a project id is 1 to 64 printable characters"):
+            credits.show(bad)
