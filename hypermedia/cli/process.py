@@ -135,7 +135,14 @@ def run(
             # At once when the wait was cut short (Ctrl-C, --wait-timeout): what
             # it ran is retried.  A drain kept the command up to 30 s past its timeout.
             if local is not None:
-                local.stop(now=bool(why))
+                try:
+                    local.stop(now=bool(why))
+                except KeyboardInterrupt:
+                    # Ctrl-C (or SIGTERM) while it drains an older job it took
+                    # up: at once now.  This run's jobs are done: they are
+                    # still reported and written (it exited 130, saying
+                    # nothing, the older job left `processing` for minutes).
+                    local.stop(now=True)
         if local is not None:
             jobs = _rows(eng, ids)  # what its drain finished meanwhile
         out.mkdir(parents=True, exist_ok=True)

@@ -602,3 +602,42 @@ def test_ctrl_c_while_outputs_are_written_still_reports_every_input(
     unwritten = [r for r in records if r["error_code"] == "OUTPUT_NOT_WRITTEN"]
     assert unwritten and all("interrupted" in r["safe_reason"] for r in unwritten)
     assert not [p for p in out.iterdir() if p.name.endswith(".part")]
+
+
+@sqlite_only
+def test_ctrl_c_while_its_worker_drains_an_older_job_still_reports_and_writes(
+    procs: Procs, tmp_path: Path
+) -> None:
+    """This run's job was done, its worker draining an older one it had taken
+    up (left by an earlier interrupted `process`): Ctrl-C then exited 130 with
+    nothing said or written, the older job `processing` for minutes."""
+    procs.cli("profiles", "create", "nap", "--type", "debug.sleep", "--settings", "{}")
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"some bytes")
+    slow = {"HYPERMEDIA_BACKOFF_BASE_SECONDS": "30", "HYPERMEDIA_BACKOFF_MAX_SECONDS": "60"}
+    left = hypermedia(
+        "process", str(src), "--profile", "nap", "--params", '{"ms": 60000}',
+        "--no-run-here", "--wait-timeout", "0", url=procs.url, home=procs.home,
+    )  # fmt: skip
+    assert left.returncode == 1, left.stderr
+    out = tmp_path / "out"
+    run = Run(
+        procs, str(src), "--profile", "debug-copy", "--out", str(out), "-c", "2", "--json", **slow
+    )
+    eventually(
+        lambda: (
+            sorted(procs.query("SELECT status FROM processing_jobs"))
+            == [("completed",), ("processing",)]
+        ),
+        60,
+        "this run's job done, the older one running in its worker",
+    )
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait(30) == 0, tail(run.err)
+    [record] = run.records()
+    assert record["status"] == "completed" and len(record["outputs"]) == 1
+    assert (out / Path(record["outputs"][0]).name).read_bytes() == b"some bytes"
+    assert sorted(procs.query("SELECT status FROM processing_jobs")) == [
+        ("completed",),
+        ("retry_wait",),  # the older job, stopped at once: retried
+    ]
