@@ -307,6 +307,14 @@ class Flusher(threading.Thread):
         claim: _ClaimRequest | None = None,
     ) -> None:
         if progress:
+            # An attempt's first report comes with its start: the start goes
+            # first, so that the events read claimed -> processing, then the
+            # progress (a job reported 25 % while still shown claimed).
+            early = [k for k in starts if k in progress]
+            if early:
+                self.engine.flush(self.worker_id, early, [], {})
+                self._written.update(early)
+                starts = [k for k in starts if k not in progress]
             self.engine.report_progress(self.worker_id, progress)
         if results and self.before_results is not None:
             self.before_results()

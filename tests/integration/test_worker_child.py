@@ -405,6 +405,9 @@ def test_progress_reports_reach_the_job_and_its_events(
 
     reported = [e for e in events(driver, job_id) if e["kind"] == "progress"]
     assert reported, "no progress events"
+    # After the start: a job reported 25 % while its events still said claimed.
+    ids = {e["to_status"]: e["event_id"] for e in events(driver, job_id) if e["to_status"]}
+    assert ids["processing"] < min(e["event_id"] for e in reported), events(driver, job_id)
     assert all(e["attempt_number"] == 1 for e in reported)
     # Snapshots may be coalesced when the database is slow, but those written
     # are in order and the last one is the end.
