@@ -300,8 +300,9 @@ def check_budgets(
     transaction read under the lock to its next check: a batch written in
     chunks is checked as a whole, without summing the project's jobs again
     (and again over the chunks it wrote) for every chunk.  A refusal says
-    "or more" when the request had chunks before this one or has some after
-    (``more``): only then is the figure not the whole request's.
+    "or more" when chunks of the request come after this one (``more``):
+    only then is the figure, this chunk's and those before it, not the
+    whole request's.
     """
     needs: dict[str, int] = {}
     for r in rows:
