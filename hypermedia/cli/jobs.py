@@ -400,19 +400,16 @@ def tail(
         with user_errors():
             eng = engine()
             after = 0
-            # Waited out from the first read on: started while the database
-            # is away (a restart), it follows once it is back.
-            status, rows = through_outages(partial(eng.events_since, job_id, after))
             while True:
+                # Status first: if terminal, the events read with it include
+                # the one that made it so, and the loop may stop.
+                status, rows = through_outages(partial(eng.events_since, job_id, after))
                 for row in rows:
                     follower.event(row)
                     after = max(after, int(row["event_id"]))
                 if status in TERMINAL:
                     break
                 time.sleep(TAIL_POLL_SECONDS)
-                # Status first: if terminal, the events read with it include
-                # the one that made it so, and the loop may stop.
-                status, rows = through_outages(partial(eng.events_since, job_id, after))
             follower.close()
             job = eng.get(job_id)
     except KeyboardInterrupt:

@@ -400,17 +400,11 @@ def _true_to_shape(w: int, h: int, shrink: int, factor: float) -> bool:
 
 
 def srgb(image: Any) -> Any:
-    """8-bit sRGB (greyscale, 16-bit, CMYK without a profile, LAB...), alpha kept.
-
-    Channels past the alpha (a print file's saved selections, spot colours)
-    are dropped: the PNG, WebP and AVIF savers take the first four anyway,
-    while JPEG's flatten would take the last one for the alpha."""
+    """8-bit sRGB (greyscale, 16-bit, CMYK without a profile, LAB...), alpha kept."""
     if image.interpretation != "srgb" or image.format != "uchar":
         image = image.colourspace("srgb")
     if image.format != "uchar":
         image = image.cast("uchar")
-    if image.bands > 4:
-        image = image.extract_band(0, n=4)
     return image
 
 

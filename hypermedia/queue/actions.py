@@ -159,13 +159,14 @@ class UserActions:
         with self.db.read() as tx:
             return list(tx.jobs(**filters))
 
-    def project_of(self, job_id: int) -> str:
-        """The job's project: what an ownership check needs, in one query."""
+    def row(self, job_id: int) -> Row:
+        """The job's own row, without its attempts, events or outputs: what an
+        ownership check (and a job type's) needs, in one query."""
         with self.db.read() as tx:
             job = tx.job(job_id)
         if job is None:
             raise NotFound(f"job {job_id} not found")
-        return str(job["project_id"])
+        return job
 
     def events_since(self, job_id: int, after_id: int = 0) -> tuple[str, Sequence[Row]]:
         """The job's status, then its events after ``after_id``.

@@ -370,8 +370,8 @@ async def retry(request: Request, job_id: str) -> Response:
     need(principal, "jobs:write")
     svc = services(request)
     ident = _id(job_id, "job")
-    await run_in_threadpool(check_owner, svc, ident, principal)
-    check_may_run(principal, (await run_in_threadpool(svc.engine.get, ident))["job_type"])
+    job = await run_in_threadpool(check_owner, svc, ident, principal)
+    check_may_run(principal, job["job_type"])
     await run_in_threadpool(svc.engine.retry, ident, principal.actor)
     return RedirectResponse(f"/ui/jobs/{ident}", status_code=303)
 

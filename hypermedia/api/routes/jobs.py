@@ -141,9 +141,12 @@ def _new_job(svc: Services, body: JobCreate, principal: Principal, key: str | No
     )
 
 
-def check_owner(svc: Services, job_id: int, principal: Principal) -> None:
-    """NotFound unless the job is the principal's project's (no attempts or events read)."""
-    owned({"project_id": svc.engine.project_of(job_id)}, principal, "job", job_id)
+def check_owner(svc: Services, job_id: int, principal: Principal) -> Row:
+    """The job's own row; NotFound unless it is the principal's project's (no
+    attempts or events read)."""
+    job = svc.engine.row(job_id)
+    owned(job, principal, "job", job_id)
+    return job
 
 
 def owned_job(svc: Services, job_id: int, principal: Principal) -> Row:
@@ -205,7 +208,7 @@ def cancel_job(job_id: Id, request: Request, principal: Principal = scoped("jobs
 @router.post("/{job_id}/retry", summary="Run a failed or cancelled job again, as a new attempt")
 def retry_job(job_id: Id, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
     svc = services(request)
-    check_may_run(principal, owned_job(svc, job_id, principal)["job_type"])
+    check_may_run(principal, check_owner(svc, job_id, principal)["job_type"])
     svc.engine.retry(job_id, actor=principal.actor)
     return public_job(owned_job(svc, job_id, principal), principal)
 
