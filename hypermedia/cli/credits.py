@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from hypermedia.cli.common import console, engine, print_json, user_errors
+from hypermedia.cli.common import console, engine, err_console, print_json, user_errors
 from hypermedia.errors import InvalidRequest
 from hypermedia.parse import ascii_int
 from hypermedia.queue.profiles import Credits
@@ -38,7 +38,9 @@ def show(
         console.print(table)
 
 
-@app.command("set-budget")
+# A negative budget reaches the value check (a clear message) instead of
+# being read as an unknown option "-5".
+@app.command("set-budget", context_settings={"ignore_unknown_options": True})
 def set_budget(
     project: str = typer.Argument(...),
     credits: str = typer.Argument(..., help="whole credits, or 'none' for no limit"),
@@ -53,7 +55,15 @@ def set_budget(
             limit = ascii_int(credits.strip(), max_digits=40)
             if limit is None:
                 raise InvalidRequest("the budget is a whole number of credits, or 'none'")
-        row = Credits(engine()).set_budget(project, limit)
+        credits_ = Credits(engine())
+        if not credits_.is_known(project):
+            err_console.print(
+                f"warning: no token, job or budget names project {project} (a typo?); "
+                "`hypermedia projects ls` lists those with tokens",
+                markup=False,
+                highlight=False,
+            )
+        row = credits_.set_budget(project, limit)
         if as_json:
             print_json(row)
         else:

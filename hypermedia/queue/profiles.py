@@ -320,6 +320,17 @@ class Credits:
             used = tx.credit_use_by_project()
         return [_usage(p, budgets.get(p), used.get(p, 0)) for p in sorted({*budgets, *used})]
 
+    def is_known(self, project_id: str) -> bool:
+        """Whether a token, a budget or a job names the project already: a
+        budget set for none of these is most likely a typo of one that is."""
+        check_project_id(project_id)
+        with self.db.read() as tx:
+            return (
+                tx.project(project_id) is not None
+                or tx.budget(project_id) is not None
+                or tx.credit_use(project_id) > 0
+            )
+
     def set_budget(self, project_id: str, credits: int | None) -> Row:
         """Set a project's budget; None: no limit.  A budget below what is
         already used is allowed: it refuses new work, it cancels nothing."""

@@ -90,6 +90,7 @@ def _case(args: list[str], code: int, said: str, **env: str) -> object:
         _case(["credits", "set-budget", "p", "lots"], USAGE, "whole number"),
         _case(["credits", "set-budget", "p", "\u0661\u0660"], USAGE, "whole number"),
         _case(["credits", "set-budget", "p", "1_000"], USAGE, "whole number"),
+        _case(["credits", "set-budget", "p", "-5"], USAGE, "whole number"),
         _case(["tokens", "create", "-p", "p", "--scopes", "root"], USAGE, "scopes must be"),
         _case(["db", "upgrade", "nope"], USAGE, "Can't locate revision"),
         _case(["jobs", "prune", "--older-than-days", "0"], USAGE, "must be above 0"),
