@@ -64,6 +64,7 @@ _HTTP_CODES = {
     411: "length_required",
     413: "payload_too_large",
     415: "unsupported_media_type",
+    416: "range_not_satisfiable",
     422: "invalid_request",
     429: "rate_limited",
 }

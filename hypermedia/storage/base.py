@@ -79,6 +79,11 @@ class Backend(Protocol):
     def open(self, key: str) -> BinaryIO:
         """A streaming reader of the blob; raises BlobMissing."""
 
+    def open_range(self, key: str, start: int, length: int) -> tuple[BinaryIO, int]:
+        """``length`` bytes from ``start`` (both within the blob), and the
+        blob's whole size as the store has it."""
+        ...
+
     def stored_checksum(self, key: str) -> str | None:
         """The checksum the backend recorded at write time (tagged), if it keeps one."""
 
@@ -199,3 +204,33 @@ class VerifyingReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ExactReader:
+    """A part of a blob, read to exactly ``length`` bytes.
+
+    A part cannot be checked against the whole blob's checksum; what can be
+    checked is that it is all there: a blob cut since its size was read ends
+    in BlobMissing at the read that finds it short, never in a short part
+    passed off as complete.
+    """
+
+    def __init__(self, src: BinaryIO, length: int) -> None:
+        self.src = src
+        self.left = length
+
+    def read(self, n: int = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        want = self.left if n is None or n < 0 else min(n, self.left)
+        data = self.src.read(want)
+        if not data:
+            raise BlobMissing("the stored bytes ended before the part asked for")
+        self.left -= len(data)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.src.close()

@@ -232,6 +232,16 @@ class LocalBackend:
             raise UnsafeKey("unsafe storage key: the blob is not a regular file")
         return os.fdopen(fd, "rb", buffering=CHUNK)
 
+    def open_range(self, key: str, start: int, length: int) -> tuple[BinaryIO, int]:
+        src = self.open(key)
+        try:
+            size = os.fstat(src.fileno()).st_size
+            src.seek(start)
+        except OSError as exc:
+            src.close()
+            raise StorageUnavailable(f"could not read local storage ({exc.strerror})") from exc
+        return src, size
+
     def stored_checksum(self, key: str) -> str | None:
         check_key(key)
         return None  # the ledger's checksum is the only one

@@ -225,6 +225,18 @@ class S3Backend:
             response = self._client.get_object(Bucket=self.bucket, Key=key)
         return io.BufferedReader(Body(response["Body"], self._where), CHUNK)
 
+    def open_range(self, key: str, start: int, length: int) -> tuple[BinaryIO, int]:
+        check_key(key)
+        span = f"bytes={start}-{start + length - 1}"
+        with self._errors("read from"):
+            try:
+                response = self._client.get_object(Bucket=self.bucket, Key=key, Range=span)
+            except botocore.exceptions.ClientError as exc:
+                if _code(exc) == "InvalidRange":  # the blob is shorter than the ledger says
+                    raise ChecksumMismatch("the stored bytes are shorter than their size") from exc
+                raise
+        return io.BufferedReader(Body(response["Body"], self._where), CHUNK), total_size(response)
+
     def stored_checksum(self, key: str) -> str | None:
         check_key(key)
         with self._errors("read from"):

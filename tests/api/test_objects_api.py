@@ -406,3 +406,51 @@ def test_ids_in_paths_are_digits_only(client: TestClient, a: Project) -> None:
         r = client.get(f"/v1/objects/{raw}/content?expires=1&sig=x")
         assert r.status_code == 422, (raw, r.status_code)
     assert client.get(f"/v1/objects/{n}", headers=bearer(a.admin)).json()["object_id"] == ids[-1]
+
+
+def test_a_range_is_a_206_part_and_the_whole_a_checked_body(
+    client: TestClient, a: Project, svc: Services
+) -> None:
+    """A player seeking or a download resumed asks for a part: it was always
+    the whole body with a 200."""
+    data = os.urandom(3 * 1024 * 1024 + 17)  # several chunks
+    obj = upload(client, a.admin, data)
+    url = client.get(f"/v1/objects/{obj['object_id']}/url", headers=bearer(a.admin)).json()["url"]
+    whole = client.get(url)
+    tag = whole.headers["etag"]
+    assert whole.status_code == 200 and whole.headers["accept-ranges"] == "bytes"
+    assert tag == '"' + str(obj["checksum"]).replace(":", "-") + '"'
+    size = len(data)
+    for asked, start, end in [
+        ("bytes=0-99", 0, 99),
+        ("bytes=2000000-", 2000000, size - 1),
+        ("bytes=-10", size - 10, size - 1),
+        ("bytes=1048570-2097160", 1048570, 2097160),  # across chunk boundaries
+    ]:
+        got = client.get(url, headers={"Range": asked})
+        assert got.status_code == 206, asked
+        assert got.headers["content-range"] == f"bytes {start}-{end}/{size}", asked
+        assert got.headers["content-length"] == str(end - start + 1), asked
+        assert got.content == data[start : end + 1], asked
+    head = client.head(url, headers={"Range": "bytes=5-9"})
+    assert head.status_code == 206 and head.headers["content-range"] == f"bytes 5-9/{size}"
+    # Past the end: 416 with the size; If-Range of another version: all of it.
+    past = client.get(url, headers={"Range": f"bytes={size}-"})
+    assert past.status_code == 416 and past.headers["content-range"] == f"bytes */{size}"
+    assert past.json()["code"] == "range_not_satisfiable"
+    other = client.get(url, headers={"Range": "bytes=0-9", "If-Range": '"sha256-00"'})
+    assert other.status_code == 200 and other.content == data
+    same = client.get(url, headers={"Range": "bytes=0-9", "If-Range": tag})
+    assert same.status_code == 206 and same.content == data[:10]
+
+    # A range over all of it is checked as the whole body is: cut short when damaged.
+    row = svc.storage.get(int(str(obj["object_id"])))
+    blob = Path(svc.storage.backend(row["pool_id"]).root) / row["storage_key"]  # type: ignore[attr-defined]
+    blob.write_bytes(b"X" + data[1:])
+    full = client.get(url, headers={"Range": "bytes=0-"})
+    assert full.status_code == 206 and len(full.content) < size
+    # A part cannot be checked against the checksum, but a blob whose size
+    # is not the ledger's is refused before anything is sent.
+    blob.write_bytes(data[:-1])
+    cut = client.get(url, headers={"Range": "bytes=0-9"})
+    assert cut.status_code == 500 and cut.json()["code"] == "object_corrupt"

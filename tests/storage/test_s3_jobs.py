@@ -224,6 +224,10 @@ def test_without_presigning_s3_downloads_stream_through_the_checked_route(
         r = client.get(url)
         assert r.status_code == 200 and r.content == data
         assert r.headers["content-disposition"].startswith("attachment")
+        # A part comes from the store as a ranged GET: just those bytes.
+        part = client.get(url, headers={"Range": "bytes=1048570-2097160"})
+        assert part.status_code == 206 and part.content == data[1048570:2097161]
+        assert part.headers["content-range"] == f"bytes 1048570-2097160/{len(data)}"
         # The blob changed in the store: the body is cut short, never whole.
         bucket = svc.storage.backend(row["pool_id"]).bucket  # type: ignore[attr-defined]
         _client(**s3_endpoint).put_object(
@@ -237,3 +241,9 @@ def test_without_presigning_s3_downloads_stream_through_the_checked_route(
                     got += chunk
         # What came is the object's own bytes, and it stops short of the end.
         assert 0 < len(got) < len(data) and data.startswith(got), len(got)
+        # Cut behind the ledger's back: a part is refused, its size is not the ledger's.
+        _client(**s3_endpoint).put_object(Bucket=bucket, Key=row["storage_key"], Body=data[:10])
+        refused = client.get(url, headers={"Range": "bytes=0-4"})
+        assert refused.status_code == 500 and refused.json()["code"] == "object_corrupt"
+        refused = client.get(url, headers={"Range": "bytes=100-200"})  # past the blob's end
+        assert refused.status_code == 500 and refused.json()["code"] == "object_corrupt"

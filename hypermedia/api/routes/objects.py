@@ -25,6 +25,7 @@ from fastapi.responses import Response, StreamingResponse
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import Send
 
@@ -33,6 +34,7 @@ from hypermedia.api.deps import Id, owned, scoped, services
 from hypermedia.api.errors import ApiError
 from hypermedia.api.openapi import upload_body
 from hypermedia.api.paging import decode_cursor, page
+from hypermedia.api.ranges import RangeNotSatisfiable, byte_range, etag
 from hypermedia.auth.tokens import Principal
 from hypermedia.config import Settings
 from hypermedia.db.schema_storage import OBJECT_STATES
@@ -404,7 +406,8 @@ def object_url(
     description=(
         "A bad, expired or forged signature answers 403, all three alike. The bytes are "
         "checked against the object's checksum as they stream; on a mismatch the body "
-        "ends short of its Content-Length."
+        "ends short of its Content-Length. One byte range (Range: bytes=A-B) is a 206 "
+        "with just that part; one starting past the end is a 416."
     ),
     response_class=StreamingResponse,
 )
@@ -421,7 +424,9 @@ async def object_content(
     stack = contextlib.ExitStack()
     head = request.method == "HEAD"  # the headers only: the blob is not read
     try:
-        row, src, first = await run_in_threadpool(_start, st, object_id, stack, not head)
+        row, part, src, first = await run_in_threadpool(
+            _start, st, object_id, stack, request.headers, not head
+        )
     except StorageUnavailable:
         stack.close()
         raise
@@ -431,18 +436,25 @@ async def object_content(
         stack.close()
         log.error("object %s: download refused (%s)", object_id, exc)
         raise ApiError(500, CORRUPT, code="object_corrupt") from None
+    except _Unsatisfiable as exc:
+        stack.close()
+        headers = {"Content-Range": f"bytes */{exc.size}"}
+        raise ApiError(416, "the range starts past the object's end", headers=headers) from None
     except HypermediaError:
         # Gone since the link was made, not ready, blob missing: one answer.
         stack.close()
         raise NotFound("object not available") from None
+    status, headers = _download_headers(row, part)
+    media_type = str(row["mime_type"] or "application/octet-stream")
     if head:
         stack.close()
-        media_type = str(row["mime_type"] or "application/octet-stream")
-        return Response(media_type=media_type, headers=_download_headers(row))
+        return Response(status_code=status, media_type=media_type, headers=headers)
+    assert src is not None
     return _Download(
         _held_back(stack, src, first, object_id),
-        media_type=str(row["mime_type"] or "application/octet-stream"),
-        headers=_download_headers(row),
+        status_code=status,
+        media_type=media_type,
+        headers=headers,
         idle=st.settings.download_idle_seconds,
         object_id=object_id,
     )
@@ -455,24 +467,55 @@ router.add_api_route(
 CORRUPT = "the object's stored bytes do not match its checksum; quote the request id"
 
 
+class _Unsatisfiable(HypermediaError):
+    def __init__(self, size: int) -> None:
+        super().__init__("range not satisfiable")
+        self.size = size
+
+
 def _start(
-    st: Storage, object_id: int, stack: contextlib.ExitStack, read: bool = True
-) -> tuple[Row, BinaryIO, bytes]:
-    """The row, the open blob and its first chunk: what must work before the headers go."""
+    st: Storage, object_id: int, stack: contextlib.ExitStack, asked: Headers, read: bool
+) -> tuple[Row, tuple[int, int] | None, BinaryIO | None, bytes]:
+    """What must work before the headers go: the row, the part asked for
+    (None: all of it), the open blob and its first chunk.
+
+    The whole body, a range that covers all of it included, is checked
+    against the checksum as it streams; a part can only be checked for size."""
     row = st.get(object_id)
-    src = stack.enter_context(st.open(object_id))
-    return row, src, src.read(CHUNK) if read else b""
+    if row["state"] != "ready":
+        raise InvalidRequest(f"object {object_id} is {row['state']}, not ready")
+    size = int(row["size"])
+    try:
+        part = byte_range(asked.get("range"), size, asked.get("if-range"), etag(row["checksum"]))
+    except RangeNotSatisfiable:
+        raise _Unsatisfiable(size) from None
+    if not read:
+        return row, part, None, b""
+    if part is None or part == (0, size):
+        src = stack.enter_context(st.open_row(row))
+    else:
+        src = stack.enter_context(st.open_part(row, *part))
+    return row, part, src, src.read(CHUNK)
 
 
-def _download_headers(row: Row) -> dict[str, str]:
+def _download_headers(row: Row, part: tuple[int, int] | None) -> tuple[int, dict[str, str]]:
     # Always an attachment, never sniffed: these bytes are served from the
     # API's own origin, where the dashboard's cookie lives.
-    return {
-        "Content-Length": str(row["size"]),
+    size = int(row["size"])
+    headers = {
+        "Content-Length": str(size),
+        "Accept-Ranges": "bytes",
+        "ETag": etag(row["checksum"]),
         "Content-Disposition": attachment(row["filename"]),
         "X-Content-Type-Options": "nosniff",
         "Cache-Control": "private, no-store",
     }
+    if part is None:
+        return 200, headers
+    start, length = part
+    headers["Content-Length"] = str(length)
+    headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{size}"
+    return 206, headers
 
 
 class DownloadCutShort(Exception):

@@ -1,0 +1,53 @@
+"""HTTP byte ranges (RFC 9110 §14) for the signed download: one range or none.
+
+A client seeking in a video or resuming a cut download asks for a part.  Only
+a single range is served; several (``bytes=0-1,5-9``), another unit or a
+header that does not parse are ignored, as the RFC allows, and the whole body
+is sent (200).  A range that starts past the end is 416.
+"""
+
+from __future__ import annotations
+
+import re
+
+# ASCII digits, at most 19 of them: int() would read other scripts' digits,
+# and no object is larger than 2**63.
+_SPEC = re.compile(r"bytes=([0-9]{0,19})-([0-9]{0,19})")
+
+
+class RangeNotSatisfiable(Exception):
+    """The range asked for starts past the object's end."""
+
+
+def etag(checksum: str) -> str:
+    """A strong validator: the bytes are the object's, whose checksum never changes."""
+    return '"' + checksum.replace(":", "-") + '"'
+
+
+def byte_range(
+    header: str | None, size: int, if_range: str | None, tag: str
+) -> tuple[int, int] | None:
+    """(start, length) of the part to send, or None for the whole body.
+
+    ``If-Range`` with anything but this object's ETag (another version's, or
+    a date: no Last-Modified is sent) asks for the whole body."""
+    if not header or (if_range is not None and if_range.strip() != tag):
+        return None
+    match = _SPEC.fullmatch(header.strip().replace(" ", ""))
+    if match is None:
+        return None  # several ranges, another unit, or not a range at all
+    first, last = match.groups()
+    if not first and not last:
+        return None
+    if not first:  # "-N": the last N bytes
+        suffix = int(last)
+        if suffix == 0 or size == 0:
+            raise RangeNotSatisfiable
+        return max(0, size - suffix), min(suffix, size)
+    start = int(first)
+    if last and int(last) < start:
+        return None  # invalid: ignored, as if there were no Range
+    if start >= size:
+        raise RangeNotSatisfiable
+    end = min(int(last), size - 1) if last else size - 1
+    return start, end - start + 1
