@@ -126,6 +126,10 @@ class Settings:
     # A download whose client takes nothing for this long is dropped: each
     # held an open blob and a few MB of buffers for as long as it stalled.
     download_idle_seconds: float = 60.0
+    # A request's line and headers must be in this long after the connection
+    # opened (or the previous answer): one that sent nothing, or half its
+    # headers, was held open for ever (api/deadline.py).
+    header_seconds: float = 30.0
     # A dashboard login (session cookie) ends this long after it began.
     session_hours: float = 12.0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -197,6 +201,7 @@ _ENV_NAMES = {
     "max_upload_bytes": "MAX_UPLOAD_BYTES",
     "upload_idle_seconds": "UPLOAD_IDLE_SECONDS",
     "download_idle_seconds": "DOWNLOAD_IDLE_SECONDS",
+    "header_seconds": "HEADER_SECONDS",
     "session_hours": "SESSION_HOURS",
     "api_max_body_bytes": "API_MAX_BODY_BYTES",
 }
@@ -234,6 +239,7 @@ _ABOVE_ZERO = (
     # 0 dropped every request body, and every download, at once.
     "upload_idle_seconds",
     "download_idle_seconds",
+    "header_seconds",
 )
 
 

@@ -17,6 +17,7 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
+from hypermedia.api.deadline import head_deadline
 from hypermedia.errors import HypermediaError
 
 STARTUP_TIMEOUT_SECONDS = 30.0
@@ -88,6 +89,7 @@ def _config(app: FastAPI, host: str, port: int, access_log: bool) -> uvicorn.Con
         app,
         host=host,
         port=port,
+        http=head_deadline(app.state.services.settings.header_seconds),
         # Our own logging setup (``setup_logging``) stays: uvicorn's loggers
         # propagate to the root logger instead of getting a config of their own.
         log_config=None,

@@ -158,3 +158,49 @@ def test_a_download_whose_client_takes_nothing_is_dropped(tmp_path: Path) -> Non
         assert size < got < size + 2000
     finally:
         assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
+
+
+def _closed_within(s: socket.socket, limit: float) -> float:
+    """Seconds until the server closed ``s`` (read to its end), under ``limit``."""
+    started = time.monotonic()
+    s.settimeout(limit)
+    try:
+        while s.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - started
+
+
+def test_a_request_head_that_never_completes_is_closed(tmp_path: Path) -> None:
+    """A connection that sent nothing, or half its headers, was held open for
+    ever (slow loris): no timer ran before a request's head was in."""
+    home = tmp_path / "home"
+    server, base = start_serve(tmp_path, home, HYPERMEDIA_HEADER_SECONDS="1")
+    try:
+        port = int(base.rsplit(":", 1)[1])
+        silent = socket.create_connection(("127.0.0.1", port))
+        half = socket.create_connection(("127.0.0.1", port))
+        half.sendall(b"POST /v1/objects HTTP/1.1\r\nHost: x\r\n")
+        with silent, half:
+            assert 0.5 < _closed_within(silent, 10) < 5
+            assert _closed_within(half, 10) < 5
+        # A kept-alive connection: the next request's head is timed from the answer.
+        with socket.create_connection(("127.0.0.1", port)) as kept:
+            kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+            kept.sendall(b"GET /healthz HTTP/1.1\r\n")  # and no more
+            assert _closed_within(kept, 10) < 5
+        # A slow body is not the head's business: its own idle timer (60 s) holds.
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            token = (home / "admin-token").read_text().strip()
+            slow.sendall(
+                f"POST /v1/objects HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                "Content-Length: 4\r\n\r\nab".encode()
+            )
+            time.sleep(2.5)
+            slow.sendall(b"cd")
+            slow.settimeout(10)
+            assert slow.recv(65536).startswith(b"HTTP/1.1 201")
+    finally:
+        assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
