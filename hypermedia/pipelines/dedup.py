@@ -22,12 +22,13 @@ recorded as a data output ``dedup_result``.
 
 dHash (difference hash), as computed here: the image is decoded by libvips
 with the same allow-listed loaders and pixel cap as image.thumbnail, turned
-upright by its EXIF orientation, shrunk to exactly 9 x 8 pixels (aspect
+upright by its EXIF orientation (shrunk to fit 256 x 256 on the way), then
+shrunk to exactly 9 x 8 pixels (aspect
 ratio ignored), flattened on white if it has alpha, turned grey; bit
 ``8*y + x`` (most significant first) is 1 when pixel (x, y) is brighter than
 pixel (x + 1, y).  Resizing and re-encoding move few bits; another picture
 differs in about half of them.  A hash is stored with its algorithm
-(``dhash64``) and version (``dhash64/pyvips-<libvips version>/1``): hashes
+(``dhash64``) and version (``dhash64/pyvips-<libvips version>/2``): hashes
 compare only within one version, since another libvips may shrink a little
 differently.  Non-images (and images that cannot be decoded safely) get no
 perceptual hash; their exact duplicates are still found.
@@ -51,7 +52,10 @@ from hypermedia.storage import checksum as cs
 from hypermedia.storage.sniff import HEAD_BYTES, media_type
 
 ALGORITHM = "dhash64"
-FORMAT_VERSION = 1  # bump when the way the hash is computed here changes
+# Bump when the way the hash is computed here changes.  2: shrunk upright
+# (1 shrank before turning, and EXIF-rotated copies hashed apart).
+FORMAT_VERSION = 2
+UPRIGHT_SIDE = 256  # the box of the first, upright shrink
 MAX_LISTED = 1000  # per list in a result; "truncated" says when there were more
 
 SCHEMA: S.Schema = {
@@ -86,7 +90,13 @@ def dhash(vips: Any, path: str, max_pixels: int) -> str:
     """The 64-bit dHash of the image at ``path`` as 16 hex digits (see the module doc)."""
     header = image._check_input(vips, path, max_pixels)
     try:
-        small = vips.Image.thumbnail(path, 9, height=8, size="force", fail_on="error")
+        # Upright first, small last: shrunk straight to 9 x 8, the picture was
+        # sampled as stored and turned after, so a copy stored sideways with an
+        # EXIF orientation (as phones do) hashed up to 10 bits away from the
+        # upright one.  The first shrink (on load: a JPEG's is cheap) stays
+        # large enough for its sampling not to show in the second.
+        upright = vips.Image.thumbnail(path, UPRIGHT_SIDE, height=UPRIGHT_SIDE, fail_on="error")
+        small = upright.thumbnail_image(9, height=8, size="force")
         if small.hasalpha():
             white = 65535 if small.format == "ushort" else 255
             small = small.flatten(background=[white] * (small.bands - 1))
