@@ -394,6 +394,12 @@ class Tx(
             .order_by(J.c.available_at)
             .limit(limit)
         )
+        # Locked, skipping what another transaction holds: one held row (a
+        # frozen process mid-transaction) stalled every promotion behind it,
+        # and the leader's other services and lease with them.  SQLite: the
+        # write lock is held already.
+        if self.dialect != "sqlite" and not self.autocommit:
+            q = q.with_for_update(skip_locked=True)
         return _rows(self.conn.execute(q))
 
     def expired_leases(self, now: datetime, limit: int) -> list[Row]:

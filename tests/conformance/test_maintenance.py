@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from hypermedia.db.driver import Driver
+from tests.conftest import BACKENDS
 
 from ._helpers import (
     W1,
     attempts,
     claim_one,
     done,
+    drive_to,
     events,
     job_row,
     new_job,
@@ -433,3 +437,80 @@ def test_the_reaper_waits_once_per_taking_of_the_lead_and_nothing_else_holds_it(
     assert runs, "the reaper never ran"
     assert runs[0] - started >= 0.6  # the grace after taking the lead
     assert len(runs) >= 5  # and then every period, the failing promoter notwithstanding
+
+
+@pytest.mark.parametrize("database_url", [b for b in BACKENDS if b != "sqlite"], indirect=True)
+def test_the_promoter_skips_a_job_another_transaction_holds(engine, driver, clock):
+    """One held row (a frozen process mid-transaction) stalled every promotion
+    behind it, the leader's other services and its lease with them; a second
+    leader then promoted the same jobs again."""
+    import sqlalchemy as sa
+
+    held, free = (drive_to(engine, driver, "retry_wait") for _ in range(2))
+    clock.advance(3600)
+    with driver.tx() as tx:
+        tx.conn.execute(
+            sa.text("SELECT job_id FROM processing_jobs WHERE job_id = :j FOR UPDATE"),
+            {"j": held},
+        )
+        assert engine.promote() == 1  # at once: not waited for
+        assert (status_of(driver, held), status_of(driver, free)) == ("retry_wait", "queued")
+    assert engine.promote() == 1 and status_of(driver, held) == "queued"
+    assert engine.promote() == 0
+    said = [e["message"] for j in (held, free) for e in events(driver, j)]
+    assert said.count("backoff over") == 2  # one event each
+
+
+def test_a_leader_whose_service_outlived_its_lease_runs_nothing_more(driver, settings, caplog):
+    """A service blocked past the lease (a lock waited for): the node went on
+    to its next services without looking at the lease, while another node
+    led and ran them too."""
+    import threading
+    import time
+
+    from hypermedia.queue.engine import Engine
+    from hypermedia.scheduler import leader as leader_module
+
+    engine = Engine(driver, settings.with_(leader_lease_seconds=1.5))  # the real clock
+    release, ran = threading.Event(), []
+
+    class Stuck:
+        name, period = "stuck", 3600.0
+
+        def run_once(self) -> None:
+            release.wait(10)
+
+    class Next:
+        name, period = "next", 0.05
+
+        def run_once(self) -> None:
+            ran.append(threading.current_thread().name)
+
+    stop_a, stop_b = threading.Event(), threading.Event()
+    a = leader_module.Leader(engine, "node-a", stop_a, services=[Stuck(), Next()])
+    a.name = "node-a"
+    b = leader_module.Leader(engine, "node-b", stop_b, services=[Next()])
+    b.name = "node-b"
+    a.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not a.is_leader and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert a.is_leader
+        time.sleep(1.8)  # a's lease runs out while Stuck holds it
+        b.start()
+        while not b.is_leader and time.monotonic() < deadline + 5:
+            time.sleep(0.02)
+        assert b.is_leader
+        with caplog.at_level("INFO", logger="hypermedia.scheduler.leader"):
+            release.set()
+            time.sleep(0.5)
+        assert "node-a" not in ran  # b leads: a ran nothing after its lease ran out
+        assert "node-b" in ran
+        assert not a.is_leader and "node-a no longer leads maintenance" in caplog.text
+    finally:
+        stop_a.set(), stop_b.set()
+        release.set()
+        a.join(5)
+        if b.is_alive():
+            b.join(5)
