@@ -20,8 +20,11 @@ Verdicts:
   (``AlertExceedsMax yes`` in clamd.conf; without it clamd calls such files OK,
   see docs/pipelines.md), or clamd said OK for a ZIP with a member larger than
   ``clamd_max_file_size`` (clamd's MaxFileSize: its ZIP reader scans only
-  that much of a member and says OK even with AlertExceedsMax).  ``reason``
-  says which.
+  that much of a member and says OK even with AlertExceedsMax), or for a
+  ZIP with an encrypted member or members its central directory does not
+  list (clamd reads neither), or clamd named a ``Heuristics.Encrypted.*``
+  (``AlertEncryptedArchive``/``AlertEncryptedDoc``: unread, not a virus).
+  ``reason`` says which.
 
 clamd not answering (no socket, connection refused, a timeout, a connection
 closed without an answer) is PROVIDER_UNAVAILABLE, which is retried.  The
@@ -52,6 +55,7 @@ PING_TIMEOUT = 1.0
 CHUNK = 256 * 1024
 MAX_REPLY = 64 * 1024
 LIMIT_HEURISTIC = "Heuristics.Limits.Exceeded"
+ENCRYPTED_HEURISTIC = "Heuristics.Encrypted."
 UNIX_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes, the last one a NUL
 
 SCHEMA: S.Schema = {
@@ -259,7 +263,8 @@ def verdict(reply: str, sent: int, size: int) -> tuple[str, str | None, str | No
             continue
         if line.endswith(" FOUND"):
             name = _clean(line[: -len(" FOUND")].strip())
-            (limits if name.startswith(LIMIT_HEURISTIC) else found).append(name)
+            unread = name.startswith((LIMIT_HEURISTIC, ENCRYPTED_HEURISTIC))
+            (limits if unread else found).append(name)
         elif line == "OK":
             ok = True
         elif line.endswith("ERROR"):
@@ -269,6 +274,9 @@ def verdict(reply: str, sent: int, size: int) -> tuple[str, str | None, str | No
     if found:
         return "infected", found[0], None
     if limits:
+        if limits[0].startswith(ENCRYPTED_HEURISTIC):
+            # AlertEncrypted*: an encrypted archive or document is unread, not a virus.
+            return "not_fully_scanned", None, f"clamd could not decrypt it ({limits[0]})"
         limit = limits[0][len(LIMIT_HEURISTIC) :].strip(".") or "a limit"
         return "not_fully_scanned", None, f"clamd stopped at its scan limit ({limit})"
     if errors:
@@ -311,7 +319,7 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     result, signature, reason = verdict(reply, sent, size)
     if result == "clean":
         limit = int(params.get("clamd_max_file_size", SCHEMA["clamd_max_file_size"].default))
-        reason = _zip_reason(zipsizes.largest_member(ctx.input_path), limit)
+        reason = _zip_reason(zipsizes.survey(ctx.input_path), limit)
         if reason is not None:
             result = "not_fully_scanned"
     ctx.progress(100, result)
@@ -325,17 +333,24 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     }
 
 
-def _zip_reason(member: int, limit: int) -> str | None:
-    """Why clamd's OK for a ZIP is not clean: a member it scanned only in part."""
-    if member == zipsizes.UNKNOWN:
+def _zip_reason(zip_: zipsizes.Survey, limit: int) -> str | None:
+    """Why clamd's OK for a ZIP is not clean: a member it read in part, or not at all."""
+    if zip_.encrypted:
+        return "a ZIP member is encrypted: clamd could not read it"
+    if zip_.largest > limit:
+        return (
+            f"a ZIP member of {zip_.largest} bytes is over clamd's MaxFileSize ({limit}): "
+            "clamd scanned only its first MaxFileSize bytes"
+        )
+    if zip_.largest == zipsizes.UNKNOWN:
         return (
             "a ZIP member's size is declared by neither its header nor a readable "
             "directory: clamd may have scanned only its first MaxFileSize bytes"
         )
-    if member > limit:
+    if zip_.hidden:
         return (
-            f"a ZIP member of {member} bytes is over clamd's MaxFileSize ({limit}): "
-            "clamd scanned only its first MaxFileSize bytes"
+            "a ZIP member is not listed in a central directory clamd can read: "
+            "clamd does not unpack such members"
         )
     return None
 

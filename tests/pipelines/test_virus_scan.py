@@ -189,6 +189,78 @@ def test_a_zip_python_cannot_read_is_still_never_clean(tmp_path: Path, clamd: Cl
     assert f"a ZIP member of {MAX_FILE + 4096 + len(MARKER)} bytes" in result["reason"]
 
 
+def _encrypted(archive: bytes) -> bytes:
+    """``archive`` with every member flagged encrypted (flag bit 0), in its
+    local headers and its directory: what clamd sees of a password-protected
+    ZIP, whose members it cannot read."""
+    out = bytearray(archive)
+    for signature, flags_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        at = out.find(signature)
+        while at != -1:
+            out[at + flags_at] |= 1
+            at = out.find(signature, at + 1)
+    return bytes(out)
+
+
+def _directory_understated(member: bytes) -> bytes:
+    """A streamed ZIP (sizes in a data descriptor after the data) whose
+    central directory says the member is 100 bytes: unzip and clamd go by
+    the data, which holds all of ``member``."""
+
+    class Pipe(io.RawIOBase):
+        def __init__(self) -> None:
+            self.data = bytearray()
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b: bytes) -> int:  # type: ignore[override]
+            self.data += b
+            return len(b)
+
+    pipe = Pipe()
+    with (
+        zipfile.ZipFile(pipe, "w", zipfile.ZIP_DEFLATED) as z,  # type: ignore[arg-type]
+        z.open("member.bin", "w") as f,
+    ):
+        f.write(member)
+    data = pipe.data
+    central = data.find(b"PK\x01\x02")
+    data[central + 24 : central + 28] = (100).to_bytes(4, "little")  # uncompressed size
+    return bytes(data)
+
+
+def test_zip_members_clamd_does_not_read_are_never_clean(tmp_path: Path, clamd: Clamd) -> None:
+    """Each came back clean: an encrypted member (clamd cannot decrypt it), a
+    ZIP cut before its directory (clamd unpacks nothing then), a directory
+    that understates a member's size (clamd reads past MaxFileSize none of it)."""
+    settings = {"clamd": clamd.unix_url, "clamd_max_file_size": MAX_FILE}
+    address = virus.parse_address(clamd.unix_url)
+    whole = _zip(MARKER + b"\0" * 1000)
+    cut = whole[: whole.find(b"PK\x01\x02")]
+    understated = _directory_understated(b"\0" * (MAX_FILE + 4096) + MARKER)
+    cases = {
+        "encrypted": (_encrypted(_zip(EICAR)), "a ZIP member is encrypted"),
+        "cut": (cut, "a ZIP member is not listed in a central directory"),
+        "understated": (understated, f"a ZIP member of {MAX_FILE + 4096 + len(MARKER)} bytes"),
+    }
+    for what, (data, reason) in cases.items():
+        path = tmp_path / f"{what}.zip"
+        path.write_bytes(data)
+        said = virus.instream(address, str(path), 10**9, 30)[0].strip("\0")
+        assert said == "stream: OK", what  # clamd's own answer: it saw nothing
+        result, _ = _scan(tmp_path, data, settings)
+        assert (result["verdict"], result["signature"]) == ("not_fully_scanned", None), what
+        assert result["reason"].startswith(reason), (what, result["reason"])
+    # The same member with its directory is found; a stored ZIP nested in
+    # another is read through the outer directory, and is no hidden member.
+    assert _scan(tmp_path, whole, settings)[0]["verdict"] == "infected"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("inner.zip", _zip(CLEAN))
+    assert _scan(tmp_path, buf.getvalue(), settings)[0]["verdict"] == "clean"
+
+
 @pytest.mark.parametrize(
     ("reply", "sent", "size", "expected"),
     [
@@ -221,6 +293,13 @@ def test_a_zip_python_cannot_read_is_still_never_clean(tmp_path: Path, clamd: Cl
             ("infected", "X.Y", None),
         ),
         ("stream: Evil\x1b[31m\x07Name FOUND\0", 10, 10, ("infected", "Evil[31mName", None)),
+        # AlertEncryptedArchive: unread, not a virus.
+        (
+            "stream: Heuristics.Encrypted.Zip FOUND\0",
+            10,
+            10,
+            ("not_fully_scanned", None, "clamd could not decrypt it (Heuristics.Encrypted.Zip)"),
+        ),
     ],
 )
 def test_clamd_answers_map_to_verdicts(
