@@ -7,6 +7,9 @@ BIGINT.  One check for both, so a stray byte is "not a number", never a 500.
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 MAX_DIGITS = 18  # below 2**63: fits a BIGINT on every backend
 
 
@@ -18,3 +21,20 @@ def ascii_int(raw: str | bytes | None, max_digits: int = MAX_DIGITS) -> int | No
     if not (text.isascii() and text.isdigit()):
         return None
     return int(text)
+
+
+# What no database stores alike: PostgreSQL refuses NUL in text and JSONB, and
+# a lone surrogate cannot be UTF-8 at all, yet SQLite kept both, and every
+# answer that carried the value was a 500 from then on.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable(value: Any) -> bool:
+    """Whether every string in ``value`` (a JSON value, keys included) can be stored."""
+    if isinstance(value, str):
+        return _UNSTORABLE.search(value) is None
+    if isinstance(value, dict):
+        return all(storable(k) and storable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(storable(v) for v in value)
+    return True

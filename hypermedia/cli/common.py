@@ -304,6 +304,8 @@ def json_object(text: str, option: str) -> dict[str, Any]:
         parsed = json.loads(text)
     except json.JSONDecodeError:
         raise InvalidRequest(f"{option} is not valid JSON") from None
+    except (ValueError, RecursionError):  # an integer of 4,300+ digits; nesting past the stack
+        raise InvalidRequest(f"{option} nests too deep or holds too long a number") from None
     if not isinstance(parsed, dict):
         raise InvalidRequest(f"{option} must be a JSON object")
     return parsed

@@ -69,9 +69,14 @@ class Enqueuing:
         with self.db.tx() as tx:
             ids: list[int] = []
             held: dict[str, list[Any]] = {}
+            # One reading of each profile for the whole request: read again
+            # per chunk, a version deactivated or created meanwhile (READ
+            # COMMITTED) split one `--count N` between two versions.
+            profiles: dict[str, Row] = {}
             for start in range(0, len(jobs), chunk):
                 more = start + chunk < len(jobs)
-                ids += self.enqueue_in(tx, jobs[start : start + chunk], held=held, more=more)
+                part = jobs[start : start + chunk]
+                ids += self.enqueue_in(tx, part, held=held, more=more, profiles=profiles)
             return ids
 
     def enqueue_in(
@@ -81,6 +86,7 @@ class Enqueuing:
         *,
         held: dict[str, list[Any]] | None = None,
         more: bool = False,
+        profiles: dict[str, Row] | None = None,
     ) -> list[int]:
         """``enqueue_many`` inside the caller's transaction: the jobs commit with its other writes.
 
@@ -89,9 +95,10 @@ class Enqueuing:
         job is validated before anything is written.  A concurrent enqueue of
         the same key raises Conflict: the caller's transaction must roll back.
         ``held``: budgets this transaction checked already (see ``check_budgets``);
-        ``more``: jobs of the same request come in later chunks.
+        ``more``: jobs of the same request come in later chunks; ``profiles``:
+        the profiles its earlier chunks read, by reference.
         """
-        profiles: dict[str, Row] = {}
+        profiles = {} if profiles is None else profiles
         found: dict[int, int] = {}
         built: list[tuple[int, Row, str]] = []
         for i, j in enumerate(jobs):

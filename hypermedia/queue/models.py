@@ -10,6 +10,7 @@ from typing import Any
 
 from hypermedia.config import DEFAULT_PROJECT
 from hypermedia.errors import InvalidRequest
+from hypermedia.parse import storable
 
 QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,49}")
 # A job's params are settings, not data (inputs are objects): every claim reads
@@ -38,6 +39,9 @@ def check_project_id(project_id: str) -> str:
     return project_id
 
 
+UNSTORABLE = "{what} must not hold NUL characters or lone surrogates (\\ud800-\\udfff)"
+
+
 def check_params(params: dict[str, Any]) -> dict[str, Any]:
     try:
         size = len(json.dumps(params, separators=(",", ":"), allow_nan=False).encode())
@@ -45,6 +49,8 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
         raise InvalidRequest("params must be plain JSON") from None
     if size > MAX_PARAMS_BYTES:
         raise InvalidRequest(f"params take at most {MAX_PARAMS_BYTES // 1024} KiB as JSON")
+    if not storable(params):
+        raise InvalidRequest(UNSTORABLE.format(what="params"))
     return params
 
 

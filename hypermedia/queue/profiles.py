@@ -24,8 +24,9 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from hypermedia.errors import Conflict, InvalidRequest, JobError, NotFound
+from hypermedia.parse import storable
 from hypermedia.pipelines import registry
-from hypermedia.queue.models import check_project_id, check_queue_name
+from hypermedia.queue.models import UNSTORABLE, check_project_id, check_queue_name
 
 if TYPE_CHECKING:
     from hypermedia.queue.engine import Engine
@@ -365,6 +366,8 @@ def _settings(pipeline: registry.Pipeline, settings: Mapping[str, Any]) -> Row:
 
     if not isinstance(settings, Mapping) or not all(isinstance(k, str) for k in settings):
         raise InvalidRequest("settings must be a JSON object")
+    if not storable(dict(settings)):
+        raise InvalidRequest(UNSTORABLE.format(what="settings"))
     try:
         if pipeline.schema is not None:
             settings = schema.clean_settings(pipeline.schema, settings)

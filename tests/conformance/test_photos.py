@@ -881,3 +881,26 @@ def test_the_bridge_binds_within_its_time_budget_and_goes_on_where_it_stopped(
     _complete(engine, storage, tmp_path)
     assert PhotoBridge(photos, budget_seconds=None).run_once()["variants_done"] == 3
     assert all(_variant_row(driver, pid) is None for pid in more)
+
+
+@pytest.mark.parametrize("database_url", [b for b in BACKENDS if b == "sqlite"], indirect=True)
+def test_a_copy_leaves_out_a_binding_of_a_role_the_schema_refuses(
+    photos: Photos, driver: Driver, no_image_jobs: None
+) -> None:
+    """A legacy producer wrote a role the CHECK refuses (checks turned off):
+    binding it again failed every copy (a 503 on MariaDB, its CHECK error
+    being an OperationalError)."""
+    import sqlalchemy as sa
+
+    src = _add(photos)
+    with driver.tx() as tx:
+        tx.conn.exec_driver_sql("PRAGMA ignore_check_constraints = ON")
+        tx.conn.execute(
+            sa.text("INSERT INTO photo_objects VALUES (:p, :o, 'medium')"),
+            {"p": src["id"], "o": src["object_id"]},
+        )
+        tx.conn.exec_driver_sql("PRAGMA ignore_check_constraints = OFF")
+    copy = photos.copy(src["id"])
+    with driver.read() as tx:
+        roles = {b["role"] for b in tx.bindings_of([copy["id"]])}
+    assert roles == {"original"}

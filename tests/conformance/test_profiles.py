@@ -13,6 +13,7 @@ from hypermedia.pipelines import registry, schema
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob, Output
 from hypermedia.queue.profiles import Prices, Profiles
+from tests.conftest import BACKENDS
 
 from ._helpers import W1, claim_one, done, job_row, outputs, race
 
@@ -281,3 +282,44 @@ def test_a_pipeline_without_schema_checks_settings_with_its_validator(engine: En
     assert Profiles(engine).create(_key(), "debug.sleep", {"max_ms": 5})["settings"] == {
         "max_ms": 5
     }
+
+
+def test_unstorable_text_is_refused_before_anything_is_stored(engine: Engine, resize: str):
+    """SQLite kept a lone surrogate (and NUL), which PostgreSQL refuses: every
+    answer that carried the row was a 500 from then on."""
+    profiles, key = Profiles(engine), _key()
+    for bad in ({"format": "we\ud800bp"}, {"format": "a\x00"}, {"\udcff": 1}):
+        with pytest.raises(InvalidRequest, match="lone surrogates"):
+            profiles.create(key, resize, bad)
+    with pytest.raises(NotFound):
+        profiles.show(key)  # nothing was stored
+    profiles.create(key, resize, {})
+    for params in ({"format": "x\udcff"}, {"nested": ["\x00"]}):
+        with pytest.raises(InvalidRequest, match="lone surrogates"):
+            engine.enqueue(NewJob(resize, params, profile=key))
+
+
+# PostgreSQL: on MariaDB the jobs' foreign key holds a shared lock on the
+# profile row, and the deactivation waits for the request to commit.
+@pytest.mark.parametrize("database_url", [b for b in BACKENDS if b == "postgresql"], indirect=True)
+def test_one_request_of_many_jobs_reads_its_profile_once(engine: Engine, driver, resize: str):
+    """A version deactivated while `--count N` was being written (another
+    transaction, committed between two chunks): the later chunks took the
+    older version, one request split between two."""
+    profiles, key = Profiles(engine), _key()
+    profiles.create(key, resize, {"width": 300})
+    v2 = profiles.create(key, resize, {"width": 400})
+    first_chunk = engine.enqueue_in
+    calls = []
+
+    def enqueue_in(tx, jobs, **kw):  # type: ignore[no-untyped-def]
+        if calls:  # between two chunks, another transaction deactivates v2
+            with driver.tx() as other:
+                other.set_profile_active(v2["profile_id"], False)
+        calls.append(len(jobs))
+        return first_chunk(tx, jobs, **kw)
+
+    engine.enqueue_in = enqueue_in  # type: ignore[method-assign]
+    ids = engine.enqueue_many([NewJob(resize, profile=key) for _ in range(6)], chunk=2)
+    assert calls == [2, 2, 2]
+    assert {engine.get(i)["params"]["width"] for i in ids} == {400}

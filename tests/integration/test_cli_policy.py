@@ -91,6 +91,13 @@ def _case(args: list[str], code: int, said: str, **env: str) -> object:
         _case(["credits", "set-budget", "p", "\u0661\u0660"], USAGE, "whole number"),
         _case(["credits", "set-budget", "p", "1_000"], USAGE, "whole number"),
         _case(["credits", "set-budget", "p", "-5"], USAGE, "whole number"),
+        _case(
+            ["jobs", "submit", "debug.noop", "--params", '{"a":' + "[" * 5000 + "]" * 5000 + "}"],
+            USAGE,
+            "nests too deep",
+        ),
+        _case(["jobs", "submit", "debug.noop", "--params", '{"a":"\\ud800"}'], USAGE, "surrogates"),
+        _case(["photos", "ls", "--album", "\udcff"], USAGE, "valid UTF-8"),
         _case(["tokens", "create", "-p", "p", "--scopes", "root"], USAGE, "scopes must be"),
         _case(["db", "upgrade", "nope"], USAGE, "Can't locate revision"),
         _case(["jobs", "prune", "--older-than-days", "0"], USAGE, "must be above 0"),
