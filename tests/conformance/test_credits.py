@@ -96,12 +96,20 @@ def test_a_pdf_job_is_estimated_for_the_pages_it_renders(engine, driver, storage
         (1, 3, int(2.4 * MB), 9),  # 1 + 7.2 → 8.2, rounded up
         (2, 10, MB // 2, 7),  # exact: not rounded up past 7
         (0, 1, 1, 1),  # a byte is a started MB
-        (0, 1_000_000, 5 * 1024**3, 2**31 - 1),  # capped at what the INT column holds
+        (0, 1_000_000, 2147 * MB, 2_147_000_000),  # near the most one job may cost
     ],
 )
 def test_estimates_round_up_to_whole_credits(engine, base, per_mb, size, expected):
     key = _profile(engine, base=base, per_mb=per_mb)
     assert _estimate(engine, key, input_size_bytes=size) == expected
+
+
+def test_an_estimate_past_what_one_job_may_cost_is_refused(engine):
+    """It was stored capped at 2,147,483,647 (the INT column), so a job priced
+    past a budget of 2.5e9 fitted in it."""
+    key = _profile(engine, per_mb=1_000_000)
+    with pytest.raises(InvalidRequest, match="priced at 5120000000 credits, over the"):
+        _estimate(engine, key, input_size_bytes=5 * 1024**3)
 
 
 # -- budgets -----------------------------------------------------------------------------
