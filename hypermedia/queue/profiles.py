@@ -88,8 +88,8 @@ def estimate(prices: Prices, size_bytes: int, pages: int | None, duration_ms: in
     if prices.flat:  # the common case, and enqueue is hot: no fractions
         return min(MAX_CREDITS, max(0, prices.base))
     mb, pages_, minutes = _probe(size_bytes, pages, duration_ms)
-    total = prices.base + prices.per_mb * mb + prices.per_page * pages_
-    total = math.ceil(total + prices.per_minute * minutes)
+    exact = prices.base + prices.per_mb * mb + prices.per_page * pages_
+    total = math.ceil(exact + prices.per_minute * minutes)
     if total > MAX_CREDITS:
         # Capped, it would fit budgets it does not (a 3,000-page range at a
         # million credits a page, stored as 2,147,483,647).
