@@ -39,6 +39,8 @@ def _digits(value: Any) -> Any:
 
 # A database id in a path: bounded, so a huge number is a 422, not a driver overflow.
 Id = Annotated[int, BeforeValidator(_digits), Path(ge=1, le=2**62)]
+# A whole number in a query string, as strict as an id: "?limit=1_0" was 10.
+Whole = Annotated[int, BeforeValidator(_digits)]
 
 
 def services(request: Request) -> Services:

@@ -6,12 +6,22 @@ The plumbing (templates, the login check, error pages, the Origin check) is in
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import Match
 
-from hypermedia.api.deps import COOKIE, authenticate, check_may_run, may_submit, services, shown
+from hypermedia.api.deps import (
+    COOKIE,
+    Whole,
+    authenticate,
+    check_may_run,
+    may_submit,
+    services,
+    shown,
+)
 from hypermedia.api.errors import error_response
 from hypermedia.api.routes.jobs import check_owner, owned_job, public_job, sse_response
 from hypermedia.api.routes.objects import receive_upload
@@ -337,7 +347,7 @@ def _output_url(
 async def job_stream(
     request: Request,
     job_id: str,
-    after: int = Query(0, ge=0, le=2**62),
+    after: Annotated[Whole, Query(ge=0, le=2**62)] = 0,
     # Unbounded, as in /v1: anything but a plain id is ignored (a 422 would
     # stop the browser's EventSource reconnecting).
     last_event_id: str | None = Header(None),

@@ -406,6 +406,12 @@ def test_ids_in_paths_are_digits_only(client: TestClient, a: Project) -> None:
         r = client.get(f"/v1/objects/{raw}/content?expires=1&sig=x")
         assert r.status_code == 422, (raw, r.status_code)
     assert client.get(f"/v1/objects/{n}", headers=bearer(a.admin)).json()["object_id"] == ids[-1]
+    # Whole numbers in query strings too: "?limit=1_0" was a page of 10.
+    for route in ("/v1/objects", "/v1/jobs", "/v1/photos"):
+        for raw in ("1_0", "5.0", "+5", "%205", "%EF%BC%95"):
+            r = client.get(f"{route}?limit={raw}", headers=bearer(a.admin))
+            assert r.status_code == 422, (route, raw, r.status_code)
+        assert client.get(f"{route}?limit=5", headers=bearer(a.admin)).status_code == 200
 
 
 def test_a_range_is_a_206_part_and_the_whole_a_checked_body(

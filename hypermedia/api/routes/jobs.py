@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import anyio.to_thread
@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from hypermedia.api.deps import Id, check_may_run, owned, scoped, services, shown
+from hypermedia.api.deps import Id, Whole, check_may_run, owned, scoped, services, shown
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.auth.tokens import Principal
 from hypermedia.db.dialects import is_transient
@@ -177,7 +177,7 @@ def list_jobs(
     status: str | None = Query(None, max_length=20, description=", ".join(STATUSES)),
     job_type: str | None = Query(None, max_length=50, pattern=NAME),
     queue: str | None = Query(None, max_length=50, pattern=NAME),
-    limit: int = Query(50, ge=1, le=500),
+    limit: Annotated[Whole, Query(ge=1, le=500)] = 50,
     cursor: str | None = Query(None, max_length=40),
     principal: Principal = scoped("jobs:read"),
 ) -> Row:
@@ -225,7 +225,9 @@ def retry_job(job_id: Id, request: Request, principal: Principal = scoped("jobs:
 async def job_events(
     job_id: Id,
     request: Request,
-    after: int = Query(0, ge=0, le=2**62, description="only events after this event id"),
+    after: Annotated[
+        Whole, Query(ge=0, le=2**62, description="only events after this event id")
+    ] = 0,
     last_event_id: str | None = Header(None),
     principal: Principal = scoped("jobs:read"),
 ) -> Any:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Annotated, Any, BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
 from fastapi import APIRouter, Query, Request
@@ -30,7 +30,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Send
 
 from hypermedia import leftovers
-from hypermedia.api.deps import Id, owned, scoped, services
+from hypermedia.api.deps import Id, Whole, owned, scoped, services
 from hypermedia.api.errors import ApiError
 from hypermedia.api.openapi import upload_body
 from hypermedia.api.paging import decode_cursor, page
@@ -361,7 +361,7 @@ async def upload_object(
 def list_objects(
     request: Request,
     state: str | None = Query(None, max_length=10, description=", ".join(OBJECT_STATES)),
-    limit: int = Query(50, ge=1, le=500),
+    limit: Annotated[Whole, Query(ge=1, le=500)] = 50,
     cursor: str | None = Query(None, max_length=40),
     principal: Principal = scoped("objects:read"),
 ) -> Row:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from hypermedia.api.deps import scoped, services
+from hypermedia.api.deps import Whole, scoped, services
 from hypermedia.api.openapi import upload_body
 from hypermedia.api.routes.objects import Upload, receive_upload
 from hypermedia.auth.tokens import Principal
@@ -134,7 +134,7 @@ async def upload_photo(
 def list_photos(
     request: Request,
     album: str | None = Query(None, max_length=200, pattern=NO_CONTROLS),
-    limit: int = Query(50, ge=1, le=500),
+    limit: Annotated[Whole, Query(ge=1, le=500)] = 50,
     cursor: str | None = Query(None, max_length=200),
     principal: Principal = scoped("objects:read"),
 ) -> Row:

@@ -36,12 +36,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from hypermedia.api.deps import scoped, services, shown
+from hypermedia.api.deps import Whole, scoped, services, shown
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import StaleTransition
@@ -116,8 +116,8 @@ def list_jobs(
     request: Request,
     status: SeedStatus | None = Query(None),
     job_type: SeedJobType | None = Query(None),
-    file_id: int | None = Query(None, ge=1, le=2**62),
-    limit: int = Query(50, ge=1, le=500),
+    file_id: Annotated[Whole | None, Query(ge=1, le=2**62)] = None,
+    limit: Annotated[Whole, Query(ge=1, le=500)] = 50,
     cursor: str | None = Query(None, max_length=40),
     principal: Principal = scoped("jobs:read"),
 ) -> Row:
