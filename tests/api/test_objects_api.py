@@ -292,7 +292,7 @@ def test_a_small_corrupted_blob_is_refused_and_logged(
 
 
 def test_head_answers_the_download_headers_without_the_bytes(
-    client: TestClient, a: Project
+    client: TestClient, a: Project, svc: Services
 ) -> None:
     obj = upload(client, a.admin, b"some bytes", filename="a.txt")
     url = client.get(f"/v1/objects/{obj['object_id']}/url", headers=bearer(a.admin)).json()["url"]
@@ -304,6 +304,13 @@ def test_head_answers_the_download_headers_without_the_bytes(
         == "attachment; filename=\"a.txt\"; filename*=UTF-8''a.txt"
     )
     assert client.head(url.replace("sig=", "sig=0")).status_code == 403
+    # A blob gone missing is a 404 for HEAD as for GET, a part asked or not.
+    row = svc.storage.get(int(str(obj["object_id"])))
+    blob = Path(svc.storage.backend(row["pool_id"]).root) / row["storage_key"]  # type: ignore[attr-defined]
+    blob.unlink()
+    for headers in ({}, {"Range": "bytes=2-4"}):
+        assert client.head(url, headers=headers).status_code == 404
+        assert client.get(url, headers=headers).status_code == 404
 
 
 def test_list_is_the_projects_own_newest_first_with_a_cursor(

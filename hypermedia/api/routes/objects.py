@@ -449,7 +449,6 @@ async def object_content(
     if head:
         stack.close()
         return Response(status_code=status, media_type=media_type, headers=headers)
-    assert src is not None
     return _Download(
         _held_back(stack, src, first, object_id),
         status_code=status,
@@ -475,7 +474,7 @@ class _Unsatisfiable(HypermediaError):
 
 def _start(
     st: Storage, object_id: int, stack: contextlib.ExitStack, asked: Headers, read: bool
-) -> tuple[Row, tuple[int, int] | None, BinaryIO | None, bytes]:
+) -> tuple[Row, tuple[int, int] | None, BinaryIO, bytes]:
     """What must work before the headers go: the row, the part asked for
     (None: all of it), the open blob and its first chunk.
 
@@ -489,13 +488,12 @@ def _start(
         part = byte_range(asked.get("range"), size, asked.get("if-range"), etag(row["checksum"]))
     except RangeNotSatisfiable:
         raise _Unsatisfiable(size) from None
-    if not read:
-        return row, part, None, b""
+    # Opened for HEAD too (a blob gone missing is a 404 for both), read for GET.
     if part is None or part == (0, size):
         src = stack.enter_context(st.open_row(row))
     else:
         src = stack.enter_context(st.open_part(row, *part))
-    return row, part, src, src.read(CHUNK)
+    return row, part, src, src.read(CHUNK) if read else b""
 
 
 def _download_headers(row: Row, part: tuple[int, int] | None) -> tuple[int, dict[str, str]]:
