@@ -109,3 +109,44 @@ def test_chance_signatures_in_other_data_are_not_members(tmp_path: Path) -> None
     # "PK\3\4" followed by an unknown method, or no name: not a header.
     noise = b"PK\x03\x04" * 1000 + b"PK\x03\x04\x14\x00\x00\x00\x07\x00" + b"\xff" * 40
     assert _largest(tmp_path, noise) == 0
+
+
+def _survey(tmp_path: Path, data: bytes) -> zipsizes.Survey:
+    path = tmp_path / "input"
+    path.write_bytes(data)
+    return zipsizes.survey(str(path))
+
+
+def test_a_survey_says_what_clamd_would_not_read(tmp_path: Path) -> None:
+    plain = _zip({"a": b"x" * 100, "b": b"y" * 10})
+    assert _survey(tmp_path, plain) == zipsizes.Survey(largest=100)
+    # Flag bit 0 in a local header: an encrypted member.
+    flagged = bytearray(plain)
+    flagged[6] |= 1
+    assert _survey(tmp_path, bytes(flagged)).encrypted
+    # Cut before its directory: members only local headers show.
+    cut = plain[: plain.find(b"PK\x01\x02")]
+    assert _survey(tmp_path, cut).hidden
+    # A member the directory leaves out (another archive's member spliced in
+    # front; Python reads the directory past it, clamd would too).
+    extra = _zip({"hidden": b"z" * 50})
+    spliced = extra[: extra.find(b"PK\x01\x02")] + plain
+    assert zipfile.ZipFile(io.BytesIO(spliced)).namelist() == ["a", "b"]
+    assert _survey(tmp_path, spliced).hidden
+    # A ZIP stored whole inside another is inside a listed member's data: not hidden.
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("inner.zip", plain)
+    assert _survey(tmp_path, buf.getvalue()) == zipsizes.Survey(largest=len(plain))
+    # Not a ZIP at all.
+    assert _survey(tmp_path, b"%PDF-1.7 " + os.urandom(500)) == zipsizes.Survey()
+
+
+def test_a_directory_understating_a_streamed_member_is_corrected_by_its_descriptor(
+    tmp_path: Path,
+) -> None:
+    streamed = bytearray(_streamed({"a": BIG}))
+    central = streamed.find(b"PK\x01\x02")
+    streamed[central + 24 : central + 28] = (100).to_bytes(4, "little")
+    assert zipfile.ZipFile(io.BytesIO(bytes(streamed))).infolist()[0].file_size == 100
+    assert _largest(tmp_path, bytes(streamed)) == len(BIG)
