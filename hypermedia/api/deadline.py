@@ -38,13 +38,24 @@ def head_deadline(seconds: float) -> type[H11Protocol]:
 
         def handle_events(self) -> None:
             super().handle_events()
-            if self.conn.their_state is not h11.IDLE:  # the head is in: the body's own timers
-                self._disarm()
+            if not self._waiting_for_head():
+                self._disarm()  # a request under way: the body has its own timers
+            elif self._head_timer is None:
+                # The next request, after an answer given before its body was
+                # in (a 401 to an upload): the cycle turned over here, not in
+                # on_response_complete, and nothing was timed.
+                self._arm()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
-                self._arm()  # the next request's head, on a kept-alive connection
+            if not self.transport.is_closing() and self._waiting_for_head():
+                self._arm()  # the next request's head, or the rest of an unwanted body
+
+        def _waiting_for_head(self) -> bool:
+            """No request is being served: the next one's head is awaited (or
+            the tail of a body answered already)."""
+            answered = self.cycle is None or self.cycle.response_complete
+            return self.conn.their_state is h11.IDLE or answered
 
         def _arm(self) -> None:
             self._disarm()
@@ -57,7 +68,7 @@ def head_deadline(seconds: float) -> type[H11Protocol]:
 
         def _late(self) -> None:
             self._head_timer = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            if self._waiting_for_head() and not self.transport.is_closing():
                 log.info("closed a connection whose request head took over %g s", seconds)
                 self.transport.close()
 

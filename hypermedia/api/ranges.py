@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 
 # ASCII digits, at most 19 of them: int() would read other scripts' digits,
-# and no object is larger than 2**63.
-_SPEC = re.compile(r"bytes=([0-9]{0,19})-([0-9]{0,19})")
+# and no object is larger than 2**63.  The unit in any case (RFC 9110 §14.1),
+# blanks only around "=" and "-": "bytes=1 0-20" does not parse.
+_SPEC = re.compile(r"[ \t]*bytes[ \t]*=[ \t]*([0-9]{0,19})[ \t]*-[ \t]*([0-9]{0,19})[ \t]*", re.I)
 
 
 class RangeNotSatisfiable(Exception):
@@ -33,7 +34,7 @@ def byte_range(
     a date: no Last-Modified is sent) asks for the whole body."""
     if not header or (if_range is not None and if_range.strip() != tag):
         return None
-    match = _SPEC.fullmatch(header.strip().replace(" ", ""))
+    match = _SPEC.fullmatch(header)
     if match is None:
         return None  # several ranges, another unit, or not a range at all
     first, last = match.groups()

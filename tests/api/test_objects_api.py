@@ -289,6 +289,12 @@ def test_a_small_corrupted_blob_is_refused_and_logged(
     assert got.status_code == 500 and got.json()["code"] == "object_corrupt"
     assert data not in got.content
     assert f"object {obj_id}: download refused" in caplog.text
+    # Cut short, as a whole or as a range over all of it: refused before the
+    # headers too (it answered 200 with nothing after them).
+    blob.write_bytes(data[:-10])
+    for headers in ({}, {"Range": "bytes=0-"}, {"Range": "bytes=5-"}):
+        got = client.get(url, headers=headers)
+        assert got.status_code == 500 and got.json()["code"] == "object_corrupt", headers
 
 
 def test_head_answers_the_download_headers_without_the_bytes(

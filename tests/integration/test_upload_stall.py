@@ -191,6 +191,13 @@ def test_a_request_head_that_never_completes_is_closed(tmp_path: Path) -> None:
             assert kept.recv(65536).startswith(b"HTTP/1.1 200")
             kept.sendall(b"GET /healthz HTTP/1.1\r\n")  # and no more
             assert _closed_within(kept, 10) < 5
+        # An upload answered before its body came (no token: 401), then its
+        # body: the next head is timed from there (it was not timed at all).
+        with socket.create_connection(("127.0.0.1", port)) as early:
+            early.sendall(b"POST /v1/objects HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n")
+            assert early.recv(65536).startswith(b"HTTP/1.1 401")
+            early.sendall(b"0123456789")
+            assert _closed_within(early, 10) < 5
         # A slow body is not the head's business: its own idle timer (60 s) holds.
         with socket.create_connection(("127.0.0.1", port)) as slow:
             token = (home / "admin-token").read_text().strip()

@@ -19,6 +19,7 @@ TAG = etag("sha256:ab12")
         ("bytes=-500", 100, (0, 100)),  # a suffix longer than the body: all of it
         ("bytes=99-99", 100, (99, 1)),
         (" bytes = 3 - 4 ", 100, (3, 2)),
+        ("BYTES=0-9", 100, (0, 10)),  # units are case-insensitive (RFC 9110 §14.1)
         # Ignored: the whole body (200), as the RFC allows.
         (None, 100, None),
         ("", 100, None),
@@ -26,6 +27,7 @@ TAG = etag("sha256:ab12")
         ("items=0-9", 100, None),  # another unit
         ("bytes=9-0", 100, None),  # last before first: invalid
         ("bytes=-", 100, None),
+        ("bytes=1 0-20", 100, None),  # a blank inside a number: not 10-20
         ("bytes=\u0661-\u0662", 100, None),  # digits of another script
         ("bytes=" + "9" * 20 + "-", 100, None),  # past any object's size
     ],
