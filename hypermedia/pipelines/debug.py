@@ -15,12 +15,15 @@ recorded once); ``{"steps": N}`` (report progress N times while sleeping);
 pipe, as code that took over the child through a decoder bug would: a
 ``pickle`` that creates PATH if anybody unpickles it, a ``huge`` frame header,
 or ``junk``, JSON of the wrong shape).  ``{"probe": {"read": [PATH…],
-"write": [PATH…], "connect": [PORT…], "unix": [PATH…], "signal": [PID…]}}``
-tries each (``connect``: TCP on 127.0.0.1; ``unix``: a Unix socket by path)
+"write": [PATH…], "connect": [PORT…], "unix": [PATH…], "signal": [PID…],
+"plant": [NAME…]}}`` tries each (``connect``: TCP on 127.0.0.1; ``unix``: a
+Unix socket by path; ``plant``: a file left in scratch, the folder's mtime set back)
 and reports which it could do, to check the child's sandbox
 (worker/sandbox.py; ``"$input"`` is the attempt's input file).  Its attempt
 runs in a child that may open sockets only with ``{"network": true}``
-(worker/seccomp.py), as a virus scan's does.  ``{"stray": true}`` leaves a
+(worker/seccomp.py), as a virus scan's does.  ``{"linger": true}`` forks a
+process half a second after the attempt ends, from a thread (past the
+child's check).  ``{"stray": true}`` leaves a
 process running after the attempt (a double fork that tries setsid first) and
 reports its pid: the worker must kill it with its child.  ``{"say": N}``
 writes N lines to stderr with a control character in each, as a chatty
@@ -44,6 +47,7 @@ import socket
 import stat
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -63,7 +67,7 @@ def _validate_noop(params: dict[str, Any], settings: dict[str, Any]) -> dict[str
     return {}
 
 
-_PROBES = ("read", "write", "connect", "unix", "signal")
+_PROBES = ("read", "write", "connect", "unix", "signal", "plant")
 
 
 # A profile's cap on debug.sleep's ms: the longest attempt timeout (7 days).
@@ -88,7 +92,7 @@ def _no_settings(settings: dict[str, Any], job_type: str) -> None:
 
 def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     allowed = {"ms", "fail", "crash", "abort", "alloc_mb", "steps", "output", "nan", "forge"}
-    allowed |= {"marker", "write_mb", "leak_mb", "probe", "network", "stray", "say"}
+    allowed |= {"marker", "write_mb", "leak_mb", "probe", "network", "stray", "say", "linger"}
     unknown = set(params) - allowed
     if unknown:
         raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
@@ -111,7 +115,7 @@ def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[st
     steps = params.get("steps", 1)
     if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps <= 1000:
         raise JobError("INVALID_PARAMS", "steps must be an integer from 0 to 1000")
-    for flag in ("output", "nan", "network", "stray", "abort"):
+    for flag in ("output", "nan", "network", "stray", "abort", "linger"):
         if not isinstance(params.get(flag, False), bool):
             raise JobError("INVALID_PARAMS", f"{flag} must be true or false")
     if params.get("forge", "pickle") not in _FORGED:
@@ -200,6 +204,8 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
     # What the attempt saw of its sandbox, so tests can check the isolation.
     from hypermedia.worker import sandbox
 
+    if params.get("linger"):
+        _linger()
     return {
         **({"stray": _stray()} if params.get("stray") else {}),
         "sandbox": sandbox.ACTIVE,
@@ -211,6 +217,19 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
         "cwd": os.getcwd(),
         "db_loaded": any(m.startswith(("sqlalchemy", "hypermedia.db")) for m in sys.modules),
     }
+
+
+def _linger() -> None:
+    """Start a process half a second after the attempt ends, past the
+    child's check for processes left running (a thread left behind)."""
+
+    def later() -> None:
+        time.sleep(0.5)
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+
+    threading.Thread(target=later, daemon=True).start()
 
 
 def _stray() -> dict[str, Any]:
@@ -264,12 +283,21 @@ def _probe(probe: dict[str, list[Any]], input_path: str | None) -> dict[str, dic
     def signal_(pid: int) -> None:
         os.kill(pid, 0)
 
+    def plant(name: str) -> None:
+        """Leave a file in scratch and set the folder's mtime back, as if
+        nothing were there (what a slot once judged emptiness by)."""
+        before = os.stat(".")
+        with open(name, "w") as f:
+            f.write("planted")
+        os.utime(".", ns=(before.st_atime_ns, before.st_mtime_ns))
+
     actions: dict[str, Callable[[Any], None]] = {
         "read": read,
         "write": write,
         "connect": connect,
         "unix": unix,
         "signal": signal_,
+        "plant": plant,
     }
     return {
         kind: {str(x): can(action, input_path if x == "$input" else x) for x in probe.get(kind, [])}

@@ -89,22 +89,27 @@ def _status_field(status: bytes, field: bytes) -> int | None:
         return None
 
 
-def _soft_limit(which: int, mb: int) -> None:
-    """Lower ``which`` to ``mb`` MiB (never above its hard limit)."""
+def _cap(which: int, mb: int, ceiling_mb: int) -> None:
+    """``which`` at ``mb`` MiB for this attempt, and its hard limit at the
+    worker's ceiling for any: with the hard limit left as it was, attempt code
+    raised the soft one back (400 MiB allocated under a 256 MiB limit).  A
+    hard limit only goes down, so every attempt gets the same ceiling."""
     _, hard = resource.getrlimit(which)
-    soft = mb * 1024 * 1024
-    if hard != resource.RLIM_INFINITY:
-        soft = min(soft, hard)
-    resource.setrlimit(which, (soft, hard))
+    ceiling = ceiling_mb * 1024 * 1024
+    if hard == resource.RLIM_INFINITY or hard > ceiling:
+        hard = ceiling
+    resource.setrlimit(which, (min(mb * 1024 * 1024, hard), hard))
 
 
-def _limit(mem_mb: int | None, cpu_s: int | None, file_mb: int | None) -> None:
+def _limit(
+    mem_mb: int | None, cpu_s: int | None, file_mb: int | None, ceiling_mb: int | None = None
+) -> None:
     if file_mb:
         # Python ignores SIGXFSZ: a write past this fails with EFBIG instead
         # (and a tool started with subprocess dies of SIGXFSZ).
-        _soft_limit(resource.RLIMIT_FSIZE, file_mb)
+        _cap(resource.RLIMIT_FSIZE, file_mb, file_mb)
     if mem_mb:
-        _soft_limit(resource.RLIMIT_AS, mem_mb)
+        _cap(resource.RLIMIT_AS, mem_mb, max(mem_mb, ceiling_mb or mem_mb))
     if cpu_s:
         # Fix: RLIMIT_CPU counts user *and* system time.  Counting only
         # ru_utime put the limit below what a warm child had already used once
@@ -147,7 +152,7 @@ def run_attempt(msg: dict[str, Any], out: int, memory: _Memory) -> bytes:
     os.chdir(msg["scratch"])
     memory.reset_peak()
     cpu0 = _cpu_ms()
-    _limit(msg.get("mem_mb"), msg.get("cpu_s"), msg.get("file_mb"))
+    _limit(msg.get("mem_mb"), msg.get("cpu_s"), msg.get("file_mb"), msg.get("mem_ceiling_mb"))
     try:
         pipeline = registry.get(msg["job_type"])
         ctx = registry.Context(msg["scratch"], report, msg.get("input"), budget)

@@ -144,6 +144,10 @@ class Child:
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                # Its group too: a process an attempt left running (forked
+                # after the attempt's own check) outlived the child, orphaned.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
                 self._close()
                 return
             time.sleep(0.01)

@@ -41,6 +41,7 @@ _PR_SET_NO_NEW_PRIVS = 38
 # Filesystem rights, by the ABI version that introduced them.
 _EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 _FS_V1 = (1 << 13) - 1  # execute … make_sym
+_MAKE_CHAR, _MAKE_BLOCK = 1 << 6, 1 << 11
 _REFER, _TRUNCATE, _IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
 _FILE_RIGHTS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE | _IOCTL_DEV
 _READ = _EXECUTE | _READ_FILE | _READ_DIR
@@ -157,6 +158,7 @@ def confine(spec: Spec) -> int | None:
     global ACTIVE, OFFLINE
     if spec.mode == "off":
         return None
+    drop_capabilities()
     version = abi()
     if version == 0 and spec.mode == "required":
         raise OSError("Landlock is not available in this kernel")
@@ -166,6 +168,45 @@ def confine(spec: Spec) -> int | None:
     # After Landlock: its rules are opened by path, which needs no socket.
     OFFLINE = seccomp.restrict(network=spec.network) and not spec.network
     return version or None
+
+
+# capget/capset by machine, the capability ABI they take (v3: two 32-bit
+# words per set), and prctl's bounding-set drop.
+_CAP_SYSCALLS = {"x86_64": (125, 126), "aarch64": (90, 91)}
+_CAP_V3 = 0x20080522
+_PR_CAPBSET_DROP = 24
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def drop_capabilities() -> None:
+    """Give up every capability for good (a worker run as root, a
+    container's default).  Landlock binds root too, but not what capabilities
+    grant besides files: CAP_SYS_RESOURCE raised the attempt's hard memory
+    and file-size limits again, CAP_MKNOD and CAP_CHOWN reached devices and
+    other users' files.  A child needs none: it reads and writes files of its
+    own user.  A process without capabilities loses nothing here."""
+    import platform
+
+    numbers = _CAP_SYSCALLS.get(platform.machine())
+    if numbers is None or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in range(64):  # the bounding set, for what an exec could regain
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last one, EPERM unprivileged
+    header, data = _CapHeader(_CAP_V3, 0), (_CapData * 2)()
+    if libc.syscall(numbers[1], ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
 
 
 def _landlock(spec: Spec, version: int) -> None:
@@ -187,7 +228,8 @@ def _landlock(spec: Spec, version: int) -> None:
         for path in _READ_WRITE_FILES:
             _allow(libc, ruleset, path, (_READ_FILE | _WRITE_FILE | _TRUNCATE) & fs)
         for path in spec.write:
-            _allow(libc, ruleset, path, fs)
+            # No device nodes: one made there opened what /dev keeps closed.
+            _allow(libc, ruleset, path, fs & ~(_MAKE_CHAR | _MAKE_BLOCK | _IOCTL_DEV))
         # Its own /proc entry (the peak-memory reset writes clear_refs).
         _allow(libc, ruleset, f"/proc/{os.getpid()}", (_READ | _WRITE_FILE | _TRUNCATE) & fs)
         for port in (spec.connect_ports or []) if net else []:

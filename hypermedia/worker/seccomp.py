@@ -84,7 +84,36 @@ REFUSED: dict[str, tuple[int | None, int | None]] = {
     "io_uring_setup": (425, 425),
     "io_uring_enter": (426, 426),
     "io_uring_register": (427, 427),
+    # Device nodes: one made in the scratch folder opened the kernel log, the
+    # memory or the disk of a root worker (Landlock refuses them too).
+    "mknod": (133, None),
+    "mknodat": (259, 33),
+    # A file's metadata by path: Landlock governs reading and writing, not
+    # these, and they reached files the child cannot open (chmod 777 of the
+    # database, chown or setuid bits anywhere as root).  On an open
+    # descriptor (fchmod…) they stay: the child opens only what it may.
+    "chmod": (90, None),
+    "fchmodat": (268, 53),
+    "fchmodat2": (452, 452),
+    "chown": (92, None),
+    "lchown": (94, None),
+    "fchownat": (260, 54),
+    "utime": (132, None),
+    "utimes": (235, None),
+    "futimesat": (261, None),
+    "utimensat": (280, 88),
+    "setxattr": (188, 5),
+    "lsetxattr": (189, 6),
+    "removexattr": (197, 14),
+    "lremovexattr": (198, 15),
+    "setxattrat": (463, 463),
+    "removexattrat": (466, 466),
+    # No pipeline serves: listen() binds a port of its own, which Landlock's
+    # bind rule does not see.
+    "listen": (50, 201),
 }
+# Newer than the kernel headers Debian 12 ships (test_seccomp.py skips them there).
+RECENT = frozenset({"fchmodat2", "setxattrat", "removexattrat"})
 # Refused unless the child may use the network; then only for these
 # families (AF_UNIX, AF_INET, AF_INET6) and types (SOCK_STREAM, SOCK_DGRAM).
 SOCKET = (41, 198)

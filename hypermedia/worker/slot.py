@@ -131,7 +131,7 @@ class Slot:
         # Its path is made once (pathlib costs more than the stat itself).
         self.scratch = cfg.scratch_root / f"slot-{index}"
         self._scratch_str = str(self.scratch)
-        self._scratch_mtime: int | None = None
+        self._scratch_made = False
         # The input waits beside scratch, not in it: on a local pool it is a
         # hard link to the stored blob, and a sandboxed child may only read
         # this folder (a write through the link would change the original).
@@ -185,10 +185,10 @@ class Slot:
             )
             return True
         scratch = self.scratch
-        if self._scratch_mtime is None:
+        if not self._scratch_made:
             scratch.mkdir(parents=True, exist_ok=True)
             self.inbox.mkdir(parents=True, exist_ok=True)
-            self._scratch_mtime = os.stat(self._scratch_str).st_mtime_ns
+            self._scratch_made = True
         rj.started = True
         self.flusher.started(job.job_id, job.attempt)
         try:
@@ -208,11 +208,12 @@ class Slot:
             if rj.input_name is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(self.inbox / rj.input_name)
-            # A directory's mtime changes whenever an entry is added or removed:
-            # one stat() tells whether the attempt left anything behind.
-            if os.stat(self._scratch_str).st_mtime_ns != self._scratch_mtime:
+            # Listed, not judged by its mtime: the child may write the folder,
+            # so it could set the mtime back and leave files to the next job.
+            with os.scandir(self._scratch_str) as entries:
+                left = next(entries, None) is not None
+            if left:
                 _empty(scratch)
-                self._scratch_mtime = os.stat(self._scratch_str).st_mtime_ns
 
     def _hand_off(
         self, job: Claimed, res: AttemptResult, declared: list[dict], scratch: Path
@@ -252,6 +253,7 @@ class Slot:
             "params": job.params,
             "scratch": self._scratch_str,
             "mem_mb": mem,
+            "mem_ceiling_mb": self.cfg.memory_ceiling_mb,
             "cpu_s": job.timeout_seconds + 5,
             "file_mb": self.cfg.max_file_mb,
             "input": f"{self.inbox}/{input_name}" if input_name else None,
@@ -357,9 +359,11 @@ class Slot:
         if msg["cpu_total_ms"] is not None:
             child.cpu_seen_ms = msg["cpu_total_ms"]
         code = msg["code"]
-        if code == "OOM" or msg["stray"]:
-            # Never reused: a child that hit its memory limit, or one whose
-            # attempt left a process running (killed with its whole group).
+        if code in ("OOM", "PERMISSION_DENIED") or msg["stray"]:
+            # Never reused: a child that hit its memory limit, one whose
+            # attempt left a process running (killed with its whole group),
+            # or one that tried to reach outside its sandbox (an exploited
+            # decoder may have left a thread behind, waiting for later jobs).
             self._kill()
             self._replace(rj)
         elif child.attempts >= self.cfg.max_attempts_per_child or (

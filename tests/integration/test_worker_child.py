@@ -8,8 +8,10 @@ progress goes through a JSON column and runs on every database.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import signal
 import stat
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from hypermedia.storage.ledger import Storage
 from hypermedia.worker.pool import Child
 from tests.harness import hypermedia, stop
 from tests.integration._procs import (
+    TERMINAL,
     Procs,
     attempts,
     events,
@@ -215,6 +218,58 @@ def test_a_process_an_attempt_leaves_running_is_killed_with_its_child(
     third = run_one(driver, live, {"ms": 0})
     assert third["pid"] == second["pid"]  # a clean attempt keeps its child warm
     assert w.alive()
+
+
+@sqlite_only
+def test_what_an_attempt_leaves_in_scratch_never_reaches_the_next(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """The slot emptied its scratch folder only when the folder's mtime had
+    changed, which the attempt may set back (unconfined here: a confined
+    child may not change a file's times at all)."""
+    procs.worker("--concurrency", "1", "--no-maintenance", HYPERMEDIA_CHILD_SANDBOX="off")
+    first = run_one(driver, live, {"probe": {"plant": ["planted.txt"]}})
+    assert first["probe"]["plant"] == {"planted.txt": True}
+    second = run_one(driver, live, {"probe": {"read": ["planted.txt"]}})
+    assert second["pid"] == first["pid"]  # the same warm child, the same folder
+    assert second["probe"]["read"] == {"planted.txt": False}
+
+
+@sqlite_only
+def test_a_child_whose_attempt_was_refused_by_its_sandbox_is_not_reused(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """PERMISSION_DENIED: the attempt reached for what its sandbox keeps; a
+    decoder taken over may have left a thread behind for the next job."""
+    procs.worker("--concurrency", "1", "--no-maintenance")
+    before = run_one(driver, live, {"ms": 0})["pid"]
+    denied = wait_job(driver, submit(live, {"fail": "PERMISSION_DENIED"}), TERMINAL, 30)
+    assert denied["error_code"] == "PERMISSION_DENIED"
+    assert run_one(driver, live, {"ms": 0})["pid"] != before
+
+
+@sqlite_only
+def test_a_process_started_after_the_attempt_dies_with_its_child(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """Forked from a thread once the attempt's own check was done, it
+    outlived the child at a drain (or a recycle), orphaned."""
+    w = procs.worker("--concurrency", "1", "--no-maintenance")
+    child = run_one(driver, live, {"linger": True})["pid"]
+
+    def lingering() -> list[int]:
+        found = []
+        for p in psutil.process_iter(["pid"]):
+            with contextlib.suppress(OSError, psutil.Error):
+                if p.pid != child and os.getpgid(p.pid) == child:
+                    found.append(p.pid)
+        return found
+
+    eventually(lambda: bool(lingering()), 10, "the attempt's thread forks")
+    left = lingering()
+    w.proc.send_signal(signal.SIGTERM)  # a drain: the child is asked to exit
+    assert w.proc.wait(30) == 0
+    eventually(lambda: all(gone(pid) for pid in left), 10, "the lingering process is killed")
 
 
 @sqlite_only
