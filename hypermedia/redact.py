@@ -26,7 +26,10 @@ _PATTERNS = [
         ),
         r"\1=[redacted]",
     ),
-    (re.compile(r"\bhm_[A-Za-z0-9]{8,}\b"), "[token]"),
+    # API tokens (hm_<10 public>_<32 url-safe secret>) and dashboard session
+    # secrets (hms_<43>), whole: "\bhm_[A-Za-z0-9]{8,}\b" never matched a
+    # real token (the "_" after its public part is a word character).
+    (re.compile(r"(?<![A-Za-z0-9])hms?_[A-Za-z0-9_-]{8,}"), "[token]"),  # as _TOKEN
     # An AWS SigV4 Authorization header quoted in an error: its key id and
     # signature ("Credential=AKIA…/20261204/…, Signature=ab12…").
     (re.compile(r"(?i)\b(credential|signature)=[^\s,'\"]+"), r"\1=[redacted]"),
@@ -66,3 +69,12 @@ def brief(exc: BaseException) -> str:
     lines = str(cause).strip().splitlines()
     said = redact(lines[0], 160) if lines else ""
     return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+
+
+_TOKEN = re.compile(r"(?<![A-Za-z0-9])hms?_[A-Za-z0-9_-]{8,}")
+
+
+def tokens(text: str) -> str:
+    """``text`` with API tokens and session secrets replaced, and nothing else
+    (an access log line keeps its path)."""
+    return _TOKEN.sub("[token]", text)

@@ -113,14 +113,17 @@ async def authenticate(request: Request, *, cookie: bool = False) -> Principal:
     if cached is not None:
         return cached
     svc = services(request)
-    token = _bearer(request)
+    # One way in per side: the API takes a bearer token only, the dashboard
+    # its session cookie only (a bearer header there ran its pages and forms
+    # as the header's project, over the cookie's).
+    token = None if cookie else _bearer(request)
     secret = request.cookies.get(COOKIE) if cookie else None
     if token:  # an API token; a session secret is refused here
         principal = await run_in_threadpool(svc.tokens.authenticate, token)
     elif secret:  # only the dashboard's routes ask for the cookie
         principal = await run_in_threadpool(svc.tokens.authenticate_session, secret)
     else:
-        raise Unauthorized("a bearer token is required")
+        raise Unauthorized("a bearer token is required" if not cookie else "log in first")
     # A session shares its token's bucket: logging in again gives no fresh one.
     wait = request.app.state.rate_limiter.take(principal.token_id)
     if wait:

@@ -17,6 +17,7 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
+from hypermedia import redact
 from hypermedia.api.deadline import head_deadline
 from hypermedia.errors import HypermediaError
 
@@ -82,6 +83,19 @@ def exit_within(seconds: float) -> None:
     timer = threading.Timer(seconds, leave)
     timer.daemon = True
     timer.start()
+
+
+class _NoTokens(logging.Filter):
+    """A token put in a URL by mistake (``?access_token=hm_…``) is refused,
+    but the access log wrote it out whole: replaced in the line's arguments."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact.tokens(a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+logging.getLogger("uvicorn.access").addFilter(_NoTokens())
 
 
 def _config(app: FastAPI, host: str, port: int, access_log: bool) -> uvicorn.Config:

@@ -137,9 +137,14 @@ def test_another_projects_job_is_a_404_page(
     assert f'/ui/jobs/{job_id}"' not in client.get("/ui/jobs").text
     assert 'id="total-queued">0<' in client.get("/ui").text
     assert svc.engine.get(job_id)["status"] == "queued"
-    # A bearer header for the API is not what the pages need either way.
+    # A bearer header is the API's: the pages go by the cookie alone (a's
+    # token over b's session showed a's job, and ran a's forms).
     r = client.get(f"/ui/jobs/{job_id}", headers=bearer(a.admin))
-    assert r.status_code == 200
+    assert r.status_code == 404
+    assert client.post(f"/ui/jobs/{job_id}/cancel", headers=bearer(a.admin)).status_code == 404
+    client.cookies.clear()
+    r = client.get("/ui/jobs", headers=bearer(a.admin), follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/ui/login")
 
 
 def test_the_progress_bar_stays_while_it_means_something(

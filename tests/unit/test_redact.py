@@ -23,6 +23,13 @@ from hypermedia.redact import MAX_REASON, brief, redact
         ("API_KEY: abcd1234efgh", "abcd1234efgh", "=[redacted]"),
         ("secret=xyz token=qqq", "xyz", "secret=[redacted]"),
         ("used hm_AbCdEf1234567890 for auth", "AbCdEf1234567890", "[token]"),
+        # Real shapes (auth/tokens.py): the secret after the public part, and sessions.
+        (
+            "worker hm_xfg2w5w2wd_WPP3fX7DI10MXJccMsKDk9pwgCq-ig7s not found",
+            "WPP3fX7DI10",
+            "worker [token] not found",
+        ),
+        ("session hms_Zm9vYmFyYmF6cXV4cXV1eF9fLS0tLS0tLS0tLS0 gone", "Zm9vYmFy", "[token]"),
         (
             "Invalid header value b'AWS4-HMAC-SHA256 Credential=QAKEYAKIA1234567\\r/20261204/"
             "us-east-1/s3/aws4_request, SignedHeaders=host, Signature=9f86d081884c7d65'",
@@ -92,3 +99,21 @@ def test_brief_says_what_the_database_said_not_the_statement():
     assert brief(ValueError()) == "ValueError"
     said = brief(OSError(28, "No space left on device", "/srv/data/objects/1"))
     assert said.startswith("OSError: [Errno 28] No space left on device") and "/srv" not in said
+
+
+def test_the_access_log_writes_no_token_from_a_url() -> None:
+    """``?access_token=hm_…`` is refused (401), but the access log wrote it out."""
+    import logging
+
+    from hypermedia.api import server  # installs the filter
+
+    token = "hm_xfg2w5w2wd_WPP3fX7DI10MXJccMsKDk9pwgCq-ig7s"
+    record = logging.LogRecord(
+        "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5", "GET", f"/v1/jobs?access_token={token}", "1.1", 401), None,
+    )  # fmt: skip
+    assert any(isinstance(f, server._NoTokens) for f in logging.getLogger("uvicorn.access").filters)
+    for f in logging.getLogger("uvicorn.access").filters:
+        f.filter(record)
+    line = record.getMessage()
+    assert token not in line and "/v1/jobs?access_token=[token]" in line
