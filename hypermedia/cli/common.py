@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import io
 import ipaddress
@@ -396,11 +397,28 @@ def as_regular_files(paths: list[Path], max_bytes: int | None = None) -> Iterato
             copy = Path(tmp) / str(i) / input_name(p)
             copy.parent.mkdir()
             src = STDIN if str(p) == "-" else p
-            if stat.S_ISREG(src.stat().st_mode):  # read again from its start, as a file is
-                copy.symlink_to(os.path.abspath(src))
-            elif not _copy_at_most(src, copy, max_bytes):
-                raise StreamTooLarge(p, max_bytes or 0)
+            mode = src.stat().st_mode
             copies[p] = copy
+            if stat.S_ISREG(mode):  # read again from its start, as a file is
+                copy.symlink_to(os.path.abspath(src))
+                continue
+            if stat.S_ISSOCK(mode) or stat.S_ISBLK(mode):
+                # A socket cannot be opened; a disk is no input (it was a
+                # raw OSError, exit 1).  Pipes, FIFOs and character devices
+                # are read as streams.
+                kind = "a socket" if stat.S_ISSOCK(mode) else "a block device"
+                raise InvalidRequest(f"{printable(str(p))} is {kind}, not a file or a stream")
+            try:
+                whole = _copy_at_most(src, copy, max_bytes)
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:  # a stream is staged in TMPDIR first: exit 1
+                    raise HypermediaError(
+                        f"no room left in the temporary folder to stage {printable(str(p))} "
+                        "(TMPDIR): a stream is copied there before it is stored"
+                    ) from None
+                raise
+            if not whole:
+                raise StreamTooLarge(p, max_bytes or 0)
         yield [copies.get(p, p) for p in paths]
 
 

@@ -16,8 +16,10 @@ first, as ``serve`` does: one command does the whole round trip.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import tempfile
 import time
 import uuid
@@ -27,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+from rich.text import Text
 
 from hypermedia.cli.common import (
     StreamTooLarge,
@@ -103,12 +105,12 @@ def run(
         eng = engine(s, create=True)
         require_schema(eng.db)  # a server database's: before anything is uploaded
         prof = _active_profile(eng, profile)
-        _writable(out)  # before anything is uploaded or run
+        made = _writable(out)  # before anything is uploaded or run
         missing = registry.readiness([prof])[prof["ref"]]
         if missing is not None:  # a worker elsewhere may have what this machine lacks
             _warn(f"profile {prof['ref']} cannot run on this machine: {missing}")
         store = Storage(eng.db, s, clock=eng.clock)
-        with _read_in(files, prof) as paths:
+        with _unmade_if_refused(made), _read_in(files, prof) as paths:
             _acceptable(prof, overrides, paths, files)  # before anything is uploaded
             if len(paths) == 1:
                 objects = [store.put_file(paths[0], project_id=project)]
@@ -134,6 +136,8 @@ def run(
         finally:
             # At once when the wait was cut short (Ctrl-C, --wait-timeout): what
             # it ran is retried.  A drain kept the command up to 30 s past its timeout.
+            if why == INTERRUPTED:
+                _deaf()
             if local is not None:
                 try:
                     local.stop(now=bool(why))
@@ -142,6 +146,7 @@ def run(
                     # up: at once now.  This run's jobs are done: they are
                     # still reported and written (it exited 130, saying
                     # nothing, the older job left `processing` for minutes).
+                    _deaf()
                     local.stop(now=True)
         if local is not None:
             jobs = _rows(eng, ids)  # what its drain finished meanwhile
@@ -153,6 +158,7 @@ def run(
             try:
                 records.append(_record(eng, store, path, stem, jobs[job_id], out, why, inputs))
             except KeyboardInterrupt:  # its jobs exist: every input is still reported
+                _deaf()
                 records += [_unwritten(p, jobs[j]) for p, _, j in each[n:]]
                 break
     for r in records:
@@ -165,6 +171,14 @@ def run(
 
 
 INTERRUPTED = "the wait was interrupted"
+
+
+def _deaf() -> None:
+    """Once interrupted, the rest is reporting: a second Ctrl-C (a quick
+    double press) killed it with 130 before, and sometimes before a line of
+    the report, its job ids lost with it."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _active_profile(eng: Engine, ref: str) -> dict[str, Any]:
@@ -295,6 +309,7 @@ def _wait(
                     return jobs, f"not finished within {timeout:g}s"
                 time.sleep(POLL_SECONDS)
         except KeyboardInterrupt:
+            _deaf()  # the rest is reporting (a second press killed it before)
             if len(jobs) < len(ids):  # interrupted before the first look
                 jobs = _rows(eng, ids)
             return jobs, INTERRUPTED
@@ -426,14 +441,32 @@ def _record(
     return record
 
 
-def _writable(out: Path) -> None:
+def _writable(out: Path) -> list[Path]:
     """--out made if need be and written to once, or refused in its own words
-    (a failure there read as "could not read local storage", after the jobs ran)."""
+    (a failure there read as "could not read local storage", after the jobs
+    ran); the folders it made, deepest first."""
+    if out.is_symlink() and not out.exists():
+        raise InvalidRequest("--out cannot be written to: it is a symlink to nothing")
+    made = [p for p in (out, *out.parents) if not p.exists()]
     try:
         out.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=out).close()
     except OSError as exc:
         raise InvalidRequest(f"--out cannot be written to: {exc.strerror}") from None
+    return made
+
+
+@contextmanager
+def _unmade_if_refused(made: list[Path]) -> Iterator[None]:
+    """Remove the --out folders this run made when it is refused before
+    anything runs (exit 2 is "nothing was done"; they were left behind)."""
+    try:
+        yield
+    except InvalidRequest:
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if still empty
+        raise
 
 
 def _download(store: Storage, object_id: int, dst: Path) -> None:
@@ -458,12 +491,16 @@ def _say(r: Row) -> None:
     # ESC sequences or bidi overrides printed raw made fake lines of output.
     shown = printable(r["input"])
     if r["status"] == "completed" and r["error_code"] is None:
-        made = ", ".join(r["outputs"]) or printable(_brief_result(r["result"]))
+        # The output paths too: --out is anyone's text as well.
+        made = printable(", ".join(r["outputs"])) or printable(_brief_result(r["result"]))
         line = f"{shown}: completed (job {r['job_id']}) → {made}"
         console.print(line, soft_wrap=True, markup=False, highlight=False)
         return
     code = f" {r['error_code']}" if r["error_code"] else ""
     reason = f": {printable(r['safe_reason'])}" if r["safe_reason"] else ""
-    line = f"{escape(shown)}: [bold]{r['status']}[/]{code} (job {r['job_id']})"
-    line += escape(reason)
-    console.print(line, markup=True, soft_wrap=True)
+    # Text, not markup around it: rich's escape() doubles a trailing
+    # backslash ("bad\\" printed for "bad\"), meant for a string that ends the markup.
+    text = Text(shown)
+    text.append(": ").append(r["status"], style="bold")
+    text.append(f"{code} (job {r['job_id']}){reason}")
+    console.print(text, soft_wrap=True, highlight=False)

@@ -578,6 +578,35 @@ def test_a_signal_ends_the_wait_and_hands_its_jobs_back(
 
 
 @sqlite_only
+@pytest.mark.parametrize("gap", [0.02, 0.1, 0.3])
+def test_a_quick_second_ctrl_c_still_reports_every_input(
+    procs: Procs, tmp_path: Path, gap: float
+) -> None:
+    """A double press: the second SIGINT came while the first was being
+    handled and killed it with 130, sometimes before a line of the report."""
+    procs.cli("profiles", "create", "nap2", "--type", "debug.sleep", "--settings", "{}")
+    srcs = [tmp_path / f"{n}.bin" for n in "ab"]
+    for src in srcs:
+        src.write_bytes(os.urandom(100))
+    slow = {"HYPERMEDIA_BACKOFF_BASE_SECONDS": "30", "HYPERMEDIA_BACKOFF_MAX_SECONDS": "60"}
+    args = ("--profile", "nap2", "--params", '{"ms": 60000}', "--json", "-c", "2")
+    run = Run(procs, *map(str, srcs), *args, **slow)
+    eventually(
+        lambda: (
+            procs.query("SELECT count(*) FROM processing_jobs WHERE status = 'processing'")
+            == [(2,)]
+        ),
+        60,
+        "both jobs running in process's own worker",
+    )
+    run.proc.send_signal(signal.SIGINT)
+    time.sleep(gap)
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait(30) == 1, tail(run.err)
+    assert [Path(r["input"]).name for r in run.records()] == ["a.bin", "b.bin"]
+
+
+@sqlite_only
 def test_ctrl_c_while_outputs_are_written_still_reports_every_input(
     procs: Procs, tmp_path: Path
 ) -> None:
@@ -646,3 +675,51 @@ def test_ctrl_c_while_its_worker_drains_an_older_job_still_reports_and_writes(
         ("completed",),
         ("retry_wait",),  # the older job, stopped at once: retried
     ]
+
+
+@sqlite_only
+def test_result_lines_print_names_and_output_paths_as_written(procs: Procs, tmp_path: Path) -> None:
+    """A name ending in a backslash printed it twice in a failure line (markup
+    escaping), and the output paths of a completed line went out raw: an
+    --out holding ESC or a newline coloured the terminal, or made a line."""
+    bad = tmp_path / "bad\\"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 100)
+    good = tmp_path / "good.png"
+    good.write_bytes(png(4, 4))
+    out = tmp_path / "o\x1b[31mRED\nfake"
+    done = hypermedia(
+        "process", str(bad), str(good), "--profile", "image-thumbnail", "--out", str(out),
+        url=procs.url, home=procs.home,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, lines  # no line made by a newline in --out
+    assert lines[0].startswith(f"{tmp_path}/bad\\: failed CORRUPT_INPUT"), lines[0]
+    assert "\x1b" not in done.stdout and "\\x1b[31mRED\\nfake" in lines[1]
+
+
+@sqlite_only
+def test_a_refused_run_leaves_no_out_folder_and_no_socket_is_read(
+    procs: Procs, tmp_path: Path
+) -> None:
+    """Exit 2 is "nothing was done": the --out folders it made stayed; a socket
+    given as input was a raw OSError, exit 1."""
+    import socket
+
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"x")
+    out = tmp_path / "new" / "out"
+    done = hypermedia(
+        "process", str(src), "--profile", "debug-sleep", "--params", '{"ms": -1}',
+        "--out", str(out), url=procs.url, home=procs.home,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert not (tmp_path / "new").exists()
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(tmp_path / "sock"))
+        done = hypermedia(
+            "process", str(tmp_path / "sock"), "--profile", "debug-sleep",
+            "--out", str(out), url=procs.url, home=procs.home,
+        )  # fmt: skip
+    assert done.returncode == 2 and "is a socket, not a file or a stream" in done.stderr
+    assert not (tmp_path / "new").exists()
