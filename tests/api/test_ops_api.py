@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from fastapi.testclient import TestClient
 
 from hypermedia.queue.models import AttemptResult, NewJob
@@ -351,3 +352,40 @@ def test_a_prune_between_the_histograms_two_reads_counts_nothing_twice(
     monkeypatch.undo()
     after = parse_metrics(client.get("/metrics", headers=bearer(a.admin)).text)
     assert get(after, f"{h}_count", job_type="debug.noop") == 2
+
+
+def test_readiness_probes_of_a_hung_store_share_one_check(
+    client: TestClient, svc: Services, a: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each probe held a thread of the API's shared pool for as long as the
+    store hung: 45 of them, and a request that needs no storage waited 117 s."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hypermedia.api.routes import ops
+
+    monkeypatch.setattr(ops, "PROBE_WAIT_SECONDS", 0.3)
+    release, calls = threading.Event(), []
+
+    def hung() -> bool:
+        calls.append(1)
+        release.wait(20)
+        return True
+
+    monkeypatch.setattr(svc.storage, "reachable", hung)
+    try:
+        with ThreadPoolExecutor(60) as pool:
+            probes = [pool.submit(client.get, "/readyz") for _ in range(60)]
+            answers = [p.result(10) for p in probes]
+            started = time.monotonic()
+            jobs = client.get("/v1/jobs?limit=1", headers=bearer(a.admin))
+            assert jobs.status_code == 200 and time.monotonic() - started < 2
+        assert {r.status_code for r in answers} == {503}
+        assert {r.json()["storage"] for r in answers} == {"unreachable"}
+        assert len(calls) == 1  # one check, however many asked
+    finally:
+        release.set()
+    # Once the store answers, the next probe sees it.
+    time.sleep(0.1)
+    assert client.get("/readyz").status_code == 200

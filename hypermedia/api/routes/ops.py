@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import asyncio
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar, cast
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 
 from hypermedia.api.deps import services
 from hypermedia.db import ready
 from hypermedia.db.driver import Driver
 
 router = APIRouter(tags=["operations"])
+T = TypeVar("T")
 
 
 @router.get("/healthz", summary="The process is up")
@@ -39,14 +42,49 @@ class Readiness(BaseModel):
 )
 async def readyz(request: Request) -> JSONResponse:
     svc = services(request)
-    database = await run_in_threadpool(_database, svc.engine.db)
+    probes = _probes(request)
+    database = await probes["database"].ask(lambda: _database(svc.engine.db), "unreachable")
     # The pools are listed in the database: without it they cannot be asked.
     storage = "not checked"
     if database == "ok":
-        reachable = await run_in_threadpool(svc.storage.reachable)
+        reachable = await probes["storage"].ask(svc.storage.reachable, False)
         storage = "ok" if reachable else "unreachable"
     body = {"database": database, "storage": storage}
     return JSONResponse(body, status_code=200 if storage == "ok" else 503)
+
+
+# How long a readiness request waits for its check: a store or database that
+# hangs answers "unreachable" after this, while the check goes on (once).
+PROBE_WAIT_SECONDS = 5.0
+
+
+class _Probe:
+    """One check at a time, in a thread of its own, shared by every request
+    that asks meanwhile.  In the API's shared thread pool, each probe of a
+    hung S3 store held a thread for two timeouts after its client gave up:
+    45 of them and a request that needs no storage waited 117 s."""
+
+    def __init__(self) -> None:
+        self._limiter = anyio.CapacityLimiter(1)
+        self._running: asyncio.Future[Any] | None = None
+
+    async def ask(self, check: Callable[[], T], late: T) -> T:
+        if self._running is None or self._running.done():
+            run = anyio.to_thread.run_sync(check, limiter=self._limiter)
+            self._running = asyncio.ensure_future(run)
+        try:
+            return cast(
+                T, await asyncio.wait_for(asyncio.shield(self._running), PROBE_WAIT_SECONDS)
+            )
+        except TimeoutError:
+            return late
+
+
+def _probes(request: Request) -> dict[str, _Probe]:
+    state = request.app.state
+    if getattr(state, "readiness", None) is None:
+        state.readiness = {"database": _Probe(), "storage": _Probe()}
+    return cast(dict[str, _Probe], state.readiness)
 
 
 # HEAD as well: load balancers probe with it, and HTTP asks it of every GET.
