@@ -22,6 +22,7 @@ from hypermedia.storage import checksum
 from hypermedia.storage.base import (
     BlobGrown,
     BlobMissing,
+    BucketMissing,
     ChecksumMismatch,
     StorageUnavailable,
     UnsafeKey,
@@ -153,6 +154,11 @@ def check(storage: Storage, row: Row, buf: bytearray | None = None) -> Finding |
                 pass
     except BlobMissing:
         problem, detail = "missing", "no blob under its key"
+    except BucketMissing:
+        # No blob can be in a bucket that does not exist (GC drops such rows
+        # too).  Stopping there, the scrub's "go on with --after N" met the
+        # same object every time and never reached the pools after it.
+        problem, detail = "missing", "its pool's bucket does not exist"
     except BlobGrown:  # refused before it was read to its end: no stored size to tell
         return _still(storage, row, "size", f"more bytes stored than the ledger's {row['size']}")
     except ChecksumMismatch:

@@ -18,7 +18,7 @@ from hypermedia.storage import scrub
 from hypermedia.storage.base import StorageUnavailable
 from hypermedia.storage.ledger import Storage
 from tests.harness import hypermedia
-from tests.storage.conftest import SeaweedServer
+from tests.storage.conftest import SeaweedServer, drop_bucket
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -145,6 +145,23 @@ def test_an_s3_pool_edited_behind_our_back(s3_storage: Storage) -> None:
     assert {(f.object_id, f.problem) for f in report.findings} == {
         (overwritten["object_id"], "checksum"),
         (deleted["object_id"], "missing"),
+    }
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_objects_in_a_bucket_that_is_gone_are_missing_and_the_scrub_goes_on(
+    s3_storage: Storage, s3_endpoint: dict[str, str]
+) -> None:
+    """It stopped at the first of them, and "go on with --after N" met the
+    same object every time: the pools after it were never checked."""
+    pool = s3_storage.pool("s3")
+    gone = _put(s3_storage, [100, 100], pool="s3")
+    (after,) = _put(s3_storage, [10])  # the local pool, later ids
+    drop_bucket(s3_endpoint, s3_storage.backend(pool["pool_id"]).bucket)  # type: ignore[attr-defined]
+    report = scrub.scrub(s3_storage)
+    assert report.last_object_id >= after["object_id"]
+    assert {(f.object_id, f.problem, f.detail) for f in report.findings} == {
+        (o["object_id"], "missing", "its pool's bucket does not exist") for o in gone
     }
 
 
