@@ -196,15 +196,17 @@ def _base_url(host: str, port: int) -> str:
     return f"http://{shown}:{port}"
 
 
-def _print_where(base: str, token_file: str) -> None:
+def _print_where(base: str, token_file: str | None) -> None:
     console.print(f"API        {base}/v1", soft_wrap=True, highlight=False)
     console.print(f"API docs   {base}/docs", soft_wrap=True, highlight=False)
     console.print(f"dashboard  {base}/ui", soft_wrap=True, highlight=False)
     console.print(f"probes     {base}/healthz  {base}/readyz", soft_wrap=True, highlight=False)
     console.print("submit a job:", highlight=False)
+    # No file to read the token from (one made with `tokens create`): $TOKEN.
+    bearer = f"$(cat {shlex.quote(token_file)})" if token_file else "$TOKEN"
     console.print(
         f"  curl -sS -X POST {base}/v1/jobs "
-        f'-H "Authorization: Bearer $(cat {shlex.quote(token_file)})" '
+        f'-H "Authorization: Bearer {bearer}" '
         "-H 'Content-Type: application/json' -d '{\"job_type\": \"debug.noop\"}'",
         soft_wrap=True,
         highlight=False,
@@ -271,7 +273,7 @@ def serve(
         soft_wrap=True,
         highlight=False,
     )
-    _print_where(_base_url(host, port), str(token_file))
+    _print_where(_base_url(host, port), str(token_file) if token_file.exists() else None)
     with user_errors():
         w = Worker(svc.engine, served, concurrency=concurrency)
         http = server.start_in_thread(create_app(svc), host, port, access_log=verbose)

@@ -231,6 +231,16 @@ def test_serve_first_start_token_runs_jobs_and_restarts_quietly(
         assert http.get(f"/v1/jobs/{job_id}", headers=auth).json()["status"] == "completed"
     assert _stop(proc, log) == 0, tail(log)
 
+    # No token file kept (the admin token made with `tokens create` before the
+    # first start, or the file removed): the example no longer reads it.
+    token_file.unlink()
+    proc, log = spawn("serve", "--port", str(port), home=home, name="serve")
+    _wait_http(proc, log, f"{base}/readyz")
+    text = log.read_text()
+    assert "admin token: none kept in this home" in text
+    assert 'Bearer $TOKEN"' in text and "cat " not in text, text
+    assert _stop(proc, log) == 0, tail(log)
+
 
 # -- jobs tail -----------------------------------------------------------------------
 
