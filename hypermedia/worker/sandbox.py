@@ -158,7 +158,11 @@ def confine(spec: Spec) -> int | None:
     global ACTIVE, OFFLINE
     if spec.mode == "off":
         return None
-    drop_capabilities()
+    try:
+        drop_capabilities()
+    except OSError:
+        if spec.mode == "required":
+            raise  # auto: a kernel or container that refuses capset runs on as before
     version = abi()
     if version == 0 and spec.mode == "required":
         raise OSError("Landlock is not available in this kernel")
