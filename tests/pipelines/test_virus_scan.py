@@ -38,6 +38,7 @@ from tests.pipelines.conftest import (
     STREAM_MAX,
     Clamd,
 )
+from tests.unit.test_zipsizes import _streamed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -207,24 +208,7 @@ def _directory_understated(member: bytes) -> bytes:
     central directory says the member is 100 bytes: unzip and clamd go by
     the data, which holds all of ``member``."""
 
-    class Pipe(io.RawIOBase):
-        def __init__(self) -> None:
-            self.data = bytearray()
-
-        def writable(self) -> bool:
-            return True
-
-        def write(self, b: bytes) -> int:  # type: ignore[override]
-            self.data += b
-            return len(b)
-
-    pipe = Pipe()
-    with (
-        zipfile.ZipFile(pipe, "w", zipfile.ZIP_DEFLATED) as z,  # type: ignore[arg-type]
-        z.open("member.bin", "w") as f,
-    ):
-        f.write(member)
-    data = pipe.data
+    data = bytearray(_streamed({"member.bin": member}))
     central = data.find(b"PK\x01\x02")
     data[central + 24 : central + 28] = (100).to_bytes(4, "little")  # uncompressed size
     return bytes(data)
