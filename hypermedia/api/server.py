@@ -98,6 +98,19 @@ class _NoTokens(logging.Filter):
 logging.getLogger("uvicorn.access").addFilter(_NoTokens())
 
 
+class _NoUnfinishedNotice(logging.Filter):
+    """uvicorn says ERROR when an app returns with a body unfinished. Ours do
+    only on purpose, and after saying why (a download dropped or cut short:
+    returning early is how ASGI closes the connection); an app that fails
+    mid-body raises instead, and that traceback still gets through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "ASGI callable returned without completing response."
+
+
+logging.getLogger("uvicorn.error").addFilter(_NoUnfinishedNotice())
+
+
 def _config(app: FastAPI, host: str, port: int, access_log: bool) -> uvicorn.Config:
     return uvicorn.Config(
         app,
