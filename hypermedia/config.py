@@ -77,6 +77,10 @@ class Settings:
     # The largest file an attempt may write (RLIMIT_FSIZE): a hostile input
     # must not fill the disk the database and the blobs live on.
     child_max_file_mb: int = 4096
+    # The most an attempt may keep in its scratch folder at once, all files
+    # together (checked every second): the file limit alone let it write
+    # file after file until the attempt's timeout.
+    child_max_scratch_mb: int = 8192
     # Confinement of attempt children (Landlock and seccomp: worker/sandbox.py,
     # worker/seccomp.py): auto, required or off; and the TCP ports a child of
     # a networked pipeline may connect to (comma-separated; empty: any).
@@ -179,6 +183,7 @@ _ENV_NAMES = {
     "child_memory_mb": "CHILD_MEMORY_MB",
     "child_memory_max_mb": "CHILD_MEMORY_MAX_MB",
     "child_max_file_mb": "CHILD_MAX_FILE_MB",
+    "child_max_scratch_mb": "CHILD_MAX_SCRATCH_MB",
     "child_sandbox": "CHILD_SANDBOX",
     "child_connect_ports": "CHILD_CONNECT_PORTS",
     "backoff_base_seconds": "BACKOFF_BASE_SECONDS",
@@ -227,6 +232,7 @@ _ABOVE_ZERO = (
     "child_max_attempts",
     "child_memory_mb",
     "child_max_file_mb",
+    "child_max_scratch_mb",
     "gc_interval_seconds",
     "photo_bridge_interval_seconds",
     # Below 1 the API started and refused every upload (a 413 "larger than

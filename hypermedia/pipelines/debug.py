@@ -8,7 +8,9 @@ when an allocation fails); ``{"alloc_mb": N}``
 (allocate memory, to hit the attempt's memory limit); ``{"leak_mb": N}`` (keep
 N MB for the rest of the child's life, as a leaking decoder would);
 ``{"write_mb": N}`` (write an N MB file in scratch, to hit the file-size
-limit); ``{"output": true}`` (declare a data-only output, to check outputs are
+limit); ``{"spill_mb": N}`` (write N files of 1 MB each in scratch first, each
+under the file-size limit, to hit the scratch folder's total);
+``{"output": true}`` (declare a data-only output, to check outputs are
 recorded once); ``{"steps": N}`` (report progress N times while sleeping);
 ``{"nan": true}`` (return a result that is not plain JSON); and
 ``{"forge": KIND, "marker": PATH}`` (write a forged report on the worker's
@@ -93,6 +95,7 @@ def _no_settings(settings: dict[str, Any], job_type: str) -> None:
 def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     allowed = {"ms", "fail", "crash", "abort", "alloc_mb", "steps", "output", "nan", "forge"}
     allowed |= {"marker", "write_mb", "leak_mb", "probe", "network", "stray", "say", "linger"}
+    allowed |= {"spill_mb"}
     unknown = set(params) - allowed
     if unknown:
         raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
@@ -105,7 +108,7 @@ def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[st
         raise JobError("INVALID_PARAMS", f"fail must be one of {', '.join(ERROR_POLICY)}")
     if not isinstance(params.get("crash", False), bool):
         raise JobError("INVALID_PARAMS", "crash must be true or false")
-    for name in ("alloc_mb", "write_mb", "leak_mb", "say"):
+    for name in ("alloc_mb", "write_mb", "leak_mb", "say", "spill_mb"):
         amount = params.get(name, 0)
         if not isinstance(amount, int) or isinstance(amount, bool) or not 0 <= amount <= 65536:
             raise JobError("INVALID_PARAMS", f"{name} must be an integer from 0 to 65536")
@@ -174,6 +177,9 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
         os.abort()
     if params.get("say"):  # straight to fd 2, as C code writes
         os.write(2, b"".join(b"debug.sleep says %d\x1b[2J\n" % i for i in range(params["say"])))
+    for i in range(params.get("spill_mb", 0)):
+        with open(os.path.join(ctx.scratch, f"spill-{i}.bin"), "wb") as f:
+            f.write(os.urandom(1_048_576))  # written out: zeros could be sparse
     steps = max(1, int(params.get("steps", 1)))
     for i in range(steps):
         time.sleep(ms / 1000 / steps)

@@ -117,6 +117,7 @@ class Worker:
             self.settings.child_max_attempts,
             self.settings.memory_ceiling_mb,
             self.settings.child_max_file_mb,
+            self.settings.child_max_scratch_mb,
             self.settings.child_recycle_rss_mb,
             self.sandbox,
             self.connect_ports,

@@ -50,6 +50,11 @@ NATIVE_ABORTS = frozenset(
 # Such a death is an OOM when the attempt had taken at least this share of
 # the room its limit left it (sampled every POLL, so the last sample lags).
 FILLED = 0.5
+# How often a slot totals its scratch folder while an attempt runs (a walk
+# of the folder: most attempts end before the first), and the most entries
+# it may hold: RLIMIT_FSIZE bounds one file, not how many.
+SCRATCH_CHECK = 1.0
+MAX_SCRATCH_ENTRIES = 100_000
 # Why an attempt ends before its child reports: (status, error code, reason).
 Stop = tuple[str, str | None, str]
 LOST: Stop = ("lost", None, "")  # the lease went: the result is nobody's to take
@@ -95,6 +100,7 @@ class SlotConfig:
     # No attempt gets more, whatever its job asks (Settings.memory_ceiling_mb).
     memory_ceiling_mb: int
     max_file_mb: int = 4096
+    max_scratch_mb: int = 8192
     recycle_rss_mb: int = 512
     sandbox: str = "off"  # auto | required | off (see sandbox.py)
     connect_ports: list[int] | None = None  # TCP ports a sandboxed child may reach
@@ -265,8 +271,9 @@ class Slot:
         vm_peak = vm_start
         deadline = t0 + job.timeout_seconds
         budget: tuple[float, str] | None = None  # a step's end, by the child's word
+        scratch = ScratchWatch(self._scratch_str, self.cfg.max_scratch_mb, t0)
         while True:
-            stop = self._why_stop(rj, budget, deadline)
+            stop = self._why_stop(rj, budget, deadline) or scratch.over()
             if stop is LOST:
                 self._kill()
                 self._replace(rj)
@@ -475,6 +482,56 @@ class Slot:
         self.child = self._parked = None
         for retire in self._retiring:
             retire.join()  # each ends within the grace of Child.stop
+
+
+class ScratchWatch:
+    """The scratch folder's total, taken every SCRATCH_CHECK while an attempt
+    runs: a hostile input that writes file after file, each under the file
+    limit, filled the disk the database and the blobs live on, bounded only
+    by the attempt's timeout (at 1 GB/s, 300 GB in five minutes)."""
+
+    def __init__(self, path: str, limit_mb: int, started: float) -> None:
+        self.path = path
+        self.limit_mb = limit_mb
+        self._next = started + SCRATCH_CHECK
+
+    def over(self) -> Stop | None:
+        now = time.monotonic()
+        if now < self._next:
+            return None
+        self._next = now + SCRATCH_CHECK
+        used, entries = scratch_usage(self.path, MAX_SCRATCH_ENTRIES)
+        if entries > MAX_SCRATCH_ENTRIES:
+            why = f"the attempt made more than {MAX_SCRATCH_ENTRIES:,} files in its scratch folder"
+            return ("failed", "LIMIT_EXCEEDED", why)
+        if used > self.limit_mb << 20:
+            why = f"the attempt wrote more than its {self.limit_mb} MB limit to its scratch folder"
+            return ("failed", "LIMIT_EXCEEDED", why)
+        return None
+
+
+def scratch_usage(path: str, max_entries: int) -> tuple[int, int]:
+    """(bytes on disk, entries) under path, counting stops past max_entries.
+
+    Blocks, not sizes: a sparse file costs the disk nothing.  Links are not
+    followed, and whatever vanishes or cannot be read while the child works
+    is skipped: this is a bound, not an audit."""
+    used = entries = 0
+    folders = [path]
+    while folders and entries <= max_entries:
+        try:
+            with os.scandir(folders.pop()) as it:
+                for entry in it:
+                    entries += 1
+                    if entries > max_entries:
+                        break
+                    with contextlib.suppress(OSError):
+                        used += entry.stat(follow_symlinks=False).st_blocks * 512
+                        if entry.is_dir(follow_symlinks=False):
+                            folders.append(entry.path)
+        except OSError:
+            continue
+    return used, entries
 
 
 def _empty(directory: Path) -> None:

@@ -275,3 +275,23 @@ def test_a_native_abort_near_the_memory_limit_is_an_oom(
     (b,) = attempts(driver, bare)
     assert "SIGABRT" in b["error_message"]
     assert w.alive()
+
+
+def test_an_attempt_filling_its_scratch_folder_file_by_file_is_stopped(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """Each file under the file limit, their total over the scratch limit: it
+    wrote on until its timeout, the disk the database is on filling."""
+    w = procs.worker("--concurrency", "1", HYPERMEDIA_CHILD_MAX_SCRATCH_MB="3")
+    big = submit(live, {"spill_mb": 5, "ms": 20_000}, max_attempts=3)
+    row = wait_job(driver, big, timeout=30)
+    assert (row["status"], row["error_code"], row["attempt_count"]) == (
+        "failed",
+        "LIMIT_EXCEEDED",
+        1,
+    )
+    assert "its 3 MB limit to its scratch folder" in row["safe_reason"]
+    (a,) = attempts(driver, big)
+    assert a["duration_ms"] < 10_000  # stopped at a check, not at the end of its 20 s
+    assert w.alive()
+    assert run_one(driver, live, {"spill_mb": 2})["slept_ms"] == 0  # under the limit
