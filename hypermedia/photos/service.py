@@ -165,9 +165,10 @@ class Photos:
 
     # -- reading ---------------------------------------------------------------
 
-    def get(self, photo_id: str, *, base_url: str = "") -> Row:
+    def get(self, photo_id: str, *, base_url: str = "", urls: bool = True) -> Row:
         """The photo as users see it: metadata, facts and URLs from the object layer,
-        and the status of its variants."""
+        and the status of its variants.  ``urls=False``: every URL null (for a
+        caller who may change photos but not read them)."""
         with self.db.read() as tx:
             photo = tx.photo(photo_id)
             if photo is None:
@@ -177,7 +178,7 @@ class Photos:
         out = _render(photo, bindings)
         out.update(url=None, thumb_url=None, preview_url=None)
         for role, obj in out["objects"].items():
-            obj["url"] = self._url(obj["object_id"], base_url)
+            obj["url"] = self._url(obj["object_id"], base_url) if urls else None
             out["url" if role == "original" else f"{role}_url"] = obj["url"]
         out["variants"] = variants
         return out

@@ -208,3 +208,24 @@ def test_a_legacy_photo_without_a_project_is_the_default_projects(
     assert client.get("/v1/photos", params={"album": "old"}, headers=h).json()["items"]
     assert client.get(f"/v1/photos/{pid}", headers=bearer(a.admin)).status_code == 404
     assert client.get("/v1/photos", headers=bearer(a.admin)).json()["items"] == []
+
+
+def test_a_write_only_token_changes_photos_but_gets_no_urls(client: TestClient, a: Project) -> None:
+    """PATCH of {} (or a copy, a move) answered the photo with working signed
+    links: an upload-only token read what its scope does not let it see."""
+    pid = add(client, a.admin, album="secret")["id"]
+    writer = bearer(a.scoped["objects:write"])
+    answers = {
+        "upload": client.post("/v1/photos", content=png(), headers=writer),
+        "patch": client.patch(f"/v1/photos/{pid}", json={}, headers=writer),
+        "copy": client.post(f"/v1/photos/{pid}/copy", json={}, headers=writer),
+        "move": client.post(f"/v1/photos/{pid}/move", json={"album": "s"}, headers=writer),
+    }
+    for what, r in answers.items():
+        assert r.status_code in (200, 201), (what, r.text)
+        photo = r.json()
+        assert (photo["url"], photo["thumb_url"], photo["preview_url"]) == (None,) * 3, what
+        assert all(o["url"] is None for o in photo["objects"].values()), what
+        assert "sig=" not in r.text, what
+    both = {**writer, "Authorization": f"Bearer {a.admin}"}
+    assert client.patch(f"/v1/photos/{pid}", json={}, headers=both).json()["url"]

@@ -57,7 +57,11 @@ def base_url(request: Request) -> str:
 
 
 def owned_photo(svc: Services, photo_id: str, principal: Principal, url: str = "") -> Row:
-    photo = svc.photos.get(photo_id, base_url=url)
+    """The photo, if it is the caller's project's; with signed URLs given ``url``
+    (the base) and a caller who may read objects.  A write-only token gets
+    none: a PATCH of ``{}`` handed it links to photos it may not see."""
+    urls = bool(url) and principal.allows("objects:read")
+    photo = svc.photos.get(photo_id, base_url=url, urls=urls)
     if project_of(photo) != principal.project_id:
         raise NotFound(f"photo {photo_id} not found")
     return photo
@@ -127,7 +131,7 @@ async def upload_photo(
             "filename": upload.filename or filename or "",
         }
         photo_id = await run_in_threadpool(_add, svc, upload, principal, **text)
-    return await run_in_threadpool(svc.photos.get, photo_id, base_url=base_url(request))
+    return await run_in_threadpool(owned_photo, svc, photo_id, principal, base_url(request))
 
 
 @router.get("", summary="List the project's photos, newest first (no URLs: get one photo)")
@@ -168,7 +172,7 @@ def copy_photo(
     svc = services(request)
     owned_photo(svc, photo_id, principal)
     copy = svc.photos.copy(photo_id, album=body.album if body else None)
-    return svc.photos.get(copy["id"], base_url=base_url(request))
+    return owned_photo(svc, copy["id"], principal, base_url(request))
 
 
 @router.post("/{photo_id}/move", summary="Move a photo to another album")
