@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response
+from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -90,16 +93,23 @@ class BodyLimit:
     unread, and a body that sends nothing for ``idle`` seconds is dropped
     (408), as an upload's is.  Uploads are left alone (``UPLOADS``).
 
+    The caller's token and scope are checked before the body is read (as an
+    upload's are): a client with no token that sent its body a byte a minute
+    held a connection for as long as it liked, and was told 408, not 401.
+
     Every request, uploads too, is refused (400) when its framing is
     ambiguous: two Content-Lengths, or one with Transfer-Encoding.  The HTTP
     parser took the chunked body; a proxy in front that trusts the length
     reads another request's start in it (request smuggling, RFC 9112 §6.3).
     """
 
-    def __init__(self, app: ASGIApp, limit: int, idle: float = 60.0) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: int, idle: float = 60.0, guards: Guards | None = None
+    ) -> None:
         self.app = app
         self.limit = limit
         self.idle = idle
+        self.guards = guards or []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -119,6 +129,11 @@ class BodyLimit:
             return
         if declared.isdigit() and int(declared) > self.limit:
             await self._refuse(scope, send, 413, "payload_too_large", self._too_large())
+            return
+        refused = await self._caller_refused(scope)
+        if refused is not None:
+            refused.headers["Connection"] = "close"  # the body is left unread
+            await refused(scope, _no_receive, send)
             return
         chunks, size = [], 0
         while True:
@@ -149,6 +164,29 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
+    async def _caller_refused(self, scope: Scope) -> Response | None:
+        """The refusal (401, 403, 429; 503 with the database away) of the
+        route this request goes to, if its checks refuse the caller.  The
+        principal they find is kept in the request's state: the route does
+        not authenticate again."""
+        path, root = scope["path"], scope.get("root_path", "")
+        path = path[len(root) :] if root and path.startswith(root) else path
+        for methods, pattern, checks in self.guards:
+            if scope["method"] not in methods or not pattern.match(path):
+                continue
+            scope.setdefault("state", {})  # shared by every Request of the scope
+            request = Request(scope)
+            try:
+                return await errors.refused_by(request, checks)
+            except Exception as exc:  # past this middleware, not the app's handlers
+                away = errors.passing(exc)
+                if away is None:
+                    raise
+                status, code, message = away
+                again = {"Retry-After": errors.RETRY_AFTER}
+                return errors.error_response(request, status, code, message, headers=again)
+        return None
+
     @staticmethod
     def _exempt(scope: Scope) -> bool:
         return (scope["method"], scope["path"].rstrip("/") or "/") in UPLOADS
@@ -165,6 +203,22 @@ class BodyLimit:
 
 
 AMBIGUOUS = "the request's length is ambiguous: two Content-Lengths, or one with Transfer-Encoding"
+
+
+Guard = Callable[[Request], Awaitable[object]]
+# Routes by method and path, with their token and scope checks.
+Guards = list[tuple[frozenset[str], re.Pattern[str], list[Guard]]]
+
+
+def guards(routers: Iterable[APIRouter]) -> Guards:
+    """Each route's token and scope checks, for BodyLimit to run before it
+    reads a body (FastAPI reads it first, then runs the route's checks)."""
+    return [
+        (frozenset(route.methods or ()), route.path_regex, checks)
+        for router in routers
+        for route in router.routes
+        if isinstance(route, APIRoute) and (checks := errors.guards_of(route))
+    ]
 
 
 async def _no_receive() -> Message:
@@ -223,11 +277,14 @@ def create_app(svc: Services) -> FastAPI:
     svc.storage.secret()  # an unusable URL-signing key stops the start, not a download
 
     # Added first, so it runs inside RequestId: its 413 carries the request id.
+    routers = (ops, jobs, objects, photos, profiles, credits, queues, workers, metrics, v0, ui)
     app.add_middleware(
-        BodyLimit, limit=svc.settings.api_max_body_bytes, idle=svc.settings.upload_idle_seconds
+        BodyLimit,
+        limit=svc.settings.api_max_body_bytes,
+        idle=svc.settings.upload_idle_seconds,
+        guards=guards(module.router for module in routers),
     )
     app.add_middleware(RequestId)
-    routers = (ops, jobs, objects, photos, profiles, credits, queues, workers, metrics, v0, ui)
     for module in routers:
         app.include_router(module.router)
     app.include_router(ui.root)  # /favicon.ico

@@ -151,7 +151,7 @@ def scoped(scope: str) -> Any:
     """A dependency: the caller's principal, which must hold ``scope``."""
 
     # ``_documented`` is unused: FastAPI fills it from BEARER, and
-    # errors._caller_refused calls this with the request alone.
+    # errors.caller_refused calls this with the request alone.
     async def dependency(request: Request, _documented: Any = Depends(BEARER)) -> Principal:
         principal = await authenticate(request)
         if not principal.allows(scope):

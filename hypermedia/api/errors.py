@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -149,17 +149,30 @@ def _ours(request: Request, exc: HypermediaError) -> Response:
     raise AssertionError("HypermediaError is in STATUS_OF")  # pragma: no cover
 
 
-async def _caller_refused(request: Request) -> Response | None:
+async def caller_refused(request: Request) -> Response | None:
     """The answer of the route's token and scope check (``deps.scoped``), if
     it refuses the caller.  FastAPI parses a body before it runs a route's
     dependencies: a request with no token and a broken body was told of its
-    JSON (422), not that it may not ask (401/403) — the order the docs give."""
-    dependant = getattr(request.scope.get("route"), "dependant", None)
-    for dep in getattr(dependant, "dependencies", ()):
-        if not getattr(dep.call, "__name__", "").startswith("scope_"):
-            continue
+    JSON (422), not that it may not ask (401/403) — the order the docs give.
+    ``request.scope`` must carry its route (``app.BodyLimit`` matches it
+    before reading a body; FastAPI's routing has set it by a 422)."""
+    return await refused_by(request, guards_of(request.scope.get("route")))
+
+
+def guards_of(route: object) -> list[Callable[[Request], Awaitable[object]]]:
+    """A route's token and scope checks (the ``deps.scoped`` dependencies)."""
+    dependant = getattr(route, "dependant", None)
+    deps = getattr(dependant, "dependencies", ())
+    return [d.call for d in deps if getattr(d.call, "__name__", "").startswith("scope_")]
+
+
+async def refused_by(
+    request: Request, guards: list[Callable[[Request], Awaitable[object]]]
+) -> Response | None:
+    """The first refusal of ``guards`` (401, 403 or a 429), if one refuses."""
+    for guard in guards:
         try:
-            await dep.call(request)
+            await guard(request)
         except ApiError as exc:  # rate limited
             return _api(request, exc)
         except HypermediaError as exc:
@@ -170,7 +183,7 @@ async def _caller_refused(request: Request) -> Response | None:
 def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-        refused = await _caller_refused(request)
+        refused = await caller_refused(request)
         if refused is not None:
             return refused
         details = _validation_details(exc)

@@ -212,3 +212,31 @@ def test_a_request_head_that_never_completes_is_closed(tmp_path: Path) -> None:
             assert slow.recv(65536).startswith(b"HTTP/1.1 201")
     finally:
         assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
+
+
+def test_a_json_body_is_not_waited_for_when_its_caller_may_not_ask(tmp_path: Path) -> None:
+    """The token and scope are judged before the body is read: with no token,
+    a body sent a byte a minute held its connection for as long as it liked,
+    and was answered 408, never 401."""
+    home = tmp_path / "home"
+    server, base = start_serve(tmp_path, home)
+    try:
+        made = hypermedia(
+            "tokens", "create", "--project", "p1", "--scopes", "jobs:read", "--json",
+            url="", home=home,
+        )  # fmt: skip
+        reader = json.loads(made.stdout)["token"]
+        port = int(base.rsplit(":", 1)[1])
+        for auth, code in (("", b"401"), ("Bearer hm_nope", b"401"), (f"Bearer {reader}", b"403")):
+            head = "POST /v1/jobs HTTP/1.1\r\nHost: t\r\nContent-Length: 400\r\n"
+            head += f"Authorization: {auth}\r\n\r\n" if auth else "\r\n"
+            with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+                s.sendall(head.encode() + b"{")  # and no more, for now
+                started = time.monotonic()
+                answer = _answer(s, b"}")
+                assert answer.startswith(b"HTTP/1.1 " + code), (auth, answer[:300])
+                assert time.monotonic() - started < 5  # not after the 60 s idle limit
+                _closed_after(answer, s)
+        _nothing_made(home)
+    finally:
+        assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
