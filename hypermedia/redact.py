@@ -74,7 +74,12 @@ def brief(exc: BaseException) -> str:
 _TOKEN = re.compile(r"(?<![A-Za-z0-9])hms?_[A-Za-z0-9_-]{8,}")
 
 
+# A signed download URL's signature: whoever reads the log could download
+# with it until the URL expires.
+_SIGNATURE = re.compile(r"(?<=[?&]sig=)[^&#\s]+")
+
+
 def tokens(text: str) -> str:
-    """``text`` with API tokens and session secrets replaced, and nothing else
-    (an access log line keeps its path)."""
-    return _TOKEN.sub("[token]", text)
+    """``text`` with API tokens, session secrets and URL signatures replaced,
+    and nothing else (an access log line keeps its path)."""
+    return _SIGNATURE.sub("[sig]", _TOKEN.sub("[token]", text))

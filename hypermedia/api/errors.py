@@ -52,6 +52,7 @@ STATUS_OF: list[tuple[type[Exception], int, str]] = [
 
 # Seconds a client should wait before sending again what failed for no fault of its own.
 RETRY_AFTER = "2"
+UNPARSED = "There was an error parsing the body"  # FastAPI's HTTPException(400) detail
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -132,7 +133,11 @@ def error_response(
 def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
     # Location and reason only: pydantic's "input" could echo what was sent.
     return [
-        {"loc": [str(p) for p in e.get("loc", ())], "msg": redact(str(e.get("msg", "")), 200)}
+        {
+            # A field's name is the sender's too (an extra one can be a token).
+            "loc": [redact(str(p), 200) for p in e.get("loc", ())],
+            "msg": redact(str(e.get("msg", "")), 200),
+        }
         for e in exc.errors()[:20]
     ]
 
@@ -201,6 +206,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400 and exc.detail == UNPARSED:
+            # FastAPI's words for a body it could not decode (not UTF-8, or
+            # nested past Python's recursion limit), where bad JSON is a 422.
+            message = "the request body could not be read (not UTF-8, or nested too deeply)"
+            return error_response(request, 422, "invalid_request", message)
         code = _HTTP_CODES.get(exc.status_code, "error")
         message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
         if exc.status_code == 404:

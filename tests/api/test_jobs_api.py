@@ -360,3 +360,22 @@ def test_where_clamd_listens_is_shown_to_admin_tokens_only(
         assert "clamd" not in settings and settings["max_bytes"] > 0, settings
     for settings in seen(a.admin):
         assert settings["clamd"] == socket, settings
+
+
+def test_a_body_that_cannot_be_decoded_is_422_like_bad_json(client: TestClient, a: Project) -> None:
+    """Bytes that are not UTF-8, or JSON nested past the parser's depth, were
+    a 400 "There was an error parsing the body"; broken JSON is a 422."""
+    h = {**bearer(a.admin), "Content-Type": "application/json"}
+    deep = '{"job_type": "debug.noop", "params": {"a": ' + "[" * 5000 + "]" * 5000 + "}}"
+    for body in (b'{"job_type": "debug.noop", "queue": "\xff\xfe"}', deep.encode(), b"{"):
+        r = client.post("/v1/jobs", content=body, headers=h)
+        assert r.status_code == 422, r.text
+        assert r.json()["code"] == "invalid_request"
+    assert client.get("/v1/jobs", headers=h).json()["items"] == []
+
+
+def test_a_field_name_that_is_a_token_is_not_echoed(client: TestClient, a: Project) -> None:
+    """Extra fields are a 422 naming them: a token sent as a field's name came back whole."""
+    r = client.post("/v1/jobs", json={**NOOP, a.admin: 1}, headers=bearer(a.admin))
+    assert r.status_code == 422
+    assert a.admin not in r.text and "[token]" in str(r.json()["details"])
