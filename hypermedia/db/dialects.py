@@ -30,6 +30,7 @@ from hypermedia.db import fast
 from hypermedia.db.schema import job_attempts as A
 from hypermedia.db.schema import job_events as E
 from hypermedia.db.schema import processing_jobs as J
+from hypermedia.db.schema import queue_states
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +82,30 @@ def claim(
     if dialect == "postgresql":
         rows = claim_pg(conn, worker_id, queues, n, now, lease_until)
     else:
+        # Paused queues read in the claim's transaction (PostgreSQL's claim
+        # leaves them out in its statement): a pause that answered holds.
+        # Not in the locking read itself: MariaDB's FOR UPDATE would lock
+        # the switches' rows too, for every claimer.
+        queues = unpaused(conn, queues)
+        if not queues:
+            return []
         fn = _claim_mysql if dialect == "mysql" else _claim_sqlite
         rows = fn(conn, worker_id, queues, n, now, lease_until)
         _record_claims(conn, rows, worker_id, now)
     rows.sort(key=lambda r: (r["priority"], r["job_id"]))
     return rows
+
+
+def unpaused(conn: sa.Connection, queues: Sequence[str]) -> list[str]:
+    if conn.dialect.name == "sqlite":  # prepared: see db/fast.py
+        prepared = fast.prepare(conn, ("paused",), lambda: _PAUSED)
+        paused = {r["queue_name"] for r in fast.rows(conn, prepared, {})}
+    else:
+        paused = {r[0] for r in conn.execute(_PAUSED)}
+    return [q for q in queues if q not in paused]
+
+
+_PAUSED = sa.select(queue_states.c.queue_name).where(queue_states.c.paused.is_(True))
 
 
 def _record_claims(
@@ -129,7 +149,15 @@ _PG_CLAIM_CTES = f"""picked AS (
     -- would have it guess 10 % of the queue, so plan the claim afresh each time.
     -- One index scan per queue, each stopping after n rows; a plain
     -- "queue_name = ANY(...)" would sort every queued row instead.
-    SELECT c.job_id FROM unnest(CAST(:queues AS text[])) AS q(name)
+    -- A queue an operator paused is left out here, not only by the worker's
+    -- copy of the switches (read once a poll interval): once a pause has
+    -- answered, no claim that starts takes a job from it.
+    SELECT c.job_id FROM (
+        SELECT name FROM unnest(CAST(:queues AS text[])) AS u(name)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM queue_states s WHERE s.queue_name = u.name AND s.paused
+        )
+    ) AS q
     CROSS JOIN LATERAL (
         SELECT job_id, priority FROM processing_jobs
         WHERE status = 'queued' AND queue_name = q.name AND available_at <= :now

@@ -105,6 +105,19 @@ def test_pause_and_resume_switch_a_queue(queues: Queues) -> None:
     assert _summary(queues, "images")["paused"] is False
 
 
+def test_no_claim_takes_a_job_from_a_queue_once_its_pause_answered(
+    queues: Queues, engine: Engine
+) -> None:
+    """Workers kept the switches for a poll interval: a job submitted right
+    after a pause answered was claimed and run from the paused queue."""
+    bulk = [new_job(engine) for _ in range(3)]
+    queues.pause("bulk")
+    assert engine.claim("w-1", ["bulk"], 10) == []
+    assert engine.claim("w-1", ["images", "bulk"], 10) == []
+    queues.resume("bulk")
+    assert sorted(c.job_id for c in engine.claim("w-1", ["images", "bulk"], 10)) == bulk
+
+
 def test_resuming_a_queue_never_switched_writes_nothing(queues: Queues) -> None:
     """The API wrote a switch for any name it was asked to resume: a typo
     ("imagse") became a queue listed from then on."""
