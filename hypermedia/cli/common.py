@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import faulthandler
 import io
@@ -11,6 +12,7 @@ import logging
 import os
 import re
 import select
+import shutil
 import signal
 import stat
 import sys
@@ -31,6 +33,7 @@ from rich.console import Console
 from rich.markup import escape
 from sqlalchemy.engine import url as sa_url
 
+from hypermedia import leftovers
 from hypermedia.config import Settings, load_settings
 from hypermedia.db import revisions
 from hypermedia.db.dialects import is_schema_missing, is_transient
@@ -391,7 +394,7 @@ def as_regular_files(paths: list[Path], max_bytes: int | None = None) -> Iterato
     if not streams:
         yield paths
         return
-    with tempfile.TemporaryDirectory(prefix="hypermedia-stdin-") as tmp:
+    with _staging() as tmp:
         copies: dict[Path, Path] = {}
         for i, p in enumerate(streams):
             copy = Path(tmp) / str(i) / input_name(p)
@@ -420,6 +423,31 @@ def as_regular_files(paths: list[Path], max_bytes: int | None = None) -> Iterato
             if not whole:
                 raise StreamTooLarge(p, max_bytes or 0)
         yield [copies.get(p, p) for p in paths]
+
+
+@contextmanager
+def _staging() -> Iterator[Path]:
+    """A private folder for staged streams, held for this process's life
+    (leftovers.py), in ``$TMPDIR/hypermedia-stdin-UID``: a command killed on
+    the spot left its copy (of up to ``max_input_bytes``) in TMPDIR for good;
+    the next command that stages a stream removes it."""
+    parent = Path(tempfile.gettempdir()) / f"hypermedia-stdin-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        parent.mkdir(mode=0o700)
+    st = parent.lstat()
+    ours = stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+    if not ours:  # another user's, or planted in a shared /tmp: not ours to sweep
+        with tempfile.TemporaryDirectory(prefix="hypermedia-stdin-") as tmp:
+            yield Path(tmp)
+        return
+    leftovers.sweep_folders(parent)
+    folder = Path(tempfile.mkdtemp(dir=parent))
+    held = leftovers.hold(folder / leftovers.OWNER)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.close(held)
 
 
 def _copy_at_most(src: Path, dst: Path, limit: int | None) -> bool:

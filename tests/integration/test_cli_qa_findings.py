@@ -379,3 +379,39 @@ def test_serve_refuses_a_bad_queue_before_doing_anything(tmp_path: Path) -> None
     proc = hypermedia("serve", "--queues", "Bad Q", url="", home=home)
     assert proc.returncode == USAGE and "queue name" in proc.stderr, proc.stderr
     assert not home.exists() and proc.stdout == ""
+
+
+def test_a_stream_staged_by_a_killed_command_is_removed_by_the_next(
+    home: Path, tmp_path: Path
+) -> None:
+    """`… | objects put -` killed with -9 left its staged copy in TMPDIR for
+    good (48 MB each in the report): held now, and swept by the next stager."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = cli_env("", home, TMPDIR=str(tmpdir))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hypermedia", "objects", "put", "-"],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.stdin is not None
+    proc.stdin.write(b"x" * (1 << 20))  # and the stream stays open
+    proc.stdin.flush()
+    parent = tmpdir / f"hypermedia-stdin-{os.getuid()}"
+
+    def staged() -> list[Path]:
+        return [p for p in parent.glob("*/*/stdin") if p.stat().st_size >= 1 << 20]
+
+    assert wait_for(lambda: bool(staged()), 30), "nothing staged"
+    proc.kill()
+    proc.wait()
+    proc.stdin.close()
+    (left,) = [p.parents[1] for p in staged()]
+    os.utime(left / ".owner", (time.time() - 60,) * 2)  # past the age a sweep needs
+    put = subprocess.run(
+        [sys.executable, "-m", "hypermedia", "objects", "put", "-", "--json"],
+        env=env, input=b"y" * 100, capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert put.returncode == 0, put.stderr
+    assert json.loads(put.stdout)["size"] == 100
+    assert not left.exists()
+    assert list(parent.iterdir()) == []  # its own staging went with it
