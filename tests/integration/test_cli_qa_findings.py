@@ -401,10 +401,12 @@ def test_a_stream_staged_by_a_killed_command_is_removed_by_the_next(
     def staged() -> list[Path]:
         return [p for p in parent.glob("*/*/stdin") if p.stat().st_size >= 1 << 20]
 
-    assert wait_for(lambda: bool(staged()), 30), "nothing staged"
-    proc.kill()
-    proc.wait()
-    proc.stdin.close()
+    try:
+        assert wait_for(lambda: bool(staged()), 30), "nothing staged"
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
     (left,) = [p.parents[1] for p in staged()]
     os.utime(left / ".owner", (time.time() - 60,) * 2)  # past the age a sweep needs
     put = subprocess.run(
