@@ -23,7 +23,7 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -132,7 +132,8 @@ def run(
         local = _local_worker(eng, ids, run_here, concurrency or os.cpu_count() or 1)
         why = INTERRUPTED  # if the wait itself fails: the worker stops at once too
         try:
-            jobs, why = _wait(eng, ids, [printable(f.name) for f in files], timeout)
+            died = local.died if local is not None else None
+            jobs, why = _wait(eng, ids, [printable(f.name) for f in files], timeout, died)
         finally:
             # At once when the wait was cut short (Ctrl-C, --wait-timeout): what
             # it ran is retried.  A drain kept the command up to 30 s past its timeout.
@@ -277,9 +278,14 @@ def _warn(text: str) -> None:
 
 
 def _wait(
-    eng: Engine, ids: list[int], names: list[str], timeout: float
+    eng: Engine,
+    ids: list[int],
+    names: list[str],
+    timeout: float,
+    died: Callable[[], str | None] | None = None,
 ) -> tuple[dict[int, Row], str]:
-    """Poll the jobs until all are terminal or ``timeout`` passes; a bar per job.
+    """Poll the jobs until all are terminal or ``timeout`` passes, or the
+    command's own worker (``died``) ends; a bar per job.
 
     Returns the last rows seen and, if the wait was cut short, why.
     """
@@ -307,6 +313,8 @@ def _wait(
                     return jobs, ""
                 if time.monotonic() >= deadline:
                     return jobs, f"not finished within {timeout:g}s"
+                if died is not None and (why := died()):
+                    return jobs, why
                 time.sleep(POLL_SECONDS)
         except KeyboardInterrupt:
             _deaf()  # the rest is reporting (a second press killed it before)

@@ -175,6 +175,33 @@ def test_the_timeout_stops_the_worker_process_ran_at_once(procs: Procs, tmp_path
 
 
 @sqlite_only
+def test_when_its_own_worker_ends_the_wait_ends_too(procs: Procs, tmp_path: Path) -> None:
+    """Its worker drained (or dead of an error) with a job still queued:
+    `process` waited out its whole --wait-timeout for a job nobody would run."""
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(b"a")
+    b.write_bytes(b"b")
+    run = Run(
+        procs, str(a), str(b), "--profile", "debug-sleep", "--params", '{"ms": 2000}',
+        "--concurrency", "1", "--wait-timeout", "300", "--json", "--out", str(tmp_path / "out"),
+    )  # fmt: skip
+    eventually(
+        lambda: ("processing",) in procs.query("SELECT status FROM processing_jobs"),
+        60,
+        "a job running in process's own worker",
+    )
+    [(worker_id,)] = procs.query("SELECT worker_id FROM workers WHERE status = 'active'")
+    procs.cli("workers", "drain", worker_id)
+    started = time.monotonic()
+    assert run.wait(60) == 1, tail(run.err)
+    assert time.monotonic() - started < 30  # not the 300 s of --wait-timeout
+    records = {r["status"]: r for r in run.records()}
+    assert set(records) == {"completed", "queued"}, records
+    said = records["queued"]["safe_reason"]
+    assert "the worker this command ran stopped; the job goes on" in said
+
+
+@sqlite_only
 def test_without_a_worker_the_timeout_ends_the_wait(procs: Procs, tmp_path: Path) -> None:
     src = tmp_path / "a.bin"
     src.write_bytes(b"x" * 100)
