@@ -13,6 +13,7 @@ import random
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
@@ -158,6 +159,20 @@ class Driver:
         self._wake_file = f"{database}-wake" if database and database != ":memory:" else None
         # MariaDB's listeners read the newest job id many times a second.
         self._job_watch = _JobWatch(self.url) if self.name == "mysql" else None
+        _EVERY.add(self)
+
+    def _forked(self) -> None:
+        """In a child of fork(): let go of the parent's connections, unclosed
+        (closing would end the parent's sessions too), and of locks another
+        thread of the parent may have held.  Its pool carried on in the child:
+        two processes then talked over one session, and one's transaction
+        committed an event for a change the other rolled back."""
+        for eng in {id(e): e for e in self._engines.values()}.values():
+            eng.dispose(close=False)
+        if self.name == "sqlite":
+            self._sqlite_writer = threading.RLock()
+        if self._job_watch is not None:
+            self._job_watch.forked()
 
     # -- engines -------------------------------------------------------------
 
@@ -367,6 +382,11 @@ class _JobWatch:
             self._drop()
         self._engine.dispose()
 
+    def forked(self) -> None:
+        """See Driver._forked: the parent's connection is left alone."""
+        self._lock = threading.Lock()
+        self._conn = None
+
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
@@ -455,6 +475,17 @@ def _sqlite_engine(
 
 _DRIVERS: dict[str, Driver] = {}
 _LOCK = threading.Lock()
+_EVERY: weakref.WeakSet[Driver] = weakref.WeakSet()  # this process's, for _after_fork
+
+
+def _after_fork() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()  # a thread of the parent may have held it
+    for drv in list(_EVERY):
+        drv._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def connect(url: str) -> Driver:
