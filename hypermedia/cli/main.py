@@ -276,7 +276,9 @@ def serve(
     _print_where(_base_url(host, port), str(token_file) if token_file.exists() else None)
     with user_errors():
         w = Worker(svc.engine, served, concurrency=concurrency)
-        http = server.start_in_thread(create_app(svc), host, port, access_log=verbose)
+        app = create_app(svc)
+        app.state.draining = w.stop_claiming.is_set  # /readyz: 503 from the SIGTERM on
+        http = server.start_in_thread(app, host, port, access_log=verbose)
     leader = _start_leader(svc.engine, w.worker_id, w.stopped)
     try:
         w.run()

@@ -82,7 +82,7 @@ def test_the_api_answers_503_and_readyz_says_not_migrated(empty_url: str, tmp_pa
             r = client.get("/readyz")  # the pools are listed in the database: not asked
             assert (r.status_code, r.json()) == (
                 503,
-                {"database": "not migrated", "storage": "not checked"},
+                {"database": "not migrated", "storage": "not checked", "serving": "ok"},
             )
             r = client.get("/v1/jobs", headers=TOKEN)
             assert r.status_code == 503, r.text
@@ -90,7 +90,10 @@ def test_the_api_answers_503_and_readyz_says_not_migrated(empty_url: str, tmp_pa
             assert client.get("/healthz").status_code == 200
             upgrade(empty_url)
             r = client.get("/readyz")
-            assert (r.status_code, r.json()) == (200, {"database": "ok", "storage": "ok"})
+            assert (r.status_code, r.json()) == (
+                200,
+                {"database": "ok", "storage": "ok", "serving": "ok"},
+            )
             assert client.get("/v1/jobs", headers=TOKEN).status_code == 401  # unknown, now
     finally:
         driver.dispose()
@@ -111,7 +114,7 @@ def test_readyz_says_refused_for_a_database_that_does_not_exist(
             r = client.get("/readyz")
             assert (r.status_code, r.json()) == (
                 503,
-                {"database": "refused", "storage": "not checked"},
+                {"database": "refused", "storage": "not checked", "serving": "ok"},
             )
     finally:
         driver.dispose()

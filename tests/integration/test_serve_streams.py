@@ -9,7 +9,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.harness import hypermedia, start_serve, stop
+from tests.harness import http_json, hypermedia, start_serve, stop, wait_for
 
 
 def test_an_open_stream_does_not_hold_the_shutdown(tmp_path: Path) -> None:
@@ -43,3 +43,33 @@ def test_an_open_stream_does_not_hold_the_shutdown(tmp_path: Path) -> None:
     log = (tmp_path / "serve.log").read_text()
     for sign in ("Traceback", "CancelledError", "graceful shutdown exceeded"):
         assert sign not in log, log[-3000:]
+
+
+def test_readiness_says_stopping_while_serve_drains(tmp_path: Path) -> None:
+    """A SIGTERM drains the worker (as long as its attempts take) while the
+    API still answers: /readyz said 200 meanwhile, so a load balancer kept
+    sending requests to a server about to close."""
+    home = tmp_path / "home"
+    server, base = start_serve(tmp_path, home)
+    try:
+        token = (home / "admin-token").read_text().strip()
+        status, made = http_json(
+            f"{base}/v1/jobs", {"job_type": "debug.sleep", "params": {"ms": 4000}}, token
+        )
+        assert status == 201, made
+        job = f"{base}/v1/jobs/{made['job_id']}"
+        wait_for(
+            lambda: http_json(job, token=token)[1]["status"] == "processing",
+            30,
+            what="the job to run",
+        )
+        server.send_signal(signal.SIGTERM)
+        status, body = http_json(f"{base}/readyz")
+        assert (status, body["serving"]) == (503, "stopping"), body
+        assert http_json(f"{base}/healthz")[0] == 200  # alive, not ready
+        assert server.wait(30) == 0
+    finally:
+        if server.poll() is None:
+            stop(server, signal.SIGKILL)
+    log = (tmp_path / "serve.log").read_text()
+    assert "Traceback" not in log, log[-2000:]

@@ -29,6 +29,7 @@ async def healthz() -> dict[str, str]:
 class Readiness(BaseModel):
     database: Literal["ok", "unreachable", "refused", "not migrated"]
     storage: Literal["ok", "unreachable", "not checked"]
+    serving: Literal["ok", "stopping"]
 
 
 @router.get(
@@ -49,8 +50,20 @@ async def readyz(request: Request) -> JSONResponse:
     if database == "ok":
         reachable = await probes["storage"].ask(svc.storage.reachable, False)
         storage = "ok" if reachable else "unreachable"
-    body = {"database": database, "storage": storage}
-    return JSONResponse(body, status_code=200 if storage == "ok" else 503)
+    serving = "stopping" if stopping(request) else "ok"
+    body = {"database": database, "storage": storage, "serving": serving}
+    ready = storage == "ok" and serving == "ok"
+    return JSONResponse(body, status_code=200 if ready else 503)
+
+
+def stopping(request: Request) -> bool:
+    """Whether this server is on its way out: its HTTP side stopping, or the
+    worker ``serve`` runs beside it draining after a SIGTERM (seconds to
+    minutes, while the API still answers): a load balancer should send
+    new requests elsewhere by then."""
+    state = request.app.state
+    draining: Callable[[], bool] | None = getattr(state, "draining", None)
+    return bool(state.stopping) or (draining is not None and draining())
 
 
 # How long a readiness request waits for its check: a store or database that
