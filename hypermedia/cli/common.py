@@ -487,6 +487,7 @@ def user_errors() -> Iterator[None]:
         raise  # Typer's usage errors (exit 2) keep their own words
     except OutputFailed as exc:
         err_console.print(f"[red]error:[/] {escape(str(exc.strerror))}", markup=True)
+        drop_stdout()
         raise typer.Exit(EXIT_FAILED) from None
     except BrokenPipeError as exc:
         if _stdout_gone():
@@ -615,9 +616,16 @@ def flush_stdout() -> None:
     try:
         sys.stdout.flush()
     except BrokenPipeError:
-        # What is still buffered would fail again at exit, loudly.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        drop_stdout()
         raise typer.Exit(EXIT_FAILED) from None
+
+
+def drop_stdout() -> None:
+    """Point stdout at /dev/null once it failed: what is still buffered
+    would fail again at the interpreter's exit, loudly ("Exception ignored
+    … OutputFailed", exit 120)."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def wait_for_database(url: str, seconds: float | None) -> str | None:

@@ -25,6 +25,7 @@ from hypermedia.cli.common import (
     EXIT_FAILED,
     OutputFailed,
     console,
+    drop_stdout,
     engine,
     err_console,
     flush_stdout,
@@ -59,6 +60,7 @@ def main() -> None:
         app()
     except OutputFailed as exc:
         err_console.print(f"error: {exc.strerror}", markup=False, highlight=False)
+        drop_stdout()
         sys.exit(EXIT_FAILED)
 
 

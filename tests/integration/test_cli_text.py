@@ -246,3 +246,27 @@ def test_sigterm_during_a_download_leaves_no_part_file(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert list(out.iterdir()) == [], "no part file, no file under the name"
+
+
+def test_a_small_output_refused_by_stdout_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    """`objects get ID > /dev/full` of a blob smaller than the write buffer:
+    refused at the flush as the command ended, then again at the interpreter's
+    exit, with "Exception ignored … OutputFailed" and exit 120."""
+    home = tmp_path / "home"
+    blob = tmp_path / "small.bin"
+    blob.write_bytes(os.urandom(5000))
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    put = hypermedia("objects", "put", str(blob), "--json", url="", home=home)
+    object_id = str(json.loads(put.stdout)["object_id"])
+    for args in (["objects", "get", object_id], ["jobs", "ls"], ["objects", "ls", "--json"]):
+        with open("/dev/full", "wb") as full:
+            done = subprocess.run(
+                [sys.executable, "-m", "hypermedia", *args],
+                env=cli_env("", home),
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+            )
+        assert done.returncode == 1, (args, done.stderr)
+        assert done.stderr == "error: the output could not be written: No space left on device\n"
