@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hypermedia.errors import InvalidRequest
+from hypermedia.parse import ascii_int
 
 # The project of everything made without naming one (CLI, embedded default).
 DEFAULT_PROJECT = "default"
@@ -249,6 +250,21 @@ _ABOVE_ZERO = (
 )
 
 
+def sandbox_mode(settings: Settings) -> str:
+    if settings.child_sandbox not in ("auto", "required", "off"):
+        raise InvalidRequest("HYPERMEDIA_CHILD_SANDBOX is one of auto, required, off")
+    return settings.child_sandbox
+
+
+def connect_ports(settings: Settings) -> list[int] | None:
+    """HYPERMEDIA_CHILD_CONNECT_PORTS as ports; None when empty (any port)."""
+    raw = [p.strip() for p in settings.child_connect_ports.split(",") if p.strip()]
+    ports = [ascii_int(p, 5) or 0 for p in raw] or None
+    if not all(0 < p < 65536 for p in ports or ()):
+        raise InvalidRequest("HYPERMEDIA_CHILD_CONNECT_PORTS is a comma-separated list of ports")
+    return ports
+
+
 def load_settings() -> Settings:
     """Build settings from the environment, converting each value to its field's type."""
     defaults = Settings()
@@ -297,6 +313,10 @@ def load_settings() -> Settings:
         raise InvalidRequest("HYPERMEDIA_DEFAULT_POOL must name a pool (1 to 64 characters)")
     _check_durations(settings)
     _check_gc_pending_seconds(settings.gc_pending_seconds)
+    # Here, not when a worker is built: `process` and `serve` had uploaded,
+    # queued or migrated by then, and a refusal (exit 2) says nothing was done.
+    sandbox_mode(settings)
+    connect_ports(settings)
     for name in ("secret_key", "previous_secret_key"):
         if getattr(settings, name):
             check_secret_key(getattr(settings, name), f"HYPERMEDIA_{_ENV_NAMES[name]}")

@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from hypermedia import said
+from hypermedia.config import connect_ports, sandbox_mode
 from hypermedia.db.dialects import is_transient
 from hypermedia.db.ready import wait_until_ready
 from hypermedia.errors import InvalidRequest
 from hypermedia.linux import name_native
-from hypermedia.parse import ascii_int
 from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import EVERY_QUEUE, AttemptResult, Claimed
@@ -498,14 +498,7 @@ class Worker:
 def sandbox_settings(settings: Any) -> tuple[str, list[int] | None]:
     """The children's confinement (mode, TCP ports), checked before the worker
     registers: ``required`` on a kernel without Landlock refuses to start."""
-    mode = settings.child_sandbox
-    if mode not in ("auto", "required", "off"):
-        raise InvalidRequest("HYPERMEDIA_CHILD_SANDBOX is one of auto, required, off")
-    bad = InvalidRequest("HYPERMEDIA_CHILD_CONNECT_PORTS is a comma-separated list of ports")
-    raw = [p.strip() for p in settings.child_connect_ports.split(",") if p.strip()]
-    ports = [ascii_int(p, 5) or 0 for p in raw] or None
-    if not all(0 < p < 65536 for p in ports or ()):
-        raise bad
+    mode, ports = sandbox_mode(settings), connect_ports(settings)
     if mode == "off":
         return mode, ports
     if not seccomp.available():

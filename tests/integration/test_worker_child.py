@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import signal
 import stat
@@ -279,8 +280,22 @@ def test_a_worker_refuses_a_sandbox_setting_it_cannot_honour(procs: Procs) -> No
         {"HYPERMEDIA_CHILD_CONNECT_PORTS": "5432,http"},
     ):
         done = hypermedia("worker", "--burst", url=procs.url, home=procs.home, **env)
-        assert done.returncode != 0
-        assert "HYPERMEDIA_CHILD_" in done.stderr and "Traceback" not in done.stderr
+        assert done.returncode == 2
+        assert done.stderr.startswith("error: HYPERMEDIA_CHILD_"), done.stderr
+        # Refused before anything is done: process had uploaded and queued,
+        # serve had migrated and made the first admin token.
+        src = procs.home / "in.bin"
+        src.write_bytes(b"bytes")
+        ran = hypermedia(
+            "process", str(src), "--profile", "debug-copy", "--out", str(procs.home / "o"),
+            url=procs.url, home=procs.home, **env,
+        )  # fmt: skip
+        assert ran.returncode == 2 and ran.stderr.startswith("error: HYPERMEDIA_CHILD_")
+        fresh = procs.home / "fresh"
+        served = hypermedia("serve", "--port", "1", url="", home=fresh, **env)
+        assert served.returncode == 2 and not (fresh / "admin-token").exists()
+    listed = hypermedia("objects", "ls", "--json", url=procs.url, home=procs.home)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []
 
 
 @sqlite_only
