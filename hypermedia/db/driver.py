@@ -59,7 +59,8 @@ def normalise_url(url: str) -> str:
         # Read as host "r1t@db" from "user:Sek@r1t@db": every connection error
         # then named that host, showing the password's tail.
         raise InvalidRequest(
-            "the database URL has an '@' in its user name or password: write it as %40"
+            # Not "password: write…": redaction read that as a credential.
+            "the database URL has an '@' in its user name or password (write it as %40)"
         )
     if u.get_backend_name() not in ("sqlite", "postgresql", "postgres", "mysql", "mariadb"):
         raise InvalidRequest(f"the database URL names no database hypermedia runs on: {BACKENDS}")

@@ -270,7 +270,7 @@ def test_the_default_worker_serves_a_queue_a_profile_names_later(
         ("mariadb://u:s3cret@h/db?connect_timeout=abc", {}, "connect_timeout must be a whole"),
         ("mariadb://u:s3cret@h/db?charset=bogus", {}, "charset is not one MariaDB knows"),
         # Read as the host "cret@127.0.0.1", named in every connection error:
-        ("postgresql://u:s3@cret@127.0.0.1/db", {}, "an '@' in its user name or password"),
+        ("postgresql://u:s3@cret@127.0.0.1/db", {}, "user name or password (write it as %40)"),
         ("", {"HYPERMEDIA_JOB_RETENTION_DAYS": "abc"}, "HYPERMEDIA_JOB_RETENTION_DAYS must be a"),
         ("", {"HYPERMEDIA_CLAIM_BATCH": "1.5"}, "HYPERMEDIA_CLAIM_BATCH must be an integer"),
         # A lease of 0 expired as it was taken: every job ran again and again.
