@@ -9,6 +9,7 @@ import io
 import ipaddress
 import json
 import logging
+import math
 import os
 import re
 import select
@@ -145,19 +146,39 @@ def require_database(url: str) -> None:
         )
 
 
-def engine(s: Settings | None = None, *, create: bool = False) -> Engine:
+def engine(
+    s: Settings | None = None, *, create: bool = False, wait_out: float | None = None
+) -> Engine:
     """The engine over the settings' database.  A SQLite database that does
     not exist is refused (NoDatabase, exit 1) instead of created empty, where
     the command would only fail on the empty file ("no such table").
     ``create``: for the commands that wait for a migration (``worker``,
-    ``scheduler``) or run one (``process``)."""
+    ``scheduler``) or run one (``process``).  ``wait_out``: a database that
+    is away is waited for until then (time.monotonic(); ``math.inf``: as
+    long as it takes), said once (the commands that wait for jobs)."""
     s = s or settings()
     if not create:
         require_database(s.url)
     db = connect(s.url)
-    if not create:
+    if wait_out is not None:
+        wait_for_schema(db, wait_out)
+    elif not create:
         require_schema(db)
     return Engine(db, s, clock=clock_for(db))
+
+
+def wait_for_schema(db: Any, deadline: float) -> None:
+    """require_schema, through an outage until ``deadline``: `jobs submit
+    --wait` and `process` were said to wait out a database that is away when
+    they start, and failed at once (only `jobs tail` did)."""
+
+    def check() -> None:
+        with db.read() as tx:
+            why = revisions.behind(tx.schema_revision())
+        if why is not None:
+            raise NotMigrated(why)
+
+    through_outages(check, None if deadline == math.inf else deadline)
 
 
 class NotMigrated(HypermediaError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections import Counter
@@ -73,7 +74,12 @@ def submit(
         parsed = json_object(params, "--params")
         if idempotency_key and count > 1:
             raise InvalidRequest("--idempotency-key needs --count 1")
-        eng = engine()
+        # --wait: a database away as it starts is waited for too (for as long
+        # as the wait may take), then the jobs are submitted once.
+        until = None
+        if wait:
+            until = math.inf if wait_timeout is None else time.monotonic() + wait_timeout
+        eng = engine(wait_out=until)
         job = NewJob(
             job_type,
             parsed,

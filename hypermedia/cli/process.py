@@ -44,11 +44,11 @@ from hypermedia.cli.common import (
     json_object,
     print_json,
     printable,
-    require_schema,
     settings,
     sigterm_as_ctrl_c,
     through_outages,
     user_errors,
+    wait_for_schema,
 )
 from hypermedia.config import Settings
 from hypermedia.errors import HypermediaError, InvalidRequest, JobError, NotFound
@@ -103,7 +103,9 @@ def run(
         s = settings()
         _migrated(s)
         eng = engine(s, create=True)
-        require_schema(eng.db)  # a server database's: before anything is uploaded
+        # A server database's: before anything is uploaded, waiting out one
+        # that is away for as long as the jobs would be waited for.
+        wait_for_schema(eng.db, time.monotonic() + timeout)
         prof = _active_profile(eng, profile)
         made = _writable(out)  # before anything is uploaded or run
         missing = registry.readiness([prof])[prof["ref"]]

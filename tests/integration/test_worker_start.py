@@ -159,15 +159,34 @@ def test_commands_that_wait_outlive_a_database_outage(tmp_path: Path) -> None:
         late_log = tmp_path / "late.log"
         late = spawn("jobs", "tail", str(job_id), url=url, home=home, log=late_log)
         procs.append(late)
+        # So are `jobs submit --wait` and `process` (they exited 1 at once).
+        late_submit_log = tmp_path / "late-submit.log"
+        late_submit = spawn(
+            "jobs", "submit", "debug.noop", "--wait", url=url, home=home, log=late_submit_log
+        )
+        src = tmp_path / "in.bin"
+        src.write_bytes(b"some bytes")
+        process_log = tmp_path / "process.log"
+        late_process = spawn(
+            "process", str(src), "--profile", "debug-copy", "--out", str(tmp_path / "out"),
+            url=url, home=home, log=process_log,
+        )  # fmt: skip
+        procs += [late_submit, late_process]
         time.sleep(3.0)  # several polls fail meanwhile
         assert submit.poll() is None and tail.poll() is None, tail_log.read_text()
         assert late.poll() is None, late_log.read_text()
+        assert late_submit.poll() is None, late_submit_log.read_text()
+        assert late_process.poll() is None, process_log.read_text()
         pg_accepting(name, True)
         procs.append(spawn("worker", "--queues", "bulk", url=url, home=home))
         assert submit.wait(60) == 0
         assert tail.wait(60) == 0, tail_log.read_text()
         assert late.wait(60) == 0, late_log.read_text()
-        assert "database unavailable" in tail_log.read_text()
+        assert late_submit.wait(60) == 0, late_submit_log.read_text()
+        assert late_process.wait(60) == 0, process_log.read_text()
+        assert (tmp_path / "out" / "in.copy.bin").read_bytes() == b"some bytes"
+        for log in (tail_log, late_submit_log, process_log):
+            assert log.read_text().count("database unavailable") == 1, log.read_text()
     finally:
         for p in procs:
             stop(p, signal.SIGKILL)
