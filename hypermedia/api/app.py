@@ -72,13 +72,35 @@ class RequestId:
         rid = incoming if ok else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = rid
 
+        started = False
+
         async def send_with_id(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 headers = [h for h in message.get("headers", []) if h[0] != b"x-request-id"]
                 message = {**message, "headers": [*headers, (b"x-request-id", rid.encode())]}
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            if not getattr(scope["app"].state, "stopping", False):
+                raise
+            # The server stopping cancels what is still open past its grace
+            # (an upload, say): answered as a 503 to try again, where uvicorn
+            # sent a plain-text 500 and logged a traceback.  Ours to end: the
+            # task is this request's alone.
+            log.info("request %s: cut short by the server's stop", rid)
+            if not started:
+                await _refuse_stopping(scope, send_with_id)
+
+
+async def _refuse_stopping(scope: Scope, send: Send) -> None:
+    message = "the server is stopping; try again"
+    headers = {"Retry-After": errors.RETRY_AFTER, "Connection": "close"}
+    response = errors.error_response(Request(scope), 503, "stopping", message, headers=headers)
+    await response(scope, _no_receive, send)
 
 
 # Routes that stream their body to disk under their own limit (max_upload_bytes).

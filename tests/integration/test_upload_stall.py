@@ -240,3 +240,31 @@ def test_a_json_body_is_not_waited_for_when_its_caller_may_not_ask(tmp_path: Pat
         _nothing_made(home)
     finally:
         assert stop(server, signal.SIGTERM) == 0, (tmp_path / "serve.log").read_text()[-2000:]
+
+
+def test_an_upload_cut_by_the_servers_stop_is_a_503_to_try_again(tmp_path: Path) -> None:
+    """Still open past the stop's grace, it was cancelled: the client got a
+    plain-text 500 ("Internal Server Error"), the log a traceback."""
+    home = tmp_path / "home"
+    server, base = start_serve(tmp_path, home)
+    try:
+        token = (home / "admin-token").read_text().strip()
+        port = int(base.rsplit(":", 1)[1])
+        head = (
+            "POST /v1/objects HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Length: 100000\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(head.encode() + b"x" * 1000)  # and then nothing, for now
+            time.sleep(0.5)
+            server.send_signal(signal.SIGTERM)
+            answer = _answer(s, b"}")
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:300]
+        assert b'"code":"stopping"' in answer and b"retry-after: 2" in answer.lower()
+        assert server.wait(30) == 0
+    finally:
+        if server.poll() is None:
+            stop(server, signal.SIGKILL)
+    said = (tmp_path / "serve.log").read_text()
+    assert "Traceback" not in said and "Exception in ASGI application" not in said, said[-3000:]
+    assert list((home / "tmp").glob("upload-*.part")) == []
