@@ -560,7 +560,7 @@ def _parse_cursor(cursor: str) -> tuple[datetime, str]:
             raise ValueError(cursor)
         return datetime.fromisoformat(at), pid
     except ValueError:
-        raise InvalidRequest("invalid cursor") from None
+        raise InvalidRequest("cursor is not valid; use next_cursor from a previous page") from None
 
 
 def _render(photo: Row, bindings: Sequence[Row]) -> Row:

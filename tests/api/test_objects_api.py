@@ -473,3 +473,28 @@ def test_a_range_is_a_206_part_and_the_whole_a_checked_body(
     blob.write_bytes(data[:-1])
     cut = client.get(url, headers={"Range": "bytes=0-9"})
     assert cut.status_code == 500 and cut.json()["code"] == "object_corrupt"
+
+
+def test_one_listings_cursor_is_refused_by_another(client: TestClient, a: Project) -> None:
+    """Job and object cursors had one form: an object cursor paged jobs from
+    that id on (a 200 of another listing's page)."""
+    h = bearer(a.admin)
+    for i in range(3):
+        upload(client, a.admin, f"obj {i}".encode())
+        assert (
+            client.post("/v1/jobs", json={"job_type": "debug.noop"}, headers=h).status_code == 201
+        )
+    objects = client.get("/v1/objects", params={"limit": 1}, headers=h).json()["next_cursor"]
+    jobs = client.get("/v1/jobs", params={"limit": 1}, headers=h).json()["next_cursor"]
+    photos = client.get("/v1/photos", params={"cursor": objects}, headers=h)
+    for path, cursor in (
+        ("/v1/jobs", objects),
+        ("/v1/objects", jobs),
+        ("/v0/processing-jobs", objects),
+    ):
+        r = client.get(path, params={"cursor": cursor}, headers=h)
+        assert r.status_code == 422, (path, r.text)
+        assert "cursor is not valid" in r.text
+    assert photos.status_code == 422
+    assert client.get("/v1/jobs", params={"cursor": jobs}, headers=h).status_code == 200
+    assert client.get("/v1/objects", params={"cursor": objects}, headers=h).status_code == 200

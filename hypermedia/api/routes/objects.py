@@ -368,7 +368,7 @@ def list_objects(
     rows = services(request).storage.list(
         project_id=principal.project_id,
         state=state,
-        before_id=decode_cursor(cursor) if cursor else None,
+        before_id=decode_cursor(cursor, "object_id") if cursor else None,
         limit=limit + 1,
     )
     return page(rows, limit, "object_id", public_object)
