@@ -30,6 +30,11 @@ COOKIE = "hm_session"
 LEGACY_COOKIE = "hm_token"
 
 
+# Text in a query or a path with no control character (C0, DEL and C1):
+# PostgreSQL refused a NUL where SQLite answered with it, raw, in a 404.
+NO_CONTROLS = r"^[^\x00-\x1f\x7f-\x9f]*$"
+
+
 def _digits(value: Any) -> Any:
     """Digits only: an int() reads "1_0" as 10 and " +1" or "1.0" as 1."""
     if isinstance(value, str) and not (value.isascii() and value.isdigit()):

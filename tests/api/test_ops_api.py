@@ -194,6 +194,15 @@ def test_workers_list_show_and_drain(client: TestClient, svc: Services, a: Proje
 
     assert client.get("/v1/workers/w-live", headers=h).json()["status"] == "active"
     assert client.get("/v1/workers/nope", headers=h).status_code == 404
+    # A control character is a 422 on every database (SQLite answered a 404
+    # with the NUL in it; PostgreSQL, which stores none, a 422).
+    for odd in ("a%00b", "a%1Bb", "a%C2%85b"):
+        for r in (
+            client.get(f"/v1/workers/{odd}", headers=h),
+            client.post(f"/v1/workers/{odd}/drain", headers=h),
+        ):
+            assert r.status_code == 422, (odd, r.text)
+            assert "\x00" not in r.text and "\\u0000" not in r.text
 
     r = client.post("/v1/workers/w-live/drain", headers=h)
     assert r.status_code == 200 and r.json()["status"] == "draining"

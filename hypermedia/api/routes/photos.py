@@ -16,7 +16,7 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from hypermedia.api.deps import Whole, scoped, services
+from hypermedia.api.deps import NO_CONTROLS, Whole, scoped, services
 from hypermedia.api.openapi import upload_body
 from hypermedia.api.routes.objects import Upload, receive_upload
 from hypermedia.auth.tokens import Principal
@@ -30,7 +30,6 @@ Row = dict[str, Any]
 # Ids are UUIDs; any unreserved URL text up to the column's width is looked up
 # (legacy producers choose their own), nothing with control characters.
 PhotoId = PathParam(pattern=r"^[A-Za-z0-9._~-]{1,36}$")
-NO_CONTROLS = r"^[^\x00-\x1f\x7f-\x9f]*$"  # C0, DEL and C1
 
 
 class PhotoCopy(BaseModel):

@@ -6,13 +6,13 @@ from typing import Any
 
 from fastapi import APIRouter, Path, Query, Request
 
-from hypermedia.api.deps import scoped, services
+from hypermedia.api.deps import NO_CONTROLS, scoped, services
 from hypermedia.auth.tokens import Principal
 
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
 
 Row = dict[str, Any]
-WorkerId = Path(..., min_length=1, max_length=100)
+WorkerId = Path(..., min_length=1, max_length=100, pattern=NO_CONTROLS)
 
 
 @router.get("", summary="Workers, newest first, with their latest metrics and health")
