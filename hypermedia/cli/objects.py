@@ -337,3 +337,6 @@ def gc_run_once(as_json: bool = typer.Option(False, "--json")) -> None:
             raise HypermediaError(f"{report.failed} blob(s) could not be deleted; will retry")
         if report.kept:
             raise HypermediaError(f"{report.kept} deleting object(s) kept: see why above")
+        if report.uploads_not_swept:  # a store away or refusing: cron should hear of it
+            n = len(report.uploads_not_swept)
+            raise HypermediaError(f"{n} pool(s) not swept of unfinished uploads: see why above")

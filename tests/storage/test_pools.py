@@ -488,3 +488,24 @@ def test_another_process_sees_a_new_pool_url_within_the_recheck(
 
     monkeypatch.setattr(other.db, "read", away)
     assert other.backend(pool["pool_id"]) is opened
+
+
+@SQLITE_ONLY
+def test_gc_run_once_exits_1_when_a_pools_uploads_could_not_be_swept(
+    s3_storage: Storage, seaweed: SeaweedServer
+) -> None:
+    """With nothing to delete, a store that is away was said and the run
+    exited 0: a cron job never heard of it."""
+    s3_storage.put(io.BytesIO(b"x" * 100), pool="s3")  # nothing to collect
+    s = s3_storage.settings
+    creds = {
+        "HYPERMEDIA_S3_ACCESS_KEY_ID": s.s3_access_key_id,
+        "HYPERMEDIA_S3_SECRET_ACCESS_KEY": s.s3_secret_access_key,
+    }
+    with seaweed.down():
+        down = hypermedia("gc", "run-once", url=s.url, home=s.home, **creds)
+    assert down.returncode == 1, down.stdout + down.stderr
+    assert "1 pool(s) not swept of unfinished uploads: see why above" in down.stderr
+    assert "pool s3: unfinished uploads not swept" in down.stdout
+    back = hypermedia("gc", "run-once", url=s.url, home=s.home, **creds)
+    assert back.returncode == 0, back.stdout + back.stderr
