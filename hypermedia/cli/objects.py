@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 import sys
@@ -12,6 +13,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from hypermedia import leftovers
 from hypermedia.cli.common import (
     MAX_ID,
     an_id,
@@ -109,10 +111,15 @@ def get(
         # A new file of our own beside it (made exclusively: ".NAME.part"
         # removed a file the user had by that name, or wrote through a
         # symlink someone left there), renamed over the target once checked.
+        # A get killed on the spot left its part behind for good: each one
+        # is held (flock) while written, and the next get here removes those
+        # nobody holds.
+        leftovers.sweep_files(target.parent, f"{PART_PREFIX}*.part")
         try:
-            fd, name = tempfile.mkstemp(".part", ".hypermedia-get-", target.parent)
+            fd, name = tempfile.mkstemp(".part", PART_PREFIX, target.parent)
         except OSError as exc:  # a folder we may not write in (/proc, read-only): -o's to fix
             raise InvalidRequest(f"-o cannot be written to: {exc.strerror}") from None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new and ours: never refused
         tmp = Path(name)
         try:
             with os.fdopen(fd, "wb", buffering=0) as out, st.open(object_id) as src:
@@ -122,6 +129,9 @@ def get(
             tmp.replace(target)  # never leave a half or unverified file under the name
         finally:
             tmp.unlink(missing_ok=True)
+
+
+PART_PREFIX = ".hypermedia-get-"
 
 
 def _umask() -> int:

@@ -270,3 +270,37 @@ def test_a_small_output_refused_by_stdout_is_one_line_and_exit_1(tmp_path: Path)
             )
         assert done.returncode == 1, (args, done.stderr)
         assert done.stderr == "error: the output could not be written: No space left on device\n"
+
+
+def test_a_part_file_left_by_a_killed_download_is_removed_by_the_next(tmp_path: Path) -> None:
+    """kill -9 of `objects get -o` left its ".hypermedia-get-….part" (744 MB in
+    the report) in the user's folder for good; a later get left it there too."""
+    home = tmp_path / "home"
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(os.urandom(96 << 20))
+    put = hypermedia("objects", "put", str(blob), "--json", url="", home=home)
+    object_id = str(json.loads(put.stdout)["object_id"])
+    out = tmp_path / "out"
+    out.mkdir()
+    for _ in range(5):  # a download that ended between two looks: again
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hypermedia", "objects", "get", object_id, "-o", str(out / "b")],
+            env=cli_env("", home),
+        )
+        while proc.poll() is None and not any(p.suffix == ".part" for p in out.iterdir()):
+            time.sleep(0.002)
+        proc.kill()
+        proc.wait()
+        parts = [p for p in out.iterdir() if p.suffix == ".part"]
+        if parts:
+            break
+        for p in out.iterdir():
+            p.unlink()
+    assert parts, "no download was caught mid-way"
+    for p in parts:
+        os.utime(p, (time.time() - 60,) * 2)  # past the age a sweep needs
+    again = hypermedia("objects", "get", object_id, "-o", str(out / "c"), url="", home=home)
+    assert again.returncode == 0, again.stderr
+    assert [p.name for p in out.iterdir() if p.suffix == ".part"] == []
+    assert (out / "c").read_bytes() == blob.read_bytes()
