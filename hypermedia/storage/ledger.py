@@ -299,9 +299,11 @@ class Storage:
         _regular(path)
         before = _version(path)  # before its head is read for the type: all of it covered
         pool_row = self.pool_for(pool, project_id)
-        obj = self._pending_for_file(pool_row["pool_id"], path, role, mime, project_id)
         if filename is None:
             filename = path.name
+        # Named from the start: a row an upload left pending or deleting
+        # (killed, refused) said which file it was only once it was ready.
+        obj = self._pending_for_file(pool_row["pool_id"], path, role, mime, project_id, filename)
         stored = self._upload_file(obj, path)
         self._unchanged({obj["object_id"]: (path, before, stored)})
         values = {
@@ -473,13 +475,13 @@ class Storage:
             raise
 
     def _pending_for_file(
-        self, pool_id: int, path: Path, role: str, mime: str | None, project_id: str
+        self, pool_id: int, path: Path, role: str, mime: str | None, project_id: str, name: str
     ) -> Row:
         with open(path, "rb") as f:
             head = _read_head(f)
         mime = mime or sniff.media_type(head)
         width, height = sniff.dimensions(head, mime)
-        return self._pending(pool_id, role, mime, project_id, "", width, height)
+        return self._pending(pool_id, role, mime, project_id, name, width, height)
 
     def _upload_file(self, obj: Row, path: Path) -> Stored:
         try:

@@ -85,6 +85,28 @@ def test_an_upload_that_fails_never_becomes_ready(storage: Storage) -> None:
     assert list((storage.settings.home / "storage" / ".tmp").iterdir()) == []
 
 
+def test_a_row_an_upload_left_behind_names_its_file(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`objects ls --state pending|deleting` is how an operator finds these:
+    the file name was written only once the row was ready ("")."""
+    path = tmp_path / "holiday.jpg"
+    path.write_bytes(b"some bytes")
+    local = storage.backend(storage.pool()["pool_id"])
+
+    def interrupted(*args, **kw):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    local.put_file = interrupted  # type: ignore[attr-defined]
+    with pytest.raises(KeyboardInterrupt):
+        storage.put_file(path)
+    with pytest.raises(KeyboardInterrupt):
+        storage.put_file(path, filename="named.jpg")
+    rows = storage.list(reserved=True)
+    assert [(r["state"], r["filename"]) for r in rows] == [
+        ("deleting", "named.jpg"),
+        ("deleting", "holiday.jpg"),
+    ]
+
+
 def test_an_upload_interrupted_by_ctrl_c_goes_to_gc_at_once(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Ctrl-C (KeyboardInterrupt, no Exception) in the middle of an upload:
     its row was left `pending` for the 6 h sweep."""
