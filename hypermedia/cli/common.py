@@ -519,7 +519,8 @@ def user_errors() -> Iterator[None]:
         err_console.print(f"[red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
         raise typer.Exit(EXIT_USAGE) from None
     except NotFound as exc:
-        err_console.print(f"[red]not found:[/] {escape(redact(exc))}", markup=True)
+        what = redact(exc).removesuffix(" not found")  # "not found: job 9", not "…9 not found"
+        err_console.print(f"[red]not found:[/] {escape(what)}", markup=True)
         raise typer.Exit(EXIT_USAGE) from None
     except Refused as exc:  # well-formed, refused by the current state
         err_console.print(f"[red]error:[/] {escape(redact(exc))}", markup=True)

@@ -74,6 +74,8 @@ def submit(
         parsed = json_object(params, "--params")
         if idempotency_key and count > 1:
             raise InvalidRequest("--idempotency-key needs --count 1")
+        if wait_timeout is not None and not wait:  # it was ignored, and nothing said so
+            raise InvalidRequest("--wait-timeout needs --wait")
         # --wait: a database away as it starts is waited for too (for as long
         # as the wait may take), then the jobs are submitted once.
         until = None

@@ -130,7 +130,7 @@ def create(
     The settings given are the version's whole settings (the job type's
     defaults fill in the rest).  Settings, queue, prices, timeout and input
     limit not given carry over from KEY's newest version (new keys: the job
-    type's defaults and queue, 3600 s, 5 GB, free).
+    type's defaults and queue, 3600 s, 5 GiB, free).
     """
     with user_errors():
         parsed = None if settings is None else json_object(settings, "--settings")

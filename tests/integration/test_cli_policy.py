@@ -75,7 +75,8 @@ def _case(args: list[str], code: int, said: str, **env: str) -> object:
             USAGE,
             "error: object 99999 does not exist",
         ),
-        _case(["jobs", "show", "99999"], USAGE, "not found: "),
+        _case(["jobs", "show", "99999"], USAGE, "not found: job 99999"),
+        _case(["jobs", "submit", "debug.noop", "--wait-timeout", "2"], USAGE, "needs --wait"),
         # Ids past 64 bits: Typer's words on every backend (they differed by backend).
         _case(["jobs", "show", "9" * 20], USAGE, "less than or equal to"),
         _case(["objects", "get", "9" * 20], USAGE, "less than or equal to"),
