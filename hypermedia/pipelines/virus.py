@@ -273,18 +273,23 @@ def verdict(reply: str, sent: int, size: int) -> tuple[str, str | None, str | No
             raise JobError("PROVIDER_UNAVAILABLE", "clamd gave an unexpected answer")
     if found:
         return "infected", found[0], None
+    cut = f"larger than max_bytes: only {sent} bytes were scanned" if sent < size else ""
     if limits:
         if limits[0].startswith(ENCRYPTED_HEURISTIC):
             # AlertEncrypted*: an encrypted archive or document is unread, not a virus.
-            return "not_fully_scanned", None, f"clamd could not decrypt it ({limits[0]})"
-        limit = limits[0][len(LIMIT_HEURISTIC) :].strip(".") or "a limit"
-        return "not_fully_scanned", None, f"clamd stopped at its scan limit ({limit})"
+            why = f"clamd could not decrypt it ({limits[0]})"
+        else:
+            limit = limits[0][len(LIMIT_HEURISTIC) :].strip(".") or "a limit"
+            why = f"clamd stopped at its scan limit ({limit})"
+        # Both said: the reason named clamd's limit alone, and not the profile's cut.
+        return "not_fully_scanned", None, f"{why}; {cut}" if cut else why
     if errors:
-        return "not_fully_scanned", None, f"clamd could not scan it all: {errors[0]}"
+        why = f"clamd could not scan it all: {errors[0]}"
+        return "not_fully_scanned", None, f"{why}; {cut}" if cut else why
     if not ok:
         raise JobError("PROVIDER_UNAVAILABLE", "clamd gave an unexpected answer")
-    if sent < size:
-        return "not_fully_scanned", None, f"larger than max_bytes: only {sent} bytes were scanned"
+    if cut:
+        return "not_fully_scanned", None, cut
     return "clean", None, None
 
 

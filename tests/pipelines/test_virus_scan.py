@@ -277,6 +277,24 @@ def test_zip_members_clamd_does_not_read_are_never_clean(tmp_path: Path, clamd: 
             ("infected", "X.Y", None),
         ),
         ("stream: Evil\x1b[31m\x07Name FOUND\0", 10, 10, ("infected", "Evil[31mName", None)),
+        # Cut at max_bytes and stopped at clamd's limit: both said (it named clamd's alone).
+        (
+            "stream: Heuristics.Limits.Exceeded.MaxFileSize FOUND\0",
+            100,
+            250,
+            (
+                "not_fully_scanned",
+                None,
+                "clamd stopped at its scan limit (MaxFileSize); larger than max_bytes: "
+                "only 100 bytes were scanned",
+            ),
+        ),
+        (
+            "stream: Can't allocate memory ERROR\0",
+            100,
+            250,
+            ("not_fully_scanned", None, "clamd could not scan it all: Can't allocate memory; la"),
+        ),
         # AlertEncryptedArchive: unread, not a virus.
         (
             "stream: Heuristics.Encrypted.Zip FOUND\0",
