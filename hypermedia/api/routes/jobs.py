@@ -233,7 +233,7 @@ async def job_events(
 ) -> Any:
     svc = services(request)
     await run_in_threadpool(check_owner, svc, job_id, principal)
-    if "text/event-stream" not in request.headers.get("accept", ""):
+    if not wants_stream(request.headers.get("accept", "")):
         _, events = await run_in_threadpool(svc.engine.events_since, job_id, after)
         return {"items": events}
     return sse_response(svc, request, principal, job_id, after, last_event_id)
@@ -276,6 +276,21 @@ class _CountedStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._release()
+
+
+def wants_stream(accept: str) -> bool:
+    """Whether ``Accept`` asks for text/event-stream, with a quality above 0
+    (``text/event-stream;q=0`` is a refusal of it, RFC 9110 §12.4.2)."""
+    for item in accept.split(","):
+        kind, *params = (p.strip() for p in item.split(";"))
+        if kind.lower() != "text/event-stream":
+            continue
+        q = next((p[2:].strip() for p in params if p.lower().startswith("q=")), "1")
+        try:
+            return float(q) > 0
+        except ValueError:
+            return False
+    return False
 
 
 def sse_message(row: Row) -> str:
