@@ -47,6 +47,8 @@ RETRY_AFTER = {
 
 # What each status means wherever it is answered; EXTRA may say it better for a route.
 MEANING: dict[int, str] = {
+    400: "The request's length is ambiguous: two Content-Lengths, or one with "
+    "Transfer-Encoding (`bad_request`)",
     401: "No token, or an unknown, expired or revoked one (`unauthorized`)",
     403: "The token lacks the {scope} scope (`forbidden`)",
     404: "No such {what} in the token's project (`not_found`)",
@@ -60,6 +62,7 @@ MEANING: dict[int, str] = {
 }
 # The ``code`` each status's example shows (the one it usually has).
 CODES = {
+    400: "bad_request",
     401: "unauthorized",
     403: "forbidden",
     404: "not_found",
@@ -67,6 +70,7 @@ CODES = {
     409: "conflict",
     411: "length_required",
     413: "payload_too_large",
+    416: "range_not_satisfiable",
     422: "invalid_request",
     429: "rate_limited",
     500: "object_corrupt",
@@ -95,6 +99,8 @@ EXTRA: dict[tuple[str, str], dict[int, str]] = {
     ("GET", "/v1/objects/{object_id}/content"): {
         403: "A bad, expired or forged link, all alike (`forbidden`)",
         404: "The object is gone since the link was made (`not_found`)",
+        416: "The range starts past the object's end (`range_not_satisfiable`; "
+        "`Content-Range: bytes */SIZE`)",
         500: "The stored bytes no longer match their checksum (`object_corrupt`)",
         503: MEANING[503],
     },
@@ -120,7 +126,7 @@ def answers(method: str, path: str, op: dict[str, Any]) -> dict[int, str]:
         codes |= {s: MEANING[s] for s in (401, 429, 503)}
         codes[403] = MEANING[403].format(scope=scope)
     if "requestBody" in op:  # app.BodyLimit, or an upload's own limit
-        codes |= {408: MEANING[408], 413: MEANING[413]}
+        codes |= {400: MEANING[400], 408: MEANING[408], 413: MEANING[413]}
     # A row named in the path (a queue's name is none: any name can be paused).
     names = [p["name"] for p in op.get("parameters", ()) if p["in"] == "path"]
     rows = [ROWS.get(n, n.removesuffix("_id")) for n in names if n.endswith("_id") or n in ROWS]

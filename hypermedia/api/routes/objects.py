@@ -410,6 +410,13 @@ def object_url(
         "with just that part; one starting past the end is a 416."
     ),
     response_class=StreamingResponse,
+    responses={
+        200: {"description": "The object's bytes", "content": {"application/octet-stream": {}}},
+        206: {
+            "description": "One byte range of them (`Range: bytes=A-B`), with `Content-Range`",
+            "content": {"application/octet-stream": {}},
+        },
+    },
 )
 async def object_content(
     object_id: Id,
