@@ -201,12 +201,10 @@ class BodyLimit:
             try:
                 return await errors.refused_by(request, checks)
             except Exception as exc:  # past this middleware, not the app's handlers
-                away = errors.passing(exc)
-                if away is None:
+                answer = errors.passing_answer(request, exc)
+                if answer is None:
                     raise
-                status, code, message = away
-                again = {"Retry-After": errors.RETRY_AFTER}
-                return errors.error_response(request, status, code, message, headers=again)
+                return answer
         return None
 
     @staticmethod

@@ -224,18 +224,25 @@ def install(app: FastAPI) -> None:
     # may pass are called without that; Exception stays for real bugs.
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
-        away = passing(exc)
-        if away is not None:
-            log.warning("request %s: %s", request_id(request), brief(exc))
-            status, code, message = away
-            return error_response(
-                request, status, code, message, headers={"Retry-After": RETRY_AFTER}
-            )
+        answer = passing_answer(request, exc)
+        if answer is not None:
+            return answer
         log.exception("request %s failed", request_id(request))
         return error_response(request, 500, "internal", "internal error; quote the request id")
 
     for kind in (*DATABASE_ERRORS, OSError):
         app.add_exception_handler(kind, _unexpected)
+
+
+def passing_answer(request: Request, exc: Exception) -> Response | None:
+    """The 503 or 507 for ``exc`` if it passes (see ``passing``), logged
+    with what the database or disk said; None for a real bug."""
+    away = passing(exc)
+    if away is None:
+        return None
+    log.warning("request %s: %s", request_id(request), brief(exc))
+    status, code, message = away
+    return error_response(request, status, code, message, headers={"Retry-After": RETRY_AFTER})
 
 
 def passing(exc: Exception) -> tuple[int, str, str] | None:
