@@ -178,11 +178,13 @@ def test_the_timeout_stops_the_worker_process_ran_at_once(procs: Procs, tmp_path
 def test_when_its_own_worker_ends_the_wait_ends_too(procs: Procs, tmp_path: Path) -> None:
     """Its worker drained (or dead of an error) with a job still queued:
     `process` waited out its whole --wait-timeout for a job nobody would run."""
-    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
-    a.write_bytes(b"a")
-    b.write_bytes(b"b")
+    inputs = [tmp_path / f"{n}.bin" for n in "abc"]
+    for path in inputs:
+        path.write_bytes(path.stem.encode())
+    # Three of 4 s on one lane: however late the drain comes in the first
+    # job's run, at least the third is still queued when the worker ends.
     run = Run(
-        procs, str(a), str(b), "--profile", "debug-sleep", "--params", '{"ms": 2000}',
+        procs, *map(str, inputs), "--profile", "debug-sleep", "--params", '{"ms": 4000}',
         "--concurrency", "1", "--wait-timeout", "300", "--json", "--out", str(tmp_path / "out"),
     )  # fmt: skip
     eventually(
@@ -195,10 +197,12 @@ def test_when_its_own_worker_ends_the_wait_ends_too(procs: Procs, tmp_path: Path
     started = time.monotonic()
     assert run.wait(60) == 1, tail(run.err)
     assert time.monotonic() - started < 30  # not the 300 s of --wait-timeout
-    records = {r["status"]: r for r in run.records()}
-    assert set(records) == {"completed", "queued"}, records
-    said = records["queued"]["safe_reason"]
-    assert "the worker this command ran stopped; the job goes on" in said
+    records = run.records()
+    statuses = [r["status"] for r in records]  # a, b, c: run in that order
+    assert statuses[0] == "completed" and statuses[-1] == "queued", records
+    assert set(statuses) == {"completed", "queued"}, records
+    for r in (r for r in records if r["status"] == "queued"):
+        assert "the worker this command ran stopped; the job goes on" in r["safe_reason"]
 
 
 @sqlite_only
