@@ -432,7 +432,15 @@ def _bare(image: Any, keep: bool) -> Any:
     for name in image.get_fields():
         if name not in _PROPERTIES and not (keep and _kept(name)):
             image.remove(name)
+    if keep and image.get_typeof(SRGB_TAG):
+        # The pixels are sRGB now: libexif wrote 65535 ("Uncalibrated") into
+        # kept EXIF, which colour-managed readers take as unmanaged.
+        image.set_type(GSTR, SRGB_TAG, "1 (sRGB, Short, 1 components, 2 bytes)")
     return image
+
+
+SRGB_TAG = "exif-ifd2-ColorSpace"
+GSTR = 64  # G_TYPE_STRING (pyvips.GValue.gstr_type): pyvips is imported lazily
 
 
 def strip_webp(path: str) -> None:

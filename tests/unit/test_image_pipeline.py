@@ -671,6 +671,8 @@ def test_keep_metadata_keeps_exif_and_xmp_but_not_the_orientation(scratch: Path)
         assert "48/1 51/1" in out.get("exif-ifd3-GPSLatitude")
         assert b"gps 48.85" in out.get("xmp-data")
         assert "icc-profile-data" not in out.get_fields()
+        # The pixels are sRGB: libexif's default said 65535, "Uncalibrated".
+        assert out.get("exif-ifd2-ColorSpace").startswith("1 ("), fmt  # 1: sRGB
 
 
 def test_quality_changes_the_encoding(scratch: Path) -> None:
