@@ -193,15 +193,26 @@ class QueueQueries:
         project_id: str,
         *,
         statuses: Sequence[str] | None = None,
+        started_only: bool = False,
+        unstarted: Sequence[str] = (),
         job_types: Sequence[str] | None = None,
         object_id: int | None = None,
         before_id: int | None = None,
         limit: int = 50,
     ) -> list[Row]:
-        """A project's jobs, newest first, filtered by sets of statuses and job types."""
+        """A project's jobs, newest first, filtered by sets of statuses and job
+        types.  ``started_only``: of ``statuses``, those with a ``started_at``;
+        ``unstarted``: these statuses too, for rows without one (seed 001's
+        running and pending, legacy.statuses_for)."""
         q = sa.select(*JOB_VIEW).where(*_live_jobs(project_id))
         if statuses is not None:
-            q = q.where(J.c.status.in_(list(statuses)))
+            named: sa.ColumnElement[bool] = J.c.status.in_(list(statuses))
+            if started_only:
+                named = sa.and_(named, J.c.started_at.is_not(None))
+            if unstarted:
+                never = sa.and_(J.c.status.in_(list(unstarted)), J.c.started_at.is_(None))
+                named = sa.or_(named, never)
+            q = q.where(named)
         if job_types is not None:
             q = q.where(J.c.job_type.in_(list(job_types)))
         if object_id is not None:

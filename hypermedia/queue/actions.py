@@ -136,7 +136,7 @@ class UserActions:
             # And only while its input is there: a retry of a job whose input
             # GC collected is refused (422), so it said true for nothing.
             retry = self.can_retry(job) and _input_ready(tx, job)
-        job["legacy_status"] = states.LEGACY_STATUS[job["status"]]
+        job["legacy_status"] = states.legacy_status(job["status"], job["started_at"])
         job["can_retry"] = retry
         return job
 

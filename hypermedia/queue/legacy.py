@@ -43,11 +43,19 @@ def from_priority(ours: int) -> int:
     return PRIORITY_ZERO - ours
 
 
-def statuses_for(seed_status: str) -> list[str]:
-    """Our statuses that the seed shows as ``seed_status``."""
+def statuses_for(seed_status: str) -> Row:
+    """The filter of ``Tx.jobs_in`` for the jobs the seed shows as
+    ``seed_status`` (``seed_status()``'s rule: a running status without
+    started_at is pending), as its keyword arguments."""
     if seed_status not in SEED_STATUSES:
         raise InvalidRequest(f"status must be one of {', '.join(SEED_STATUSES)}")
-    return sorted(s for s, legacy in states.LEGACY_STATUS.items() if legacy == seed_status)
+    named = sorted(s for s, legacy in states.LEGACY_STATUS.items() if legacy == seed_status)
+    running = sorted(s for s, legacy in states.LEGACY_STATUS.items() if legacy == "running")
+    if seed_status == "running":
+        return {"statuses": named, "started_only": True}
+    if seed_status == "pending":
+        return {"statuses": named, "unstarted": running}
+    return {"statuses": named}
 
 
 def our_job_type(seed_type: str) -> str:
@@ -60,8 +68,7 @@ def seed_status(row: Row) -> str:
     """The seed's status of one of our rows.  Seed 001 holds running ⇒
     started_at: a cancel asked of a job claimed but never started
     (cancel_requested, no started_at) is still pending there."""
-    status = states.LEGACY_STATUS[row["status"]]
-    return "pending" if status == "running" and row["started_at"] is None else status
+    return states.legacy_status(row["status"], row["started_at"])
 
 
 def processing_job(row: Row) -> Row:
@@ -124,7 +131,7 @@ class LegacyJobs:
         with self.db.read() as tx:
             return tx.jobs_in(
                 project_id,
-                statuses=statuses_for(status) if status else None,
+                **(statuses_for(status) if status else {}),
                 job_types=[our_job_type(job_type)] if job_type else sorted(SEED_TYPE),
                 object_id=file_id,
                 before_id=before_id,

@@ -83,6 +83,14 @@ LEGACY_STATUS: Final = {
 }
 
 
+def legacy_status(status: str, started_at: object) -> str:
+    """Seed 001's status of a job: LEGACY_STATUS, except that the seed holds
+    running ⇒ started_at, so a cancel asked of a job claimed but never
+    started (cancel_requested, no started_at) is still pending there."""
+    shown = LEGACY_STATUS[status]
+    return "pending" if shown == "running" and started_at is None else shown
+
+
 def sources(action: str) -> frozenset[str]:
     return TRANSITIONS[action][0]
 

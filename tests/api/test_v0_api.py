@@ -163,6 +163,26 @@ def test_a_cancel_asked_before_the_start_is_still_pending(
     assert svc.engine.get(job_id)["status"] == "cancel_requested"
     shown = client.get(f"{URL}/{job['id']}", headers=bearer(a.admin)).json()
     assert (shown["status"], shown["started_at"]) == ("pending", None)
+    # Filtered, refused and shown by /v1 the same way (they went by the status
+    # alone: found under running, "it is running" in the 409, legacy running).
+    h = bearer(a.admin)
+    listed = {s: [j["id"] for j in client.get(URL, params={"status": s}, headers=h).json()["items"]]
+              for s in ("pending", "running")}  # fmt: skip
+    assert listed == {"pending": [job["id"]], "running": []}
+    refused = client.post(f"{URL}/{job['id']}/retry", headers=h)
+    assert refused.status_code == 409 and "it is pending" in refused.json()["message"]
+    v1 = client.get(f"/v1/jobs/{job_id}", headers=h).json()
+    assert v1["legacy_status"] == "pending"
+    # One that had started: running everywhere.
+    other = _create(client, a.admin, _file(svc, a))
+    other_id = _ours(svc, other["id"], a)["job_id"]
+    (claimed,) = svc.engine.claim("w1", ["images"], 1)
+    svc.engine.start("w1", [(other_id, claimed.attempt)])
+    svc.engine.cancel(other_id, "test")
+    listed = {s: [j["id"] for j in client.get(URL, params={"status": s}, headers=h).json()["items"]]
+              for s in ("pending", "running")}  # fmt: skip
+    assert listed == {"pending": [job["id"]], "running": [other["id"]]}
+    assert client.get(f"/v1/jobs/{other_id}", headers=h).json()["legacy_status"] == "running"
 
 
 def test_cancel_then_retry(client: TestClient, svc: Services, a: Project) -> None:

@@ -47,7 +47,7 @@ from hypermedia.auth.tokens import Principal
 from hypermedia.errors import StaleTransition
 from hypermedia.queue.legacy import our_job_type, processing_job, to_priority
 from hypermedia.queue.models import NewJob
-from hypermedia.queue.states import LEGACY_STATUS
+from hypermedia.queue.states import LEGACY_STATUS, legacy_status
 
 router = APIRouter(prefix="/v0/processing-jobs", tags=["v0 (seed 001)"])
 
@@ -142,7 +142,7 @@ def show(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:rea
 def cancel(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
     svc = services(request)
     row = svc.legacy.find(job_id, principal.project_id)
-    with _named_by(row["job_uuid"]):
+    with _named_by(row["job_uuid"], row["started_at"]):
         svc.engine.cancel(row["job_id"], actor=principal.actor)
     return _seed_job(svc.legacy.find(job_id, principal.project_id), principal)
 
@@ -151,17 +151,21 @@ def cancel(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:w
 def retry(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
     svc = services(request)
     row = svc.legacy.find(job_id, principal.project_id)
-    with _named_by(row["job_uuid"]):
+    with _named_by(row["job_uuid"], row["started_at"]):
         svc.engine.retry(row["job_id"], actor=principal.actor)
     return _seed_job(svc.legacy.find(job_id, principal.project_id), principal)
 
 
 @contextmanager
-def _named_by(job_id: object) -> Iterator[None]:
+def _named_by(job_id: object, started_at: object) -> Iterator[None]:
     """A refusal names the job and its status as the /v0 client knows them
     (its uuid, a seed status), not the internal id and status it never sees."""
     try:
         yield
     except StaleTransition as exc:
-        status = LEGACY_STATUS.get(exc.status or "", exc.status)
+        # As GET shows it (legacy.seed_status): the row's started_at, read
+        # just before, with the status the refusal found.
+        status = exc.status
+        if status in LEGACY_STATUS:
+            status = legacy_status(status, started_at)
         raise StaleTransition(exc.job_id, exc.action, status, shown=str(job_id)) from None
