@@ -130,7 +130,8 @@ def run(
             )
             for o in objects
         ]
-        ids = _enqueue(eng, store, new)
+        with _unmade_if_refused(made):  # a budget refuses them all: nothing runs
+            ids = _enqueue(eng, store, new)
         local = _local_worker(eng, ids, run_here, concurrency or os.cpu_count() or 1)
         why = INTERRUPTED  # if the wait itself fails: the worker stops at once too
         try:
@@ -469,10 +470,11 @@ def _writable(out: Path) -> list[Path]:
 @contextmanager
 def _unmade_if_refused(made: list[Path]) -> Iterator[None]:
     """Remove the --out folders this run made when it is refused before
-    anything runs (exit 2 is "nothing was done"; they were left behind)."""
+    anything runs (exit 2 is "nothing was done"; they were left behind), or
+    its jobs are (a credit budget: exit 1, the uploads handed to GC)."""
     try:
         yield
-    except InvalidRequest:
+    except HypermediaError:
         for folder in made:
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only if still empty

@@ -498,10 +498,12 @@ def test_process_refusals_exit_nonzero_with_a_clear_message(procs: Procs, tmp_pa
     key = f"paid-{uuid.uuid4().hex[:8]}"
     procs.cli("profiles", "create", key, "--type", "debug.copy", "--credits-base", "5")
     procs.cli("credits", "set-budget", "tight", "4")
-    broke = process("--profile", key, "--project", "tight")
+    out = src.parent / f"out-{uuid.uuid4().hex[:8]}"
+    broke = process("--profile", key, "--project", "tight", "--out", str(out))
     assert broke.returncode == 1  # well-formed, refused by the state of the budget
     assert "credit budget exceeded: 0 of 4 used, this request needs 5" in broke.stderr
     assert _jobs(procs) == 0
+    assert not out.exists()  # the --out folder it made goes with the refusal
     # Told only after the upload (the estimate needs it): handed to GC at once.
     (upload,) = json.loads(procs.cli("objects", "ls", "--state", "deleting", "--json"))
     assert (upload["filename"], upload["state"]) == ("a.bin", "deleting")
