@@ -37,6 +37,7 @@ _ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
 # last_used_at is written at most this often per token: not one write per request.
 _TOUCH_EVERY = timedelta(seconds=60)
 SESSION_PREFIX = "hms_"
+MAX_SESSIONS = 20  # a token's live dashboard sessions (browsers, devices) kept at most
 
 
 def utcnow() -> datetime:
@@ -189,10 +190,17 @@ class Tokens:
 
     # -- dashboard sessions ---------------------------------------------------------
 
-    def start_session(self, token: str, hours: float) -> str:
+    def start_session(
+        self, token: str, hours: float, admit: Callable[[Principal], None] | None = None
+    ) -> str:
         """A new dashboard session of ``token`` (checked as ``authenticate``
-        does), valid ``hours`` at most; returns its secret, shown once."""
+        does, then by ``admit``, which raises to refuse: the token's rate
+        limit), valid ``hours`` at most; returns its secret, shown once.  A
+        token keeps its MAX_SESSIONS newest sessions: a script logging in
+        in a loop made one 12-hour row per request."""
         principal = self.authenticate(token)
+        if admit is not None:
+            admit(principal)
         secret = SESSION_PREFIX + secrets.token_urlsafe(32)
         now = self.clock()
         with self.db.tx() as tx:
@@ -205,6 +213,7 @@ class Tokens:
                     "expires_at": now + timedelta(hours=hours),
                 }
             )
+            tx.trim_sessions(principal.token_id, MAX_SESSIONS)
         return secret
 
     def authenticate_session(self, secret: str) -> Principal:

@@ -6,6 +6,7 @@ The plumbing (templates, the login check, error pages, the Origin check) is in
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -15,6 +16,7 @@ from starlette.routing import Match
 
 from hypermedia.api.deps import (
     COOKIE,
+    RateLimiter,
     Whole,
     authenticate,
     check_may_run,
@@ -93,9 +95,22 @@ async def login_form(request: Request, next: str = "/ui") -> Response:
     return page(request, "login.html", title="Log in", next=safe_next(next), error=None)
 
 
-def _start_session(svc: Services, token: str) -> tuple[str, Principal]:
-    secret = svc.tokens.start_session(token, svc.settings.session_hours)
+def _start_session(svc: Services, token: str, limiter: RateLimiter) -> tuple[str, Principal]:
+    def admit(principal: Principal) -> None:
+        # A login spends from its token's bucket as any request does: a
+        # loop of logins was never slowed.
+        wait = limiter.take(principal.token_id)
+        if wait:
+            raise RateLimited(math.ceil(wait))
+
+    secret = svc.tokens.start_session(token, svc.settings.session_hours, admit)
     return secret, svc.tokens.authenticate_session(secret)
+
+
+class RateLimited(Exception):
+    def __init__(self, seconds: int) -> None:
+        super().__init__(f"too many requests for this token; try again in {seconds} s")
+        self.seconds = seconds
 
 
 @router.post("/login")
@@ -108,7 +123,12 @@ async def login(request: Request) -> Response:
         if not token or len(token) > 200:
             raise Unauthorized("no token")
         # A session of its own: the cookie never holds the token.
-        secret, principal = await run_in_threadpool(_start_session, svc, token)
+        limiter = request.app.state.rate_limiter
+        secret, principal = await run_in_threadpool(_start_session, svc, token, limiter)
+    except RateLimited as exc:
+        refused = page(request, "login.html", 429, title="Log in", next=target, error=str(exc))
+        refused.headers["Retry-After"] = str(exc.seconds)
+        return refused
     except Unauthorized:
         return page(
             request,
@@ -313,7 +333,11 @@ async def job_page(request: Request, job_id: str) -> Response:
         final=" ".join(sorted(TERMINAL)),
         waiting=" ".join(sorted(QUEUED_SIDE)),
         can_cancel=writable and status not in TERMINAL and status != "cancel_requested",
-        can_retry=writable and bool(job.get("can_retry")),
+        # Not a debug job for a token that may not submit one: the button
+        # was shown, and pressing it gave a 403 page.
+        can_retry=writable
+        and bool(job.get("can_retry"))
+        and may_submit(principal, job["job_type"]),
         **view,
     )
 

@@ -327,7 +327,7 @@ def safe_next(target: str | None) -> str:
     if (
         not target
         or len(target) > 500
-        or not target.startswith("/ui")
+        or not (target == "/ui" or target.startswith(("/ui/", "/ui?")))  # not /uievil
         or target.startswith("//")
         or "\\" in target
         or any(ord(ch) < 32 for ch in target)

@@ -184,6 +184,14 @@ def test_cancel_and_retry_forms(client: TestClient, svc: Services, a: Project) -
     assert 'id="retry"' in page and 'id="cancel"' not in page and 'data-terminal="1"' in page
     again = client.post(f"/ui/jobs/{job_id}/cancel")
     assert again.status_code == 409 and "cannot cancel" in again.text
+    # A token that may cancel but not submit debug jobs sees no Retry button
+    # (it saw one, and pressing it gave a 403 page).
+    _, both = svc.tokens.create(a.id, ["jobs:read", "jobs:write"])
+    login(client, both)
+    writer = client.get(f"/ui/jobs/{job_id}").text
+    assert 'id="status" class="status s-cancelled">cancelled<' in writer
+    assert 'id="retry"' not in writer
+    login(client, a.admin)
     r = client.post(f"/ui/jobs/{job_id}/retry", follow_redirects=False)
     assert r.status_code == 303
     assert svc.engine.get(job_id)["status"] == "queued"

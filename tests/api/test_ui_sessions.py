@@ -186,9 +186,37 @@ def test_a_session_secret_is_no_api_token(client: TestClient, svc: Services, a: 
     assert r.status_code == 200 and f'{LEGACY_COOKIE}=""' in r.headers["set-cookie"]
 
 
+def test_logins_spend_from_the_tokens_rate_and_keep_its_newest_sessions(
+    driver: Driver, settings: Settings
+) -> None:
+    """600 logins in a loop made 600 sessions of 12 hours, at full speed."""
+    from hypermedia.auth.tokens import MAX_SESSIONS
+
+    slow = settings.with_(api_rate_per_second=0.001, api_rate_burst=3)
+    svc = Services.from_engine(Engine(driver, slow))
+    _, token = svc.tokens.create("p", ["admin"])
+    with TestClient(create_app(svc), raise_server_exceptions=False) as c:
+        for _ in range(3):
+            login(c, token)
+        c.cookies.clear()
+        r = c.post("/ui/login", data={"token": token}, follow_redirects=False)
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) > 0
+        assert "too many requests for this token" in r.text
+        assert len(session_rows(svc)) == 3  # the refused login made none
+    fast = Services.from_engine(Engine(driver, settings.with_(api_rate_per_second=0.0)))
+    with TestClient(create_app(fast), raise_server_exceptions=False) as c:
+        secrets = [login(c, token) for _ in range(MAX_SESSIONS + 5)]
+        rows = session_rows(fast)
+        assert len(rows) == MAX_SESSIONS  # the newest, the oldest deleted
+        assert page_with(c, secrets[-1]) == 200 and page_with(c, secrets[0]) == 303
+
+
 def test_a_login_target_leaving_the_dashboard_is_not_followed() -> None:
     from hypermedia.ui.web import safe_next
 
     for target in ("/ui/../v1/jobs", "/ui/%2e%2e/v1/jobs", "/ui/jobs/../../v1", "//evil/ui"):
         assert safe_next(target) == "/ui", target
+    for target in ("/uievil", "/ui.evil.com", "/ui@evil.com"):  # not under /ui/
+        assert safe_next(target) == "/ui", target
+    assert safe_next("/ui?x=1") == "/ui?x=1" and safe_next("/ui") == "/ui"
     assert safe_next("/ui/jobs/7?x=..") == "/ui/jobs/7?x=.."
