@@ -422,7 +422,7 @@ class Worker:
             log.warning(
                 "the storage is away: claiming one job at a time, with pauses, until it is back"
             )
-        if accepted:
+        if accepted and result.status != "cancelled":  # a cancel is no failure
             self.stats.record(result.status == "completed", result.duration_ms)
 
     # -- shutdown ----------------------------------------------------------------

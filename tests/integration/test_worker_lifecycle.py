@@ -30,6 +30,12 @@ from tests.integration._procs import (
 pytestmark = pytest.mark.timeout(90)
 
 
+def driver_status(driver: Driver, job_id: int) -> str:
+    with driver.read() as tx:
+        row = tx.job(job_id)
+    return "" if row is None else str(row["status"])
+
+
 def _worker_row(procs: Procs, worker_id: str):
     (row,) = procs.query(
         "SELECT status, last_heartbeat, terminated_at, pid, max_concurrency, current_jobs "
@@ -195,6 +201,27 @@ def test_worker_registers_heartbeats_and_writes_metrics(
     assert 0 <= m.cpu_percent <= 999.99
     assert 0 < m.memory_percent <= 100
     assert 0 < m.disk_percent <= 100
+
+    # A cancelled attempt is no failure (it was counted as one); a failed one is.
+    slow = live.enqueue(NewJob("debug.sleep", {"ms": 30_000}))
+    eventually(lambda: driver_status(driver, slow) == "processing", 10, "the slow job runs")
+    live.cancel(slow, "test")
+    bad = live.enqueue(NewJob("debug.sleep", {"fail": "CORRUPT_INPUT"}, max_attempts=1))
+    assert wait_job(driver, slow)["status"] == "cancelled"
+    assert wait_job(driver, bad)["status"] == "failed"
+
+    def counted():
+        rows = procs.query(
+            "SELECT jobs_completed_1m, jobs_failed_1m FROM worker_metrics WHERE worker_id = :w "
+            "ORDER BY metric_id DESC",
+            w=w.worker_id,
+        )
+        return rows[0] if rows and rows[0].jobs_failed_1m >= 1 else None
+
+    m = eventually(counted, 5, "a worker_metrics row counts the failed job")
+    time.sleep(1.5)  # a row more: the cancel, had it been counted, would show by now
+    m = counted()
+    assert m is not None and (m.jobs_completed_1m, m.jobs_failed_1m) == (3, 1)
 
     w.proc.send_signal(signal.SIGTERM)
     assert w.proc.wait(20) == 0
