@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import stat
+import time
 from pathlib import Path
 
 import psutil
@@ -553,3 +554,24 @@ def test_children_start_warm_with_their_libraries_before_the_first_job(
     with driver.read() as tx:
         assert tx.jobs(limit=1) == []  # no job was needed for it
     procs.note_children(w)
+
+
+@sqlite_only
+def test_progress_is_written_at_most_twice_a_second_among_other_jobs(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """Pending progress went out with every other write of the worker: 16
+    events in one second for one job while other jobs streamed through."""
+    procs.worker("--concurrency", "2", "--no-maintenance")
+    job_id = submit(live, {"ms": 4000, "steps": 400})
+    stop = time.monotonic() + 4.5
+    while time.monotonic() < stop:  # a stream of quick jobs beside it
+        live.enqueue(NewJob("debug.noop"))
+        time.sleep(0.02)
+    row = wait_job(driver, job_id)
+    assert row["status"] == "completed" and row["progress"]["percent"] == 100
+    at = sorted(e["created_at"] for e in events(driver, job_id) if e["kind"] == "progress")
+    assert len(at) >= 5, at  # it did report, all along
+    # Any second holds at most three (two, and the last one beside the result).
+    most = max(sum(1 for t in at if 0 <= (t - s).total_seconds() < 1) for s in at)
+    assert most <= 3, (most, at)
