@@ -304,7 +304,9 @@ def main() -> None:
             from hypermedia.pipelines import registry
 
             registry.warm(msg.get("job_types") or [])
-            write_frame(out, {"op": "warm"})
+            # Its start-up CPU, not the next attempt's (slot.py takes it as
+            # the baseline: a killed attempt was charged ~150 ms of imports).
+            write_frame(out, {"op": "warm", "cpu_total_ms": _cpu_ms()})
             continue
         write_encoded(out, run_attempt(msg, out, memory))
 

@@ -95,8 +95,8 @@ def check_report(msg: Any) -> dict[str, Any]:
     if not isinstance(msg, dict):
         raise ProtocolError("a report is not an object")
     op = msg.get("op")
-    if op == "warm":
-        return {"op": "warm"}
+    if op == "warm":  # its CPU so far: the baseline of its first attempt's
+        return {"op": "warm", "cpu_total_ms": _count(msg.get("cpu_total_ms"))}
     if op == "progress":
         percent = msg.get("percent")
         if percent is not None and not finite_number(percent):

@@ -175,6 +175,7 @@ class Slot:
                 self.child = None
                 return False
             if ready and msg.get("op") == "warm":
+                child.cpu_seen_ms = int(msg.get("cpu_total_ms") or 0)
                 return True
         return True  # slow, not dead: the first attempt waits for it
 
@@ -303,6 +304,11 @@ class Slot:
                 )
                 continue
             if msg["op"] == "warm":  # a replacement child's libraries are loaded
+                # The attempt starts now: its time and CPU were the child's
+                # start-up's (466 ms for a 300 ms sleep after a crash).
+                child.cpu_seen_ms = int(msg.get("cpu_total_ms") or 0)
+                t0 = time.monotonic()
+                deadline = t0 + job.timeout_seconds
                 continue
             if msg["op"] == "budget":
                 # A grace beyond it: a pipeline that can stop itself on time

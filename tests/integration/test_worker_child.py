@@ -575,3 +575,24 @@ def test_progress_is_written_at_most_twice_a_second_among_other_jobs(
     # Any second holds at most three (two, and the last one beside the result).
     most = max(sum(1 for t in at if 0 <= (t - s).total_seconds() < 1) for s in at)
     assert most <= 3, (most, at)
+
+
+@sqlite_only
+def test_an_attempt_after_a_crash_is_not_charged_the_new_childs_start_up(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """The replacement child was still importing when the next job came: a
+    300 ms sleep took 466 ms, and a crash after a crash 151 ms of CPU, the
+    child's start-up's."""
+    first = submit(live, {"ms": 300, "crash": True}, priority=1, max_attempts=1)
+    second = submit(live, {"ms": 300, "crash": True}, priority=2, max_attempts=1)
+    after = submit(live, {"ms": 300}, priority=3)
+    procs.worker("--concurrency", "1", "--no-maintenance")  # all three queued: back to back
+    for job_id in (first, second, after):
+        wait_job(driver, job_id)
+    (crashed,) = attempts(driver, second)
+    (slept,) = attempts(driver, after)
+    assert crashed["status"] == "crashed" and slept["status"] == "completed"
+    assert crashed["cpu_time_ms"] < 100, crashed
+    assert 300 <= slept["duration_ms"] < 420, slept
+    assert slept["cpu_time_ms"] < 100, slept
