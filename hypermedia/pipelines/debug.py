@@ -16,20 +16,21 @@ recorded once); ``{"steps": N}`` (report progress N times while sleeping);
 ``{"forge": KIND, "marker": PATH}`` (write a forged report on the worker's
 pipe, as code that took over the child through a decoder bug would: a
 ``pickle`` that creates PATH if anybody unpickles it, a ``huge`` frame header,
-or ``junk``, JSON of the wrong shape).  ``{"probe": {"read": [PATH…],
-"write": [PATH…], "connect": [PORT…], "unix": [PATH…], "signal": [PID…],
-"plant": [NAME…]}}`` tries each (``connect``: TCP on 127.0.0.1; ``unix``: a
-Unix socket by path; ``plant``: a file left in scratch, the folder's mtime set back)
-and reports which it could do, to check the child's sandbox
-(worker/sandbox.py; ``"$input"`` is the attempt's input file).  Its attempt
-runs in a child that may open sockets only with ``{"network": true}``
-(worker/seccomp.py), as a virus scan's does.  ``{"linger": true}`` forks a
-process half a second after the attempt ends, from a thread (past the
-child's check).  ``{"stray": true}`` leaves a
-process running after the attempt (a double fork that tries setsid first) and
-reports its pid: the worker must kill it with its child.  ``{"say": N}``
-writes N lines to stderr with a control character in each, as a chatty
-native library would (the worker relays them into its log, worker/stderr.py).
+``junk``, JSON of the wrong shape, or ``warm`` reports again and again).
+``{"probe": {"read": [PATH…], "write": [PATH…], "connect": [PORT…],
+"unix": [PATH…], "signal": [PID…], "plant": [NAME…]}}`` tries each
+(``connect``: TCP on 127.0.0.1; ``unix``: a Unix socket by path;
+``plant``: a file left in scratch, the folder's mtime set back) and reports
+which it could do, to check the child's sandbox (worker/sandbox.py;
+``"$input"`` is the attempt's input file).  Its attempt runs in a child
+that may open sockets only with ``{"network": true}`` (worker/seccomp.py),
+as a virus scan's does.  ``{"linger": true}`` forks a process half a second
+after the attempt ends, from a thread (past the child's check).
+``{"stray": true}`` leaves a process running after the attempt (a double
+fork that tries setsid first) and reports its pid: the worker must kill it
+with its child.  ``{"say": N}`` writes N lines to stderr with a control
+character in each, as a chatty native library would (the worker relays
+them into its log, worker/stderr.py).
 
 debug.copy reads its input object and stores a byte-for-byte copy as an output
 object (type ``copy``): the storage path of a job end to end.  To exercise the
@@ -148,6 +149,8 @@ _FORGED = {
     "pickle": lambda marker: _frame(pickle.dumps({"op": "done", "x": _Opens(marker)})),
     "huge": lambda marker: struct.pack("!I", 3 << 30),
     "junk": lambda marker: _frame(b'{"op": "done", "status": "owned"}'),
+    # A warm child saying it again: it would have pushed the deadline back.
+    "warm": lambda marker: _frame(b'{"op": "warm", "cpu_total_ms": 0}') * 20,
 }
 
 

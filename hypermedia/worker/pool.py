@@ -70,6 +70,7 @@ class Child:
         self.stderr = relay().watch(self.proc.stderr, self.proc.pid)
         self.attempts = 0
         self.cpu_seen_ms = 0  # cumulative CPU the child reported at its last attempt
+        self.warmed = False  # it said its libraries are loaded (once: slot.py)
         # Set when the child broke the protocol (it was killed for it).
         self.violation: str | None = None
         self._statm: int | None = None  # /proc/PID/statm, opened at the first vm_mb()

@@ -175,6 +175,7 @@ class Slot:
                 self.child = None
                 return False
             if ready and msg.get("op") == "warm":
+                child.warmed = True
                 child.cpu_seen_ms = int(msg.get("cpu_total_ms") or 0)
                 return True
         return True  # slow, not dead: the first attempt waits for it
@@ -303,9 +304,12 @@ class Slot:
                     job.job_id, job.attempt, {"percent": msg["percent"], "step": msg["step"]}
                 )
                 continue
-            if msg["op"] == "warm":  # a replacement child's libraries are loaded
+            if msg["op"] == "warm" and not child.warmed:  # a replacement's libraries loaded
                 # The attempt starts now: its time and CPU were the child's
-                # start-up's (466 ms for a 300 ms sleep after a crash).
+                # start-up's (466 ms for a 300 ms sleep after a crash).  Once
+                # per child: a second one is out of turn, or a child that
+                # took over could push its deadline back for ever.
+                child.warmed = True
                 child.cpu_seen_ms = int(msg.get("cpu_total_ms") or 0)
                 t0 = time.monotonic()
                 deadline = t0 + job.timeout_seconds

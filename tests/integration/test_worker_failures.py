@@ -212,7 +212,7 @@ def test_a_result_that_is_not_json_fails_the_job_instead_of_wedging_it(
     assert run_one(driver, live, {"ms": 1})["slept_ms"] == 1
 
 
-@pytest.mark.parametrize("forged", ["pickle", "huge", "junk"])
+@pytest.mark.parametrize("forged", ["pickle", "huge", "junk", "warm"])
 def test_a_child_that_forges_its_report_is_killed_and_runs_nothing_in_the_worker(
     driver: Driver, live: Engine, procs: Procs, tmp_path: Path, forged: str
 ) -> None:
