@@ -98,8 +98,21 @@ class RequestId:
 
 async def _refuse_stopping(scope: Scope, send: Send) -> None:
     message = "the server is stopping; try again"
-    headers = {"Retry-After": errors.RETRY_AFTER, "Connection": "close"}
-    response = errors.error_response(Request(scope), 503, "stopping", message, headers=headers)
+    await refuse(scope, send, 503, "stopping", message, {"Retry-After": errors.RETRY_AFTER})
+
+
+async def refuse(
+    scope: Scope,
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """Answer with the error shape and close the connection (what the client
+    sent, or would send, is not read on)."""
+    closing = {**(headers or {}), "Connection": "close"}
+    response = errors.error_response(Request(scope), status, code, message, headers=closing)
     await response(scope, _no_receive, send)
 
 
@@ -140,7 +153,7 @@ class BodyLimit:
         lengths = [v for k, v in scope["headers"] if k == b"content-length"]
         chunked = any(k == b"transfer-encoding" for k, _ in scope["headers"])
         if len(lengths) > 1 or (lengths and chunked):
-            await self._refuse(scope, send, 400, "bad_request", AMBIGUOUS)
+            await refuse(scope, send, 400, "bad_request", AMBIGUOUS)
             return
         declared = lengths[0] if lengths else b""
         # Without a length or chunks HTTP/1.1 has no body (a GET): nothing to
@@ -150,7 +163,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         if declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(scope, send, 413, "payload_too_large", self._too_large())
+            await refuse(scope, send, 413, "payload_too_large", self._too_large())
             return
         refused = await self._caller_refused(scope)
         if refused is not None:
@@ -163,14 +176,14 @@ class BodyLimit:
                 message = await asyncio.wait_for(receive(), self.idle)
             except TimeoutError:  # a client that stalls holds a connection for ever
                 why = f"the request body stalled: nothing came for {self.idle:g} s"
-                await self._refuse(scope, send, 408, "request_timeout", why)
+                await refuse(scope, send, 408, "request_timeout", why)
                 return
             if message["type"] != "http.request":  # the client went away
                 return
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.limit:
-                await self._refuse(scope, send, 413, "payload_too_large", self._too_large())
+                await refuse(scope, send, 413, "payload_too_large", self._too_large())
                 return
             if not message.get("more_body", False):
                 break
@@ -213,13 +226,6 @@ class BodyLimit:
 
     def _too_large(self) -> str:
         return f"the request body is larger than the {self.limit}-byte limit"
-
-    @staticmethod
-    async def _refuse(scope: Scope, send: Send, status: int, code: str, message: str) -> None:
-        response = errors.error_response(
-            Request(scope), status, code, message, headers={"Connection": "close"}
-        )
-        await response(scope, _no_receive, send)
 
 
 AMBIGUOUS = "the request's length is ambiguous: two Content-Lengths, or one with Transfer-Encoding"

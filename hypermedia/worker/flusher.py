@@ -273,10 +273,11 @@ class Flusher(threading.Thread):
         has passed, else only the last report of each attempt whose result
         goes out with them.  Taken whenever anything was written, they came
         16 a second under a stream of other jobs (docs: two a second)."""
+        if not self._progress:
+            return {}
         if self._progress_due():
             taken, self._progress = self._progress, {}
-            if taken:
-                self._progress_written = time.monotonic()
+            self._progress_written = time.monotonic()
             return taken
         ending = {(r.job_id, r.attempt) for r in results}
         return {k: self._progress.pop(k) for k in list(self._progress) if k in ending}

@@ -15,11 +15,36 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import sqlalchemy as sa
 
 from hypermedia.db.driver import Driver
 from tests.harness import cli_env, fill_disk, hypermedia, small_tmpfs
+
+
+def _stored(tmp_path: Path, size: int) -> tuple[Path, Path, str]:
+    """A migrated embedded home holding one object of ``size`` random bytes:
+    the home, the file it was stored from, and the object's id."""
+    home = tmp_path / "home"
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(os.urandom(size))
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    put = hypermedia("objects", "put", str(blob), "--json", url="", home=home)
+    assert put.returncode == 0, put.stderr
+    return home, blob, str(json.loads(put.stdout)["object_id"])
+
+
+def _run_into(out: IO[bytes], home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A CLI command run to its end with its stdout on ``out``."""
+    return subprocess.run(
+        [sys.executable, "-m", "hypermedia", *args],
+        env=cli_env("", home),
+        stdout=out,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_a_reason_keeps_its_brackets(tmp_path: Path) -> None:
@@ -181,13 +206,7 @@ def test_stdout_on_a_full_disk_is_an_error_not_a_short_file(tmp_path: Path) -> N
     """`objects get ID > file` on a disk that fills: CPython's buffered writer
     dropped what the kernel did not take of a large write, without an error,
     and the command exited 0 with the file cut short."""
-    home = tmp_path / "home"
-    blob = tmp_path / "blob.bin"
-    blob.write_bytes(os.urandom(600_000))
-    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
-    put = hypermedia("objects", "put", str(blob), "--json", url="", home=home)
-    assert put.returncode == 0, put.stderr
-    object_id = str(json.loads(put.stdout)["object_id"])
+    home, _, object_id = _stored(tmp_path, 600_000)
     assert (
         hypermedia("jobs", "submit", "debug.noop", "--count", "2000", url="", home=home).returncode
         == 0
@@ -197,14 +216,7 @@ def test_stdout_on_a_full_disk_is_an_error_not_a_short_file(tmp_path: Path) -> N
         for args in (["objects", "get", object_id], ["jobs", "ls", "--limit", "2000", "--json"]):
             target = disk / "out"
             with open(target, "wb") as out:
-                done = subprocess.run(
-                    [sys.executable, "-m", "hypermedia", *args],
-                    env=cli_env("", home),
-                    stdout=out,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    timeout=60,
-                )
+                done = _run_into(out, home, *args)
             assert done.returncode == 1, (args, done.stderr)
             assert "the output could not be written: No space left on device" in done.stderr
             assert "Traceback" not in done.stderr
@@ -221,12 +233,7 @@ def test_stdout_on_a_full_disk_is_an_error_not_a_short_file(tmp_path: Path) -> N
 def test_sigterm_during_a_download_leaves_no_part_file(tmp_path: Path) -> None:
     """`timeout 2 hypermedia objects get 1 -o big.bin`: SIGTERM at its default
     left a ".hypermedia-get-….part" of half a gigabyte in the user's folder."""
-    home = tmp_path / "home"
-    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
-    blob = tmp_path / "blob.bin"
-    blob.write_bytes(os.urandom(96 << 20))
-    put = hypermedia("objects", "put", str(blob), "--json", url="", home=home)
-    object_id = str(json.loads(put.stdout)["object_id"])
+    home, blob, object_id = _stored(tmp_path, 96 << 20)
     blob.unlink()
     for attempt in range(5):  # a download that ended between two looks: again
         out = tmp_path / f"got{attempt}"
@@ -252,22 +259,10 @@ def test_a_small_output_refused_by_stdout_is_one_line_and_exit_1(tmp_path: Path)
     """`objects get ID > /dev/full` of a blob smaller than the write buffer:
     refused at the flush as the command ended, then again at the interpreter's
     exit, with "Exception ignored … OutputFailed" and exit 120."""
-    home = tmp_path / "home"
-    blob = tmp_path / "small.bin"
-    blob.write_bytes(os.urandom(5000))
-    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
-    put = hypermedia("objects", "put", str(blob), "--json", url="", home=home)
-    object_id = str(json.loads(put.stdout)["object_id"])
+    home, _, object_id = _stored(tmp_path, 5000)
     for args in (["objects", "get", object_id], ["jobs", "ls"], ["objects", "ls", "--json"]):
         with open("/dev/full", "wb") as full:
-            done = subprocess.run(
-                [sys.executable, "-m", "hypermedia", *args],
-                env=cli_env("", home),
-                stdout=full,
-                stderr=subprocess.PIPE,
-                text=True,
-                timeout=60,
-            )
+            done = _run_into(full, home, *args)
         assert done.returncode == 1, (args, done.stderr)
         assert done.stderr == "error: the output could not be written: No space left on device\n"
 
@@ -275,12 +270,7 @@ def test_a_small_output_refused_by_stdout_is_one_line_and_exit_1(tmp_path: Path)
 def test_a_part_file_left_by_a_killed_download_is_removed_by_the_next(tmp_path: Path) -> None:
     """kill -9 of `objects get -o` left its ".hypermedia-get-….part" (744 MB in
     the report) in the user's folder for good; a later get left it there too."""
-    home = tmp_path / "home"
-    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
-    blob = tmp_path / "blob.bin"
-    blob.write_bytes(os.urandom(96 << 20))
-    put = hypermedia("objects", "put", str(blob), "--json", url="", home=home)
-    object_id = str(json.loads(put.stdout)["object_id"])
+    home, blob, object_id = _stored(tmp_path, 96 << 20)
     out = tmp_path / "out"
     out.mkdir()
     for _ in range(5):  # a download that ended between two looks: again

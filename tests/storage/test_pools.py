@@ -93,6 +93,14 @@ def _names(storage: Storage) -> set[str]:
     return {p["name"] for p in storage.pools()}
 
 
+def _creds(s: Settings) -> dict[str, str]:
+    """The S3 credentials of ``s`` as the environment of a CLI command."""
+    return {
+        "HYPERMEDIA_S3_ACCESS_KEY_ID": s.s3_access_key_id,
+        "HYPERMEDIA_S3_SECRET_ACCESS_KEY": s.s3_secret_access_key,
+    }
+
+
 def _state(storage: Storage, object_id: int, state: str) -> None:
     with storage.db.tx() as tx:
         row = tx.object(object_id)
@@ -303,10 +311,7 @@ def test_gc_run_once_sums_failures_while_the_store_is_away(
     for r in rows:
         _state(s3_storage, r["object_id"], "deleting")
     s = s3_storage.settings
-    creds = {
-        "HYPERMEDIA_S3_ACCESS_KEY_ID": s.s3_access_key_id,
-        "HYPERMEDIA_S3_SECRET_ACCESS_KEY": s.s3_secret_access_key,
-    }
+    creds = _creds(s)
     with seaweed.down():
         text = hypermedia("gc", "run-once", url=s.url, home=s.home, **creds)
         as_json = hypermedia("gc", "run-once", "--json", url=s.url, home=s.home, **creds)
@@ -428,10 +433,7 @@ def test_verify_json_reports_a_store_that_went_away(
     local = [s3_storage.put(io.BytesIO(os.urandom(1000))) for _ in range(2)]
     remote = [s3_storage.put(io.BytesIO(os.urandom(1000)), pool="s3") for _ in range(2)]
     (s.home / "storage" / local[1]["storage_key"]).unlink()  # a finding before the outage
-    creds = {
-        "HYPERMEDIA_S3_ACCESS_KEY_ID": s.s3_access_key_id,
-        "HYPERMEDIA_S3_SECRET_ACCESS_KEY": s.s3_secret_access_key,
-    }
+    creds = _creds(s)
     with seaweed.down():
         done = hypermedia("objects", "verify", "--json", url=s.url, home=s.home, **creds)
         text = hypermedia("objects", "verify", url=s.url, home=s.home, **creds)
@@ -498,10 +500,7 @@ def test_gc_run_once_exits_1_when_a_pools_uploads_could_not_be_swept(
     exited 0: a cron job never heard of it."""
     s3_storage.put(io.BytesIO(b"x" * 100), pool="s3")  # nothing to collect
     s = s3_storage.settings
-    creds = {
-        "HYPERMEDIA_S3_ACCESS_KEY_ID": s.s3_access_key_id,
-        "HYPERMEDIA_S3_SECRET_ACCESS_KEY": s.s3_secret_access_key,
-    }
+    creds = _creds(s)
     with seaweed.down():
         down = hypermedia("gc", "run-once", url=s.url, home=s.home, **creds)
     assert down.returncode == 1, down.stdout + down.stderr
