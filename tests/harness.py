@@ -7,7 +7,6 @@ import errno
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import sqlalchemy as sa
 
 from hypermedia.db.driver import Driver
 from tests.conftest import IN_CI, PG_ADMIN
+from tests.ports import free_port
 
 # Fast clocks for fault tests: short leases and heartbeats, quick reaper.
 FAST = {
@@ -141,12 +141,6 @@ def query(url: str, sql: str, **params: Any) -> list[sa.Row[Any]]:
 def status_counts(url: str) -> dict[str, int]:
     rows = query(url, "SELECT status, COUNT(*) FROM processing_jobs GROUP BY status")
     return {r[0]: int(r[1]) for r in rows}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_json(url: str, body: Any = None, token: str = "") -> tuple[int, Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import threading
 import time
 import urllib.error
@@ -39,6 +38,7 @@ from hypermedia.services import Services
 from tests.harness import wait_for
 from tests.integration._procs import Procs
 from tests.media import png
+from tests.ports import free_port
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 CHROMIUM = os.environ.get("HYPERMEDIA_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -91,12 +91,6 @@ class Stack:
     token: str
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
     """The API on a free port (uvicorn in a thread) and a Procs for workers, on SQLite."""
@@ -105,7 +99,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     driver = Driver(url)
     svc = Services.from_engine(Engine(driver, Settings(home=tmp_path, database_url=url)))
     _, token = svc.tokens.create("default", ["admin"], name="e2e")
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(svc),

@@ -12,7 +12,6 @@ import os
 import re
 import select
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -27,16 +26,11 @@ import pytest
 
 from tests.harness import cli_env, hypermedia, wait_for
 from tests.integration._procs import _kill_child_group, tail
+from tests.ports import free_port
 
 TOKEN = re.compile(r"hm_[a-z2-7]{10}_[A-Za-z0-9_-]{20,}")
 
 Spawn = Callable[..., tuple[subprocess.Popen[bytes], Path]]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -153,7 +147,7 @@ def test_tokens_create_ls_revoke_and_the_api_command(tmp_path: Path, spawn: Spaw
     assert bad.returncode == 2 and "scopes must be" in bad.stderr
 
     # ``api``: the HTTP API only; the token authenticates until it is revoked.
-    port = _free_port()
+    port = free_port()
     proc, log = spawn("api", "--port", str(port), home=home, name="api")
     base = f"http://127.0.0.1:{port}"
     _wait_http(proc, log, f"{base}/healthz")
@@ -183,7 +177,7 @@ def test_serve_first_start_token_runs_jobs_and_restarts_quietly(
     tmp_path: Path, spawn: Spawn
 ) -> None:
     home = tmp_path / "home"
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc, log = spawn("serve", "--port", str(port), home=home, name="serve")
     _wait_http(proc, log, f"{base}/readyz")

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from hypermedia.db.driver import Driver
-from tests.harness import cli_env, free_port, hypermedia
+from tests.harness import cli_env, hypermedia
+from tests.ports import free_port
 
 USAGE, FAILED = 2, 1
 

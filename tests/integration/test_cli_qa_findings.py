@@ -29,8 +29,9 @@ from typing import Any
 
 import pytest
 
-from tests.harness import answers_ready, cli_env, free_port, hypermedia, spawn, stop, wait_for
+from tests.harness import answers_ready, cli_env, hypermedia, spawn, stop, wait_for
 from tests.media import png
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(180)
 USAGE, FAILED = 2, 1

@@ -20,7 +20,6 @@ from tests.conftest import PG_ADMIN, _server_db, drop_database, make_database
 from tests.harness import (
     a_noop_completes,
     answers_ready,
-    free_port,
     hypermedia,
     pg_accepting,
     query,
@@ -28,6 +27,7 @@ from tests.harness import (
     stop,
     wait_for,
 )
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

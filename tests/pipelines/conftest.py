@@ -44,6 +44,7 @@ from hypermedia.config import Settings
 from hypermedia.db.driver import Driver
 from hypermedia.queue.engine import Engine
 from tests.conftest import IN_CI
+from tests.ports import free_port
 
 START_TIMEOUT = 60.0
 # Built from two halves so this source file is not itself a detection.
@@ -67,12 +68,6 @@ def _tool(name: str) -> str | None:
     )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Clamd:
     """One ``clamd`` in its own process group, on a database made by ``sigtool``."""
 
@@ -85,7 +80,7 @@ class Clamd:
         self.socket_dir = Path(f"/tmp/hm-clamd-{os.getpid()}-{id(self):x}")
         self.socket_dir.mkdir(mode=0o700, exist_ok=True)
         self.socket = self.socket_dir / "clamd.sock"
-        self.port = _free_port()
+        self.port = free_port()
         self.log_path = workdir / "clamd.log"
         self.conf = workdir / "clamd.conf"
         self._proc: subprocess.Popen[bytes] | None = None

@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -25,6 +24,8 @@ from typing import Any
 import boto3
 import botocore.config
 import botocore.exceptions
+
+from tests.ports import free_ports
 
 START_TIMEOUT = 60.0
 
@@ -42,19 +43,6 @@ def find_weed() -> str | None:
         if path and os.path.isfile(path) and os.access(path, os.X_OK):
             return path
     return None
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _client(endpoint: str, access_key_id: str, secret_access_key: str) -> Any:
@@ -93,7 +81,7 @@ class SeaweedServer:
             self.filer_grpc,
             self.s3_port,
             self.s3_grpc,
-        ) = _free_ports(8)
+        ) = free_ports(8)
         self.endpoint = f"http://127.0.0.1:{self.s3_port}"
         self.config_path = workdir / "s3.json"
         identity = {

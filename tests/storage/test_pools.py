@@ -18,7 +18,6 @@ import io
 import itertools
 import json
 import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ from hypermedia.storage.ledger import Storage
 from hypermedia.storage.s3 import S3Backend
 from tests.harness import hypermedia
 from tests.integration._procs import eventually
+from tests.ports import free_port
 from tests.storage.conftest import SeaweedServer, drop_bucket
 from tests.storage.seaweed import _client
 
@@ -81,12 +81,6 @@ def _keys(s3_endpoint: dict[str, str], bucket: str) -> list[str]:
         return [o["Key"] for o in listed.get("Contents", [])]
     finally:
         client.close()
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # nothing listens there once closed
 
 
 def _names(storage: Storage) -> set[str]:
@@ -137,7 +131,7 @@ def test_an_s3_pool_is_checked_before_it_is_stored(
                 _s3_url(endpoint, bucket),
                 "access denied",
             ),
-            "away": (st, _s3_url(f"http://127.0.0.1:{_closed_port()}", bucket), "could not reach"),
+            "away": (st, _s3_url(f"http://127.0.0.1:{free_port()}", bucket), "could not reach"),
         }
         for name, (who, url, said) in refused.items():
             with pytest.raises(StorageError, match=said) as info:
