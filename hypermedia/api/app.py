@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hypermedia import __version__
 from hypermedia.api import errors, openapi, swagger
-from hypermedia.api.deps import RateLimiter, StreamLimit
+from hypermedia.api.deps import RateLimiter, StreamLimit, utf8_url
 from hypermedia.api.routes import (
     credits,
     jobs,
@@ -286,6 +286,7 @@ def create_app(svc: Services) -> FastAPI:
         docs_url=None,  # FastAPI's page loads Swagger UI from a CDN: ours is swagger.py
         redoc_url=None,
         lifespan=_lifespan,
+        dependencies=[Depends(utf8_url)],
     )
     app.state.services = svc
     app.state.rate_limiter = RateLimiter(

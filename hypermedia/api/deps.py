@@ -12,8 +12,10 @@ import math
 import threading
 import time
 from typing import Annotated, Any
+from urllib.parse import unquote_to_bytes
 
 from fastapi import Depends, Path, Request, Security
+from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPBearer
 from pydantic import BeforeValidator
 from starlette.concurrency import run_in_threadpool
@@ -33,6 +35,31 @@ LEGACY_COOKIE = "hm_token"
 # Text in a query or a path with no control character (C0, DEL and C1):
 # PostgreSQL refused a NUL where SQLite answered with it, raw, in a 404.
 NO_CONTROLS = r"^[^\x00-\x1f\x7f-\x9f]*$"
+
+
+def utf8_url(request: Request) -> None:
+    """Refuses (422) a path or query whose %-escapes are not UTF-8: the
+    server decodes them with U+FFFD in place of each bad byte, so
+    ``?album=%FF`` listed the photos of an album named "\ufffd"."""
+    for part, raw in (
+        ("path", request.scope.get("raw_path")),
+        ("query", request.scope.get("query_string")),
+    ):
+        if raw and not _utf8(raw.replace(b"+", b" ")):
+            error = {
+                "type": "utf8",
+                "loc": (part,),
+                "msg": f"the {part} is not UTF-8 once %-decoded",
+            }
+            raise RequestValidationError([{**error, "input": None}])
+
+
+def _utf8(raw: bytes) -> bool:
+    try:
+        unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _digits(value: Any) -> Any:

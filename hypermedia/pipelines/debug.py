@@ -223,7 +223,9 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
         "slept_ms": ms,
         "pid": os.getpid(),
         "environ": sorted(os.environ),
-        "cwd": os.getcwd(),
+        # Relative to the attempt's scratch folder: the server's own paths are
+        # not for the readers of a job's result.
+        "cwd": os.path.relpath(os.getcwd(), ctx.scratch),
         "db_loaded": any(m.startswith(("sqlalchemy", "hypermedia.db")) for m in sys.modules),
     }
 
@@ -332,14 +334,25 @@ def _copy(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
     if ctx.input_path is None:
         raise JobError("INVALID_PARAMS", "debug.copy needs an input object")
     name = params.get("name", "copy.bin")
-    if params.get("symlink"):
-        os.symlink(params["symlink"], os.path.join(ctx.scratch, name))
-    else:
-        with open(ctx.input_path, "rb") as src, open(os.path.join(ctx.scratch, name), "wb") as out:
-            while chunk := src.read(1 << 20):
-                out.write(chunk)
+    _write_copy(ctx.input_path, os.path.join(ctx.scratch, name), params.get("symlink"))
     ctx.output("copy", "application/octet-stream", {}, path=name)
     return {"copied": True}
+
+
+def _write_copy(source: str, target: str, symlink: str | None) -> None:
+    # The name is a path, so that tests can aim outputs outside scratch (the
+    # sandbox and the worker refuse those); one into a folder that is not
+    # there is the params' fault, not the worker's (it failed INTERNAL, thrice).
+    try:
+        if symlink:
+            os.symlink(symlink, target)
+            return
+        out = open(target, "wb")  # noqa: SIM115 (closed by the with below)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+        raise JobError("INVALID_PARAMS", f"name: cannot write there ({exc.strerror})") from None
+    with open(source, "rb") as src, out:
+        while chunk := src.read(1 << 20):
+            out.write(chunk)
 
 
 register(Pipeline("debug.noop", "bulk", _validate_noop, _noop))

@@ -91,6 +91,22 @@ def test_list_filters_by_album_and_pages(client: TestClient, a: Project, b: Proj
     assert client.get("/v1/photos", params={"cursor": "!!"}, headers=h).status_code == 422
 
 
+def test_a_url_whose_escapes_are_not_utf8_is_refused(client: TestClient, a: Project) -> None:
+    # Decoded, %FF became U+FFFD: the photos of an album named "\ufffd" were listed.
+    add(client, a.admin, album="\ufffd")
+    h = bearer(a.admin)
+    for url in ("/v1/photos?album=%FF", "/v1/photos?album=a%C3", "/v1/photos/%FF"):
+        r = client.get(url, headers=h)
+        assert r.status_code == 422, (url, r.text)
+        assert "not UTF-8" in r.json()["details"][0]["msg"], r.text
+    assert client.get("/v1/photos?album=%FF").status_code == 401  # who asks comes first
+    good = client.get("/v1/photos?album=%EF%BF%BD+", headers=h)  # "\ufffd " is UTF-8
+    assert good.status_code == 200 and good.json()["items"] == []
+    assert len(client.get("/v1/photos?album=%EF%BF%BD", headers=h).json()["items"]) == 1
+    page = client.get("/ui/jobs?status=%FF", headers=h, follow_redirects=False)
+    assert page.status_code in (303, 422)  # the dashboard: log in first, then its 422 page
+
+
 def test_copy_move_update_delete(client: TestClient, a: Project) -> None:
     h = bearer(a.scoped["objects:write"])
     src = add(client, a.admin, album="a", title="t")

@@ -65,6 +65,8 @@ def test_a_job_copies_its_input_to_a_new_object(
         ({"name": "../escaped.bin"}, "required", "PERMISSION_DENIED", "outside its sandbox"),
         ({"name": "../escaped.bin"}, "off", "INVALID_OUTPUT", "outside its scratch directory"),
         ({"symlink": "/etc/passwd", "name": "link.bin"}, "auto", "INVALID_OUTPUT", "regular file"),
+        # A folder that is not there: the params' fault, said once (not INTERNAL x3).
+        ({"name": "no/such/dir.bin"}, "auto", "INVALID_PARAMS", "cannot write there"),
     ],
 )
 def test_hostile_outputs_fail_the_job_and_store_nothing(
