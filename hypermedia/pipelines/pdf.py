@@ -109,6 +109,12 @@ def _cross_check(values: dict[str, Any]) -> None:
     first, last = values["first_page"], values["last_page"]
     if last < first:
         raise JobError("INVALID_PARAMS", "last_page must not be before first_page")
+    if first > values["max_pages"]:  # past the end of every document it may open
+        raise JobError(
+            "INVALID_PARAMS",
+            f"first_page {first} is past max_pages ({values['max_pages']}): "
+            "no document this profile opens has that page",
+        )
     if last - first + 1 > values["max_rendered_pages"]:
         raise JobError(
             "INVALID_PARAMS",

@@ -153,6 +153,7 @@ def test_the_migration_profile_is_valid_and_completed_by_defaults() -> None:
         ({"first_page": 3, "last_page": 2}, "last_page must not be before first_page"),
         ({"first_page": 0}, "first_page must be from 1"),
         ({"last_page": 51}, "at most 50 pages may be rendered by one job"),
+        ({"first_page": 5001, "last_page": 5001}, "first_page 5001 is past max_pages (5000)"),
         ({"width": 8193}, "width must be from 16 to 8192"),
         ({"width": 15}, "width must be from 16 to 8192"),
         ({"dpi": 1201}, "dpi must be from 0 to 1200"),
