@@ -13,8 +13,8 @@ import re
 _PATTERNS = [
     # Traceback blocks: keep nothing after the header.
     (re.compile(r"Traceback \(most recent call last\):.*", re.S), "[traceback removed]"),
-    # Credentials inside URLs: scheme://user:pass@host
-    (re.compile(r"([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@", re.I), r"\1[redacted]@"),
+    # Credentials inside URLs: scheme://user:pass@host (the user may be empty)
+    (re.compile(r"([a-z][a-z0-9+.-]*://)[^/\s:@]*:[^/\s@]+@", re.I), r"\1[redacted]@"),
     # Bearer tokens, API keys, secrets given as key=value.
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [redacted]"),
     # Not MySQL's "(using password: YES)", a flag: eating it to the next space

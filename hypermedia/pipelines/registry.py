@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -199,7 +200,8 @@ def readiness(profiles: Iterable[Mapping[str, Any]]) -> dict[str, str | None]:
     """Each profile version's missing-tool reason by ``ref``: its job type's,
     or the one its settings name (a virus scan's own clamd socket)."""
     _load_builtin()
-    probed: dict[tuple[str, str], str | None] = {}
+    keys: dict[str, tuple[str, str]] = {}
+    checks: dict[tuple[str, str], Callable[[], str | None]] = {}
     out: dict[str, str | None] = {}
     for p in profiles:
         pipeline = _REGISTRY.get(p["job_type"])
@@ -209,12 +211,43 @@ def readiness(profiles: Iterable[Mapping[str, Any]]) -> dict[str, str | None]:
         with_settings = pipeline.available_with
         settings = dict(p.get("settings") or {})
         key = (p["job_type"], repr(sorted(settings.items())) if with_settings else "")
-        if key not in probed:
-            probed[key] = _probe(
-                pipeline.available if with_settings is None else partial(with_settings, settings)
-            )
-        out[p["ref"]] = probed[key]
-    return out
+        keys[p["ref"]] = key
+        checks[key] = (
+            pipeline.available if with_settings is None else partial(with_settings, settings)
+        )
+    found = _probed(checks)
+    return {**out, **{ref: found[key] for ref, key in keys.items()}}
+
+
+# The dashboard's Upload and Profiles pages ask on every load: a clamd that
+# takes connections and never answers cost each load its 2 s per profile, one
+# after another (8 s with a few).  Now at once, and remembered a little while.
+READY_SECONDS = 10.0
+_ready: dict[tuple[str, str], tuple[float, str | None]] = {}
+_ready_lock = threading.Lock()
+
+
+def _probed(
+    checks: Mapping[tuple[str, str], Callable[[], str | None]],
+) -> dict[tuple[str, str], str | None]:
+    now = time.monotonic()
+    with _ready_lock:
+        found = {
+            k: _ready[k][1] for k in checks if k in _ready and now - _ready[k][0] < READY_SECONDS
+        }
+    todo = [k for k in checks if k not in found]
+    if len(todo) == 1:
+        found[todo[0]] = _probe(checks[todo[0]])
+    elif todo:
+        from concurrent.futures import ThreadPoolExecutor  # not for the child to load
+
+        with ThreadPoolExecutor(min(8, len(todo)), thread_name_prefix="probe") as pool:
+            found.update(zip(todo, pool.map(lambda k: _probe(checks[k]), todo), strict=True))
+    with _ready_lock:
+        if len(_ready) > 1000:  # profiles come and go: forget the old
+            _ready.clear()
+        _ready.update({k: (time.monotonic(), found[k]) for k in todo})
+    return found
 
 
 def _probe(available: Callable[[], str | None]) -> str | None:

@@ -48,6 +48,7 @@ from hypermedia.errors import JobError
 from hypermedia.pipelines import schema as S
 from hypermedia.pipelines import zipsizes
 from hypermedia.pipelines.registry import Context, Pipeline, register
+from hypermedia.redact import redact
 
 DEFAULT_CLAMD = "unix:///run/clamav/clamd.ctl"
 CONNECT_TIMEOUT = 5.0
@@ -55,6 +56,10 @@ PING_TIMEOUT = 1.0
 CHUNK = 256 * 1024
 MAX_REPLY = 64 * 1024
 LIMIT_HEURISTIC = "Heuristics.Limits.Exceeded"
+STREAM_LIMIT = (
+    "INSTREAM size limit exceeded (the file is over clamd's StreamMaxLength: "
+    "clamd scanned none of it)"
+)
 ENCRYPTED_HEURISTIC = "Heuristics.Encrypted."
 UNIX_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes, the last one a NUL
 
@@ -112,6 +117,9 @@ def parse_address(url: str) -> Address:
                 "INVALID_PARAMS", f"clamd's unix socket path is over {UNIX_PATH_MAX} bytes"
             )
         return ("unix", u.path)
+    if u.username is not None or u.password is not None:
+        # clamd has no login: credentials in its URL were ignored, and shown.
+        raise JobError("INVALID_PARAMS", "clamd's URL takes no user or password")
     if u.scheme == "tcp" and u.hostname and port and u.path in ("", "/"):
         return ("tcp", (u.hostname, port))
     raise bad
@@ -221,6 +229,10 @@ def instream(
     limit = min(size, max_bytes)
     sent = 0
     next_report = limit / 10
+    # The file must be taken within ``timeout`` in all, as the answer must
+    # come within it: a peer reading 200 kB/s held an attempt for as long as
+    # its job's timeout (sendall's timeout bounds each call, and a call is a chunk).
+    deadline = time.monotonic() + timeout
     with _connect(address, timeout, CONNECT_TIMEOUT) as sock, open(path, "rb") as f:
         try:
             sock.sendall(b"zINSTREAM\0")
@@ -232,6 +244,7 @@ def instream(
                     raise JobError("CORRUPT_INPUT", "the input file could not be read") from None
                 if not chunk:
                     break
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
                 sock.sendall(struct.pack(">I", len(chunk)) + chunk)
                 sent += len(chunk)
                 if _answered(sock):
@@ -249,8 +262,9 @@ def instream(
         return _read_reply(sock, timeout), sent
 
 
-def verdict(reply: str, sent: int, size: int) -> tuple[str, str | None, str | None]:
-    """(verdict, signature, reason) from clamd's INSTREAM answer."""
+def verdict(reply: str, sent: int, size: int, max_bytes: int) -> tuple[str, str | None, str | None]:
+    """(verdict, signature, reason) from clamd's INSTREAM answer to ``sent``
+    bytes of a file of ``size``, of which the profile lets ``max_bytes`` be sent."""
     found: list[str] = []
     limits: list[str] = []
     errors: list[str] = []
@@ -268,12 +282,17 @@ def verdict(reply: str, sent: int, size: int) -> tuple[str, str | None, str | No
         elif line == "OK":
             ok = True
         elif line.endswith("ERROR"):
-            errors.append(_clean(line[: -len("ERROR")].strip().rstrip(".:")))
+            error = _clean(line[: -len("ERROR")].strip().rstrip(".:"))
+            # clamd drops a stream over StreamMaxLength whole: none of it was scanned.
+            errors.append(STREAM_LIMIT if error.startswith("INSTREAM size limit") else error)
         else:
             raise JobError("PROVIDER_UNAVAILABLE", "clamd gave an unexpected answer")
     if found:
         return "infected", found[0], None
-    cut = f"larger than max_bytes: only {sent} bytes were scanned" if sent < size else ""
+    # Said only of the profile's cut: clamd may stop reading sooner (its own limit).
+    cut = (
+        f"larger than max_bytes: only its first {sent} bytes were sent" if size > max_bytes else ""
+    )
     if limits:
         if limits[0].startswith(ENCRYPTED_HEURISTIC):
             # AlertEncrypted*: an encrypted archive or document is unread, not a virus.
@@ -313,6 +332,8 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         raise JobError("CORRUPT_INPUT", "the input file could not be read") from None
     ctx.progress(2, "asking clamd")
     engine = command(address, "VERSION", timeout)  # a busy clamd answers late
+    if not engine.startswith("ClamAV "):  # not clamd (a database's greeting): not sent the file
+        raise JobError("PROVIDER_UNAVAILABLE", "what answers on clamd's address is not clamd")
     ctx.progress(5, "scanning")
     reply, sent = instream(
         address,
@@ -321,7 +342,7 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         timeout,
         lambda done: ctx.progress(5 + 90 * done, "scanning"),
     )
-    result, signature, reason = verdict(reply, sent, size)
+    result, signature, reason = verdict(reply, sent, size, max_bytes)
     if result == "clean":
         limit = int(params.get("clamd_max_file_size", SCHEMA["clamd_max_file_size"].default))
         reason = _zip_reason(zipsizes.survey(ctx.input_path), limit)
@@ -372,8 +393,8 @@ def available_with(settings: Mapping[str, Any]) -> str | None:
         answer = command(parse_address(address), "PING", PING_TIMEOUT)
     except JobError:
         answer = ""
-    if answer != "PONG":
-        return f"clamd does not answer on {address}"
+    if answer != "PONG":  # (a profile stored before credentials were refused: redacted)
+        return redact(f"clamd does not answer on {address}")
     return None
 
 

@@ -286,7 +286,7 @@ def test_zip_members_clamd_does_not_read_are_never_clean(tmp_path: Path, clamd: 
                 "not_fully_scanned",
                 None,
                 "clamd stopped at its scan limit (MaxFileSize); larger than max_bytes: "
-                "only 100 bytes were scanned",
+                "only its first 100 bytes were sent",
             ),
         ),
         (
@@ -307,7 +307,7 @@ def test_zip_members_clamd_does_not_read_are_never_clean(tmp_path: Path, clamd: 
 def test_clamd_answers_map_to_verdicts(
     reply: str, sent: int, size: int, expected: tuple[str, str | None, str | None]
 ) -> None:
-    verdict, signature, reason = virus.verdict(reply, sent, size)
+    verdict, signature, reason = virus.verdict(reply, sent, size, sent)  # cut at what was sent
     assert (verdict, signature) == expected[:2]
     if expected[2] is None:
         assert reason is None
@@ -315,10 +315,19 @@ def test_clamd_answers_map_to_verdicts(
         assert reason is not None and reason.startswith(expected[2])
 
 
+def test_a_stream_over_clamds_limit_is_not_said_cut_by_max_bytes() -> None:
+    # clamd answered after 1 MiB of a 2 MiB file, well under max_bytes: the
+    # reason said "larger than max_bytes: only 1048576 bytes were scanned".
+    reply = "INSTREAM size limit exceeded. ERROR\0"
+    verdict, _, reason = virus.verdict(reply, 1 << 20, 2 << 20, 100 << 20)
+    assert verdict == "not_fully_scanned"
+    assert reason == "clamd could not scan it all: " + virus.STREAM_LIMIT
+
+
 @pytest.mark.parametrize("reply", ["", "UNKNOWN COMMAND\0", "stream: maybe\0"])
 def test_an_answer_that_is_not_a_verdict_is_never_clean(reply: str) -> None:
     with pytest.raises(JobError) as err:
-        virus.verdict(reply, 10, 10)
+        virus.verdict(reply, 10, 10, 10)
     assert err.value.code == "PROVIDER_UNAVAILABLE"
 
 
@@ -355,10 +364,17 @@ def test_a_missing_socket_is_provider_unavailable(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _fake_clamd(tmp_path: Path, answer: bytes | None, delay: float = 0.0) -> Iterator[str]:
+def _fake_clamd(
+    tmp_path: Path,
+    answer: bytes | None,
+    delay: float = 0.0,
+    version: bytes = b"ClamAV 1.4.0/1/today\0",
+    read_rate: int = 0,
+) -> Iterator[str]:
     """A unix socket that reads whatever it is sent and then answers ``answer``
     ``delay`` seconds later (None: never answers, holding the connection open
-    until the block ends)."""
+    until the block ends); ``version`` to VERSION. With ``read_rate``, it reads
+    a stream that many bytes a second, for as long as it is sent."""
     path = Path(f"/tmp/hm-fake-{uuid.uuid4().hex[:8]}.sock")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
@@ -377,7 +393,13 @@ def _fake_clamd(tmp_path: Path, answer: bytes | None, delay: float = 0.0) -> Ite
             if answer is not None:
                 with contextlib.suppress(OSError):
                     conn.settimeout(1)
-                    conn.recv(65536)
+                    asked = conn.recv(65536)
+                    if asked.startswith(b"zVERSION"):
+                        conn.sendall(version)
+                        conn.shutdown(socket.SHUT_RDWR)
+                        continue
+                    while read_rate and not done.is_set() and conn.recv(read_rate // 10):
+                        time.sleep(0.1)
                     time.sleep(delay)
                     conn.sendall(answer)
                     conn.shutdown(socket.SHUT_RDWR)
@@ -458,6 +480,31 @@ def test_a_garbled_answer_is_provider_unavailable(tmp_path: Path) -> None:
     assert err.reason == "clamd gave an unexpected answer"
 
 
+@pytest.mark.parametrize("version", [b"UNKNOWN COMMAND\0", b"5.5.5-10.11.6-MariaDB\0"])
+def test_what_does_not_answer_version_as_clamd_is_not_sent_the_file(
+    tmp_path: Path, version: bytes
+) -> None:
+    # It said "stream: OK" to INSTREAM: the file was reported clean, with
+    # "UNKNOWN COMMAND" as the engine (or a database's greeting was).
+    with _fake_clamd(tmp_path, b"stream: OK\0", version=version) as url:
+        err = _unavailable(tmp_path, {"clamd": url})
+    assert err.reason == "what answers on clamd's address is not clamd"
+
+
+def test_a_peer_that_takes_the_file_slowly_is_cut_off_at_timeout_seconds(tmp_path: Path) -> None:
+    """Sending is bounded in all, as the answer is: a peer reading 200 kB/s
+    held the attempt for as long as its job's timeout, 25 minutes for 300 MB."""
+    # 600 kB/s: each 256 KiB chunk is taken within the second, the file is not
+    with _fake_clamd(tmp_path, b"stream: OK\0", read_rate=600_000) as url:
+        started = time.monotonic()
+        with pytest.raises(JobError) as err:
+            _scan(tmp_path, os.urandom(4_000_000), {"clamd": url, "timeout_seconds": 1})
+        took = time.monotonic() - started
+    assert err.value.code == "PROVIDER_UNAVAILABLE"
+    assert err.value.reason == "clamd did not take the file (timed out)"
+    assert took < 3, took
+
+
 # -- settings ------------------------------------------------------------------------
 
 
@@ -469,6 +516,9 @@ def test_only_a_profile_names_the_socket(tmp_path: Path) -> None:
         validate({"max_bytes": 10**9}, {})
     for bad in ("http://x:1", "unix://relative", "unix:///", "tcp://host", "tcp://:3310", "x"):
         with pytest.raises(JobError, match="clamd must be"):
+            validate({}, {"clamd": bad})
+    for bad in ("tcp://admin:s3cret@127.0.0.1:3310", "tcp://:s3cret@h:3310", "tcp://u@h:3310"):
+        with pytest.raises(JobError, match="takes no user or password"):
             validate({}, {"clamd": bad})
     # A socket path connect() cannot take is the profile's error, refused at
     # once: it used to be PROVIDER_UNAVAILABLE, retried as if clamd were away.

@@ -17,6 +17,7 @@ from hypermedia.redact import MAX_REASON, brief, redact, tokens
         ("cannot read C:\\Users\\ann\\secret.png now", "Users", "[path]"),
         ("s3 error at https://AKIA123:s3cr3tKey@s3.example.com/bucket", "s3cr3tKey", "[redacted]@"),
         ("postgresql://hm:hunter2@db:5432/hm refused", "hunter2", "[redacted]@"),
+        ("clamd does not answer on tcp://:hunter2@127.0.0.1:3310", "hunter2", "[redacted]@"),
         ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.abc.def", "eyJhbGci", "Bearer [redacted]"),
         ("password=hunter2 rejected", "hunter2", "password=[redacted]"),
         ("password: YES)hunter2 ok", "hunter2", "password=[redacted]"),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import time
 
 SCRIPT = """
 import threading
@@ -79,3 +81,37 @@ def test_a_worker_says_which_job_types_cannot_run_here() -> None:
             ("c:v1", "unknown job type"),
         ]
     )
+
+
+def test_profiles_are_probed_at_once_and_remembered_a_little_while() -> None:
+    """The dashboard's Upload and Profiles pages probe every profile on each
+    load: four whose clamd takes connections and never answers cost 1 s
+    each, one after another, on every load."""
+    from hypermedia.pipelines import registry
+
+    silent = [socket.socket() for _ in range(4)]
+    try:
+        for s in silent:  # connections complete in the kernel's backlog; no answer
+            s.bind(("127.0.0.1", 0))
+            s.listen(8)
+        profiles = [
+            {
+                "ref": f"scan{i}:v1",
+                "job_type": "security.virus_scan",
+                "settings": {"clamd": f"tcp://127.0.0.1:{s.getsockname()[1]}"},
+            }
+            for i, s in enumerate(silent)
+        ]
+        started = time.monotonic()
+        ready = registry.readiness(profiles)
+        first = time.monotonic() - started
+        started = time.monotonic()
+        again = registry.readiness(profiles)
+        second = time.monotonic() - started
+    finally:
+        for s in silent:
+            s.close()
+    assert all(r.startswith("clamd does not answer on tcp://") for r in ready.values()), ready
+    assert again == ready and len(ready) == 4
+    assert 0.9 < first < 2.5, first  # a PING's second, not four of them
+    assert second < 0.2, second
