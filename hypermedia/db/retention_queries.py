@@ -32,8 +32,11 @@ class RetentionQueries:
     conn: sa.Connection
     dialect: str
 
-    def prunable_jobs(self, before: datetime, limit: int) -> list[Row]:
-        """Lock up to ``limit`` jobs that ended before ``before``, oldest first.
+    def prunable_jobs(
+        self, before: datetime, limit: int, after: tuple[datetime, int] | None = None
+    ) -> list[Row]:
+        """Lock up to ``limit`` jobs that ended before ``before``, oldest first
+        (by ``created_at``, then ``job_id``), past ``after`` if given.
 
         Rows another transaction holds (an explicit retry, say) are skipped;
         the lock keeps them finished until this transaction deletes them.
@@ -45,12 +48,18 @@ class RetentionQueries:
                 J.c.status,
                 J.c.idempotency_key,
                 J.c.credits_folded,
+                J.c.created_at,
                 sa.func.coalesce(J.c.actual_credits, J.c.estimated_credits).label("credits"),
             )
             .where(*_finished_before(before))
-            .order_by(J.c.created_at)
+            .order_by(J.c.created_at, J.c.job_id)
             .limit(limit)
         )
+        if after is not None:
+            at, job_id = after
+            q = q.where(
+                sa.or_(J.c.created_at > at, sa.and_(J.c.created_at == at, J.c.job_id > job_id))
+            )
         if self.dialect != "sqlite":  # SQLite: the write lock is held already
             q = q.with_for_update(skip_locked=True)
         return [dict(r._mapping) for r in self.conn.execute(q)]

@@ -50,20 +50,24 @@ class JobRetention(Backlogged):
             return 0
         before = (now or self.engine.clock()) - timedelta(days=days)
         self.backlog.start()
-        total, kept = 0, 0
+        total, after = 0, None
         while True:
-            deleted, seen = self._batch(before, BATCH + kept)
+            deleted, rows = self._batch(before, after)
             total += deleted
-            if seen < BATCH + kept or deleted == 0 or self.backlog.spent():
+            if len(rows) < BATCH or self.backlog.spent():
                 return total
-            # Jobs kept stay at the head of the oldest-first scan: look past them.
-            kept = seen - deleted
+            # Jobs kept (a photo's variants) stay at the head of the
+            # oldest-first scan: the next batch starts past them.  It stopped
+            # at "nothing deleted", so 500 kept jobs held back all the rest.
+            after = (rows[-1]["created_at"], rows[-1]["job_id"])
 
-    def _batch(self, before: datetime, limit: int) -> tuple[int, int]:
-        """One transaction: (jobs deleted, jobs looked at)."""
+    def _batch(
+        self, before: datetime, after: tuple[datetime, int] | None
+    ) -> tuple[int, list[dict[str, Any]]]:
+        """One transaction: (jobs deleted, the jobs looked at)."""
         now = self.engine.clock()
         with self.engine.db.tx() as tx:
-            rows = tx.prunable_jobs(before, limit)
+            rows = tx.prunable_jobs(before, BATCH, after)
             photo_of = {r["job_id"]: photo_of_variant_key(r["idempotency_key"]) for r in rows}
             waiting = tx.photos_with_variant_rows([p for p in photo_of.values() if p])
             gone = [r for r in rows if photo_of[r["job_id"]] not in waiting]
@@ -78,7 +82,7 @@ class JobRetention(Backlogged):
                 tx.delete_jobs(ids, before)
             for project_id, credits in _credits(gone).items():
                 tx.add_settled_credits(project_id, credits, now)
-        return len(gone), len(rows)
+        return len(gone), rows
 
 
 def _credits(rows: list[dict[str, Any]]) -> dict[str, int]:

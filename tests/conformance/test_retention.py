@@ -214,6 +214,28 @@ def test_jobs_a_photo_still_waits_for_are_kept(
     assert {v["status"] for v in shown.values()} == {"failed"}
 
 
+def test_jobs_kept_for_a_photo_do_not_hold_back_older_ones_behind_them(
+    photo_service: Photos, engine: Engine, driver: Driver, clock: Any, monkeypatch: Any
+) -> None:
+    # A batch of nothing but kept jobs (here both of a photo's, with batches
+    # of 2) ended the run: 500 failed variants stopped retention for good.
+    from hypermedia.scheduler import retention
+
+    monkeypatch.setattr(retention, "BATCH", 2)
+    _add(photo_service)
+    kept = [c.job_id for c in engine.claim(W1, ["images"], 10)]
+    for job_id in kept:
+        assert engine.flush(W1, [], [failed(job_id, 1, "CORRUPT_INPUT")]) == {job_id}
+    assert photo_service.attach_variants()["variants_failed"] == 1
+    clock.advance(1)
+    unrelated = [drive_to(engine, driver, "failed") for _ in range(3)]
+    clock.advance(31 * DAY)
+
+    assert JobRetention(engine).run_once() == 3
+    assert not any(_exists(driver, j) for j in unrelated)
+    assert all(_exists(driver, j) for j in kept) and len(kept) == 2
+
+
 def test_attached_variants_outlive_their_jobs(
     photo_service: Photos,
     engine: Engine,
