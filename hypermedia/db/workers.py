@@ -139,6 +139,18 @@ class WorkerQueries:
         if rows:
             self.conn.execute(sa.insert(H), list(rows))
 
+    def hourly_at(self, hour: datetime, worker_ids: Sequence[str]) -> dict[str, Row]:
+        """The hourly rows of ``hour`` these workers have already, by worker id."""
+        if not worker_ids:
+            return {}
+        q = sa.select(H).where(H.c.hour == hour, H.c.worker_id.in_(list(worker_ids)))
+        return {r.worker_id: dict(r._mapping) for r in self.conn.execute(q)}
+
+    def delete_hourly_at(self, hour: datetime, worker_ids: Sequence[str]) -> None:
+        if worker_ids:
+            q = sa.delete(H).where(H.c.hour == hour, H.c.worker_id.in_(list(worker_ids)))
+            self.conn.execute(q)
+
     # -- leader lease ----------------------------------------------------------
 
     def take_lease(self, name: str, holder: str, now: datetime, until: datetime) -> bool:

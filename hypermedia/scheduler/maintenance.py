@@ -7,13 +7,13 @@ two ``serve`` processes never reap or aggregate the same rows twice.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Protocol
 
 from hypermedia.queue.engine import Engine
-from hypermedia.scheduler.budget import BUDGET_SECONDS, Backlog
+from hypermedia.scheduler.budget import BUDGET_SECONDS, Backlog, Backlogged
 
 
 class Service(Protocol):
@@ -62,28 +62,63 @@ class Promoter:
 
 
 @dataclass
-class MetricsRetention:
+class MetricsRetention(Backlogged):
     """Raw worker_metrics older than N days become hourly aggregates (seed 000)."""
 
     engine: Engine
     name: str = "metrics-retention"
-    period: float = 3600.0
+    # The leader's runs have a time budget (scheduler/budget.py): ten days of
+    # a fleet's samples took 8 s, with the lease and the reaper waiting.
+    backlog: Backlog = field(default_factory=lambda: Backlog(3600.0))
 
     def run_once(self) -> int:
-        """Aggregate whole hours, oldest first, each in its own transaction."""
+        """Aggregate whole hours, oldest first, each in its own transaction.
+
+        Only hours wholly before the cutoff: the hour it falls in stays raw
+        until it has passed (its first part aggregated, then the rest, wrote
+        the hour twice: a duplicate key on every run after, and raw rows piled
+        up for good).  A sample that lands in an hour aggregated already (a
+        clock set back) is added to its row."""
         cutoff = self.engine.clock() - timedelta(days=self.engine.settings.metrics_raw_days)
+        whole = cutoff.replace(minute=0, second=0, microsecond=0)
+        self.backlog.start()
         hours = 0
-        while True:
+        while not self.backlog.spent():
             with self.engine.db.tx() as tx:
-                oldest = tx.oldest_metric_before(cutoff)
+                oldest = tx.oldest_metric_before(whole)
                 if oldest is None:
                     return hours
                 start = oldest.replace(minute=0, second=0, microsecond=0)
-                end = min(start + timedelta(hours=1), cutoff)
-                rows = tx.metrics_between(start, end)
-                tx.insert_hourly(_aggregate(rows, start))
+                end = start + timedelta(hours=1)
+                rows = _aggregate(tx.metrics_between(start, end), start)
+                workers = [r["worker_id"] for r in rows]
+                before = tx.hourly_at(start, workers)
+                tx.delete_hourly_at(start, list(before))
+                tx.insert_hourly([_merge(before.get(r["worker_id"]), r) for r in rows])
                 tx.delete_metrics_between(start, end)
             hours += 1
+        return hours
+
+
+def _merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """One hourly row of two: ``old`` (stored already, if any) and ``new``."""
+    if old is None:
+        return new
+    n, m = old["samples"], new["samples"]
+    done = old["jobs_completed"] + new["jobs_completed"]
+    weighted = (
+        old["avg_job_duration_ms"] * old["jobs_completed"]
+        + new["avg_job_duration_ms"] * new["jobs_completed"]
+    )
+    out = {**new, "samples": n + m, "jobs_completed": done}
+    out["jobs_failed"] = old["jobs_failed"] + new["jobs_failed"]
+    out["avg_job_duration_ms"] = int(weighted / done) if done else 0
+    for col in ("cpu_percent", "memory_percent"):
+        total = Decimal(old[f"{col}_avg"]) * n + Decimal(new[f"{col}_avg"]) * m
+        out[f"{col}_avg"] = round(total / (n + m), 2)
+    for col in ("cpu_percent_max", "memory_percent_max", "disk_percent_max"):
+        out[col] = max(Decimal(old[col]), Decimal(new[col]))
+    return out
 
 
 def _aggregate(rows: list[dict[str, Any]], hour: datetime) -> list[dict[str, Any]]:
@@ -133,7 +168,7 @@ def default_services(engine: Engine) -> list[Service]:
     return [
         Reaper(engine, period=s.reaper_interval_seconds),
         Promoter(engine, period=s.promoter_interval_seconds),
-        MetricsRetention(engine, period=s.retention_interval_seconds),
+        MetricsRetention(engine, backlog=Backlog(s.retention_interval_seconds, BUDGET_SECONDS)),
         JobRetention(engine, backlog=Backlog(s.retention_interval_seconds, BUDGET_SECONDS)),
         GarbageCollector(storage, backlog=Backlog(s.gc_interval_seconds, BUDGET_SECONDS)),
         CreditFold(engine, backlog=Backlog(s.fold_interval_seconds, BUDGET_SECONDS)),

@@ -1,0 +1,115 @@
+"""Metrics retention on every database (seed 000): raw worker_metrics older
+than ``metrics_raw_days`` become one hourly row per worker and hour."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+
+from hypermedia.db.driver import Driver
+from hypermedia.db.schema import worker_metrics, worker_metrics_hourly
+from hypermedia.queue.engine import Engine
+from hypermedia.scheduler.budget import CATCH_UP_SECONDS, Backlog
+from hypermedia.scheduler.maintenance import MetricsRetention
+
+DAYS = 7
+
+
+def _at(clock: Any, minute: int, second: int = 0) -> Any:
+    """A time ``minute``:``second`` into the hour the retention cutoff falls in."""
+    cutoff = clock() - timedelta(days=DAYS)
+    return cutoff.replace(minute=minute, second=second, microsecond=0)
+
+
+def _sample(engine: Engine, worker: str, when: Any, cpu: float, done: int = 0, ms: int = 0) -> None:
+    with engine.db.tx() as tx:
+        tx.insert_metric(
+            {
+                "worker_id": worker,
+                "cpu_percent": cpu,
+                "memory_percent": cpu / 2,
+                "disk_percent": 10 + cpu,
+                "jobs_completed_1m": done,
+                "jobs_failed_1m": 1,
+                "avg_job_duration_ms": ms,
+                "recorded_at": when,
+            }
+        )
+
+
+def _hourly(driver: Driver) -> dict[tuple[str, int], dict[str, Any]]:
+    with driver.read() as tx:
+        rows = tx.conn.execute(sa.select(worker_metrics_hourly)).mappings()
+        return {(r["worker_id"], r["hour"].hour): dict(r) for r in rows}
+
+
+def _raw(driver: Driver) -> int:
+    with driver.read() as tx:
+        q = sa.select(sa.func.count()).select_from(worker_metrics)
+        return int(tx.conn.execute(q).scalar_one())
+
+
+def test_whole_hours_past_the_cutoff_become_one_row_per_worker(engine, driver, clock) -> None:
+    clock.now = clock.now.replace(minute=30)
+    hour = _at(clock, 0) - timedelta(hours=2)
+    _sample(engine, "w1", hour + timedelta(minutes=1), 10, done=2, ms=100)
+    _sample(engine, "w1", hour + timedelta(minutes=59), 30, done=6, ms=300)
+    _sample(engine, "w2", hour + timedelta(minutes=5), 50)
+    _sample(engine, "w1", hour + timedelta(hours=1, minutes=10), 20)
+    _sample(engine, "w1", clock(), 99)  # young: stays raw
+
+    assert MetricsRetention(engine).run_once() == 2
+    rows = _hourly(driver)
+    w1 = rows[("w1", hour.hour)]
+    assert w1["samples"] == 2 and w1["jobs_completed"] == 8 and w1["jobs_failed"] == 2
+    assert Decimal(w1["cpu_percent_avg"]) == 20 and Decimal(w1["cpu_percent_max"]) == 30
+    assert Decimal(w1["memory_percent_avg"]) == 10 and Decimal(w1["disk_percent_max"]) == 40
+    assert w1["avg_job_duration_ms"] == 250  # weighted by the jobs each sample counted
+    assert rows[("w2", hour.hour)]["samples"] == 1
+    assert rows[("w1", (hour + timedelta(hours=1)).hour)]["samples"] == 1
+    assert len(rows) == 3 and _raw(driver) == 1
+
+
+def test_the_hour_the_cutoff_falls_in_waits_until_it_has_passed(engine, driver, clock) -> None:
+    # Its first part aggregated, then the rest, wrote the hour twice: a
+    # duplicate key on every run after, and raw samples kept for good.
+    clock.now = clock.now.replace(minute=30)
+    _sample(engine, "w1", _at(clock, 0, 1), 10)
+    _sample(engine, "w1", _at(clock, 30, 20), 30)
+    assert MetricsRetention(engine).run_once() == 0
+    assert _raw(driver) == 2 and _hourly(driver) == {}
+
+    clock.advance(3600)
+    assert MetricsRetention(engine).run_once() == 1
+    assert MetricsRetention(engine).run_once() == 0
+    (row,) = _hourly(driver).values()
+    assert row["samples"] == 2 and Decimal(row["cpu_percent_avg"]) == 20
+    assert _raw(driver) == 0
+
+
+def test_a_sample_in_an_hour_aggregated_already_is_added_to_it(engine, driver, clock) -> None:
+    clock.now = clock.now.replace(minute=30)
+    hour = _at(clock, 0) - timedelta(hours=1)
+    _sample(engine, "w1", hour + timedelta(minutes=1), 10, done=1, ms=100)
+    assert MetricsRetention(engine).run_once() == 1
+    _sample(engine, "w1", hour + timedelta(minutes=2), 40, done=3, ms=500)  # a clock set back
+    assert MetricsRetention(engine).run_once() == 1
+
+    (row,) = _hourly(driver).values()
+    assert row["samples"] == 2 and row["jobs_completed"] == 4 and row["jobs_failed"] == 2
+    assert Decimal(row["cpu_percent_avg"]) == 25 and Decimal(row["cpu_percent_max"]) == 40
+    assert row["avg_job_duration_ms"] == 400
+    assert _raw(driver) == 0
+
+
+def test_a_leader_run_stops_on_its_budget_and_comes_back_soon(engine, driver, clock) -> None:
+    clock.now = clock.now.replace(minute=30)
+    for h in range(1, 4):
+        _sample(engine, "w1", _at(clock, 0) - timedelta(hours=h), 10)
+    spent = MetricsRetention(engine, backlog=Backlog(3600.0, budget_seconds=0.0))
+    assert spent.run_once() == 0
+    assert spent.period == CATCH_UP_SECONDS and _raw(driver) == 3
+    assert MetricsRetention(engine).run_once() == 3 and _raw(driver) == 0
