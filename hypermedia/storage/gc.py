@@ -56,6 +56,8 @@ class GcReport:
     deleted: int = 0
     failed: int = 0
     kept: int = 0
+    # Temporary files (local) and multipart uploads (S3) of uploads that died.
+    uploads_swept: int = 0
     # (pool name, what went wrong) -> blobs not deleted for that reason: a
     # store that is away fails every object alike, and says so once.
     failures: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -74,6 +76,7 @@ class GcReport:
         "deleted",
         "failed",
         "kept",
+        "uploads_swept",
     )
 
     def counts(self) -> dict[str, int]:
@@ -184,8 +187,8 @@ class GarbageCollector(Backlogged):
             try:
                 backend = self.storage.backend(pool["pool_id"])
                 sweep = getattr(backend, "sweep_incomplete", None)
-                if sweep is not None:
-                    sweep(self.storage.settings.gc_pending_seconds)
+                if sweep is not None:  # (it said nothing of what it removed)
+                    self.report.uploads_swept += sweep(self.storage.settings.gc_pending_seconds)
             except (StorageError, OSError) as exc:  # said with the run's other failures
                 # OSError: a local pool's folder that is a file, a dead NFS
                 # mount; it ended the whole run, and the pools after it.

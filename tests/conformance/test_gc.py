@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import uuid
 from pathlib import Path
 
@@ -34,6 +35,20 @@ def _state(storage: Storage, object_id: int) -> str | None:
     with storage.db.read() as tx:
         row = tx.object(object_id)
     return row["state"] if row else None
+
+
+def test_unfinished_uploads_swept_are_counted(storage: Storage) -> None:
+    # They were removed and the report said nothing of them.
+    storage.put(io.BytesIO(b"kept"))  # the default pool's row, made by its first upload
+    tmp = storage.settings.home / "storage" / ".tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    old, young = tmp / "dead-upload", tmp / "live-upload"
+    old.write_bytes(b"x")
+    young.write_bytes(b"y")
+    os.utime(old, (0, 0))
+    report = _gc(storage, pending=3600).run_once()
+    assert report.uploads_swept == 1 and report.as_dict()["uploads_swept"] == 1
+    assert not old.exists() and young.exists()
 
 
 def test_unreferenced_objects_go_blob_then_row(storage: Storage) -> None:
