@@ -422,6 +422,16 @@ class Tx(
         )
         return _rows(self.conn.execute(q))
 
+    def claimed_unstarted(self, worker_id: str) -> list[tuple[int, int]]:
+        """(job, attempt) of the jobs this worker claimed and has not started.
+
+        By claimed_by (idx_claimed) and status: the ids are what is sought.
+        """
+        q = sa.select(J.c.job_id, J.c.attempt_count).where(
+            J.c.claimed_by == worker_id, J.c.status == "claimed"
+        )
+        return [(r.job_id, r.attempt_count) for r in self.conn.execute(q)]
+
     def statuses_of(self, worker_id: str, items: Sequence[tuple[int, int]]) -> dict[int, str]:
         """Current status of the jobs a worker runs, or absent if no longer its attempt."""
         if not items:

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -576,7 +576,12 @@ class Engine(Enqueuing, UserActions):
         with self.db.read() as tx:
             return tx.statuses_of(worker_id, items)
 
-    def hand_back(self, worker_id: str, items: Sequence[tuple[int, int]]) -> set[int]:
+    def hand_back(
+        self,
+        worker_id: str,
+        items: Sequence[tuple[int, int]],
+        why: str = "handed back unstarted by a draining worker",
+    ) -> set[int]:
         """Return claimed-but-unstarted jobs to the queue; the attempt never ran."""
         now = self.clock()
         with self.db.tx() as tx:
@@ -605,13 +610,25 @@ class Engine(Enqueuing, UserActions):
                         "claimed",
                         "queued",
                         actor=worker_id,
-                        message="handed back unstarted by a draining worker",
+                        message=why,
                     )
                     for r in held
                 ]
             )
             tx.notify({r["queue_name"] for r in held})
         return {r["job_id"] for r in held}
+
+    def hand_back_lost_claims(self, worker_id: str, held: Collection[int]) -> set[int]:
+        """Hand back the jobs this worker claimed and does not hold (``held``):
+        a claim whose commit went through but whose answer was lost with its
+        connection.  Left alone, each sat until its lease ran out and was
+        then charged an attempt that never ran (one on its last attempt
+        failed without running)."""
+        with self.db.read() as tx:
+            lost = [k for k in tx.claimed_unstarted(worker_id) if k[0] not in held]
+        if not lost:
+            return set()
+        return self.hand_back(worker_id, lost, why="handed back: its claim's answer was lost")
 
     def confirm_cancels(self, worker_id: str, items: Sequence[tuple[int, int]]) -> set[int]:
         """End the jobs a cancel was asked of while this worker held them

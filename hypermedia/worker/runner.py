@@ -224,7 +224,7 @@ class Worker:
             while not self._warming.acquire(timeout=0.2):
                 if self.stop_claiming.is_set():
                     return
-        delay = 0.1
+        delay, unsure = 0.1, False
         while not self.stop_claiming.is_set():
             if self._drain_requested():
                 log.info("worker %s: drain requested; draining", self.worker_id)
@@ -247,11 +247,15 @@ class Worker:
                     self.stop_claiming.wait(min(pause, self.settings.poll_interval_seconds))
                     continue
                 try:
+                    if unsure:  # the last claim may have committed: its jobs are ours
+                        self._hand_back_lost_claims()
+                        unsure = False
                     got, tried = self._claim(room), True
                     delay = 0.1
                     said.ended("claim")
                 except Exception as exc:  # database away: back off, keep the jobs we hold
                     said.warning(log, "claim", "claim failed (%s); retrying", brief(exc))
+                    unsure = True
                     self.stop_claiming.wait(delay)
                     delay = min(delay * 2, 5.0)
                     continue
@@ -283,6 +287,16 @@ class Worker:
                 self._running[job.job_id] = rj
             self.buffer.put(rj)
         return len(jobs)
+
+    def _hand_back_lost_claims(self) -> None:
+        """A claim that failed may have failed after its commit (the
+        connection dropped at COMMIT): the jobs it took are ours in the
+        database, and no slot runs them."""
+        with self._lock:
+            held = set(self._running)
+        back = self.engine.hand_back_lost_claims(self.worker_id, held)
+        if back:
+            log.info("handed back %d job(s) of a claim whose answer was lost", len(back))
 
     def _claimable(self) -> list[str]:
         """Our queues but the paused ones; both read at most once per poll interval."""
