@@ -8,6 +8,7 @@ SQL the rest of the code can reach.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import sqlite3
@@ -27,6 +28,7 @@ from sqlalchemy.engine import make_url
 from hypermedia.db import dialects, wakeups
 from hypermedia.db.queries import Tx
 from hypermedia.errors import InvalidRequest, ReadOnlyDatabase, ValueRefused
+from hypermedia.redact import brief
 
 T = TypeVar("T")
 
@@ -46,6 +48,36 @@ IDLE_TRANSACTION_SECONDS = 300
 # VM) held every command on it for as long as it stayed so.  A URL's own
 # connect_timeout (read_timeout on MariaDB) is kept.
 CONNECT_SECONDS = 10
+
+
+class _QuietReset(logging.Filter):
+    """SQLAlchemy logs an ERROR with a traceback when it cannot roll back a
+    connection returned to the pool, and then discards that connection.  A
+    connection the server dropped (a restart, a KILL) fails so every time:
+    an outage the callers already retry and say once each, told again as
+    tracebacks (148 in one MariaDB outage).  Said as one warning line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != "Exception during reset or similar" or not record.exc_info:
+            return True
+        exc = record.exc_info[1]
+        if exc is None:
+            return True
+        if isinstance(exc, sa.exc.DBAPIError | OSError | EOFError) or _dropped(exc):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg = "a connection the database dropped was discarded (%s)"
+            record.args = (brief(exc),)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _dropped(exc: BaseException) -> bool:
+    """The DB-API's own errors (PyMySQL's, psycopg's), not wrapped by SQLAlchemy."""
+    return type(exc).__name__ in ("OperationalError", "InterfaceError")
+
+
+for _pool in ("QueuePool", "NullPool", "SingletonThreadPool", "StaticPool"):
+    logging.getLogger(f"sqlalchemy.pool.impl.{_pool}").addFilter(_QuietReset())
 
 
 def normalise_url(url: str) -> str:
