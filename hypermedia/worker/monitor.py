@@ -135,8 +135,9 @@ class Monitor(threading.Thread):
     def heartbeat(self) -> None:
         held = self.running()
         # Running: what slots took, not the jobs claimed ahead for them
-        # (workers ls showed 6/2 on a worker of two slots).
-        busy = sum(1 for r in held if r.started)
+        # (workers ls showed 6/2 on a worker of two slots), nor those whose
+        # results wait to be stored or written while the slot runs the next (2/1).
+        busy = sum(1 for r in held if r.started and not r.ended)
         with self.engine.db.tx() as tx:
             tx.update_worker(
                 self.worker_id,

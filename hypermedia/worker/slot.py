@@ -86,6 +86,7 @@ class Running:
     staging: Staging | None = None  # its input, when the stager fetches it ahead
     input_name: str | None = None  # its input's file name in the slot's inbox, once there
     started: bool = False  # a slot took it (else it waits, claimed ahead)
+    ended: bool = False  # its child is done (its result may wait to be stored or written)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -201,6 +202,7 @@ class Slot:
         self.flusher.started(job.job_id, job.attempt)
         try:
             done = self._attempt(rj)
+            rj.ended = True  # the slot is free for its next job
             if done is None:
                 return False
             res, declared = done
@@ -213,6 +215,7 @@ class Slot:
             self.flusher.finished(res)
             return True
         finally:
+            rj.ended = True
             if rj.input_name is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(self.inbox / rj.input_name)
