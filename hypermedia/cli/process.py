@@ -201,6 +201,11 @@ def _enqueue(eng: Engine, store: Storage, new: list[NewJob]) -> list[int]:
     except HypermediaError:  # a budget, say: the uploads are of no use now
         store.discard([j.object_id for j in new if j.object_id is not None])
         raise
+    except KeyboardInterrupt:  # (SIGTERM too) they stayed ready, unreferenced, for a day
+        _deaf()  # the rest is cleaning up: a second press would cut it short
+        # Any that the enqueue took after all are referenced: discard keeps them.
+        store.discard([j.object_id for j in new if j.object_id is not None])
+        raise
 
 
 def _acceptable(prof: Row, overrides: Row, paths: list[Path], names: list[Path]) -> None:

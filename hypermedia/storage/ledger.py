@@ -14,6 +14,7 @@ import contextlib
 import io
 import os
 import secrets
+import signal
 import stat
 import threading
 import time
@@ -368,25 +369,27 @@ class Storage:
                 stored = put_files(list(zip(keys, paths, strict=True)))
             else:
                 stored = [self._put_path(backend, k, p) for k, p in zip(keys, paths, strict=True)]
+            self._unchanged(
+                {
+                    i: (p, b, st)
+                    for i, p, b, st in zip(object_ids, paths, before, stored, strict=True)
+                },
+                all_of=object_ids,
+            )
+            done = self.clock()
+            with self.db.tx() as tx:
+                tx.update_objects_many(
+                    "pending",
+                    [
+                        {"_id": i, **_stored_values(st), "state": "ready", "updated_at": done}
+                        for i, st in zip(object_ids, stored, strict=True)
+                    ],
+                )
+                rows = {r["object_id"]: r for r in tx.objects_where(object_ids)}
         except BaseException as exc:  # Ctrl-C too: nothing else would hand these to GC
-            for object_id in object_ids:
-                self._abandon(object_id)
+            self._abandon(*object_ids)  # (those made ready already stay: GC's in its time)
             _blame_source(exc, paths)
             raise
-        self._unchanged(
-            {i: (p, b, st) for i, p, b, st in zip(object_ids, paths, before, stored, strict=True)},
-            all_of=object_ids,
-        )
-        done = self.clock()
-        with self.db.tx() as tx:
-            tx.update_objects_many(
-                "pending",
-                [
-                    {"_id": i, **_stored_values(st), "state": "ready", "updated_at": done}
-                    for i, st in zip(object_ids, stored, strict=True)
-                ],
-            )
-            rows = {r["object_id"]: r for r in tx.objects_where(object_ids)}
         gone = [i for i in object_ids if rows.get(i, {}).get("state") != "ready"]
         if gone:  # the ready ones are unreferenced: GC takes them in its time
             by_id = dict(zip(object_ids, keys, strict=True))
@@ -578,19 +581,24 @@ class Storage:
             if _version(path, before) != before or stored.size != before[0]
         ]
         if changed:
-            for object_id in all_of or list(uploads):
-                self._abandon(object_id)
+            self._abandon(*(all_of or list(uploads)))
             raise Conflict(
                 f"{display_name(changed[0])} changed while it was stored: nothing was kept; "
                 "store it again once nothing writes to it"
             )
 
-    def _abandon(self, object_id: int) -> None:
-        try:
-            with self.db.tx() as tx:
-                tx.update_object(object_id, ["pending"], {"state": "deleting"})
-        except Exception:  # the database is away too: GC sweeps it as stale pending
-            pass
+    def _abandon(self, *object_ids: int) -> None:
+        """Hand pending uploads to GC at once, in one transaction, with Ctrl-C
+        held off meanwhile: one transaction each, a second press (a quick
+        double one) broke the loop and left most of them pending for hours."""
+        with _signals_held():
+            try:
+                with self.db.tx() as tx:
+                    tx.update_objects_many(
+                        "pending", [{"_id": i, "state": "deleting"} for i in object_ids]
+                    )
+            except Exception:  # the database is away too: GC sweeps them as stale pending
+                pass
 
     # -- reading -------------------------------------------------------------
 
@@ -768,6 +776,23 @@ def _close(backend: object) -> None:
     close = getattr(backend, "close", None)
     if close is not None:
         close()
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored for the block, in the main thread (only it
+    may set handlers; a signal is delivered there alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in kept:
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():  # None: not set from Python, the default
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def _blame_source(exc: BaseException, paths: list[Path]) -> None:

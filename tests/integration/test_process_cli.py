@@ -4,6 +4,7 @@ runs itself when none serves their queue."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -611,6 +612,45 @@ def test_a_signal_ends_the_wait_and_hands_its_jobs_back(
 
 
 @sqlite_only
+def test_a_double_ctrl_c_while_uploading_hands_every_upload_to_gc(
+    procs: Procs, tmp_path: Path
+) -> None:
+    """The uploads were handed to GC one transaction each, and a second press
+    20 ms after the first broke that loop: 247 of 250 stayed `pending` for
+    GC_PENDING_SECONDS (6 h), their blobs with them."""
+    files = [tmp_path / f"{n:03d}.bin" for n in range(250)]
+    for f in files:
+        f.write_bytes(os.urandom(256 << 10))
+    for _ in range(5):  # a run whose upload ended between two looks: again
+        top = procs.query("SELECT COALESCE(MAX(object_id), 0) FROM objects")[0][0]
+        run = Run(procs, *map(str, files), "--profile", "debug-noop", "--json")
+
+        def uploading(run: Run = run) -> bool:
+            if run.proc.poll() is not None:
+                return True
+            rows = procs.query("SELECT COUNT(*) FROM objects WHERE state = 'pending'")
+            return bool(rows[0][0])
+
+        eventually(uploading, 60, "the uploads under way", interval=0.005)
+        if run.proc.poll() is None:
+            break
+    run.proc.send_signal(signal.SIGINT)
+    time.sleep(0.02)
+    run.proc.send_signal(signal.SIGINT)
+    # Ended by Ctrl-C: 130, or killed by the second press past the clean-up
+    # (Python's own end for an interrupt met while it handled one): 130 in a shell.
+    assert run.wait(30) in (130, -signal.SIGINT), tail(run.err)
+    mine = "FROM objects WHERE object_id > :top"
+    states = dict(procs.query(f"SELECT state, COUNT(*) {mine} GROUP BY state", top=top))
+    assert "pending" not in states and states.get("deleting") == len(files), states
+    jobs = procs.query(
+        f"SELECT COUNT(*) FROM processing_jobs WHERE object_id IN (SELECT object_id {mine})",
+        top=top,
+    )
+    assert jobs == [(0,)]
+
+
+@sqlite_only
 @pytest.mark.parametrize("gap", [0.02, 0.1, 0.3])
 def test_a_quick_second_ctrl_c_still_reports_every_input(
     procs: Procs, tmp_path: Path, gap: float
@@ -756,3 +796,28 @@ def test_a_refused_run_leaves_no_out_folder_and_no_socket_is_read(
         )  # fmt: skip
     assert done.returncode == 2 and "is a socket, not a file or a stream" in done.stderr
     assert not (tmp_path / "new").exists()
+
+
+@sqlite_only
+def test_ctrl_c_during_the_enqueue_hands_the_uploads_to_gc(
+    storage: Storage, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Uploaded, then interrupted before the jobs existed: the objects stayed
+    `ready` and unreferenced for GC_UNREFERENCED_SECONDS (a day)."""
+    from hypermedia.cli import process
+    from hypermedia.queue.models import NewJob
+
+    objs = [storage.put(io.BytesIO(b"input %d" % n)) for n in range(3)]
+    new = [NewJob("debug.noop", object_id=o["object_id"]) for o in objs]
+    deaf: list[bool] = []
+    monkeypatch.setattr(process, "_deaf", lambda: deaf.append(True))  # not this test's signals
+
+    def interrupted(jobs: list[NewJob]) -> list[int]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "enqueue_many", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        process._enqueue(engine, storage, new)
+    assert deaf == [True]
+    with storage.db.read() as tx:
+        assert {tx.object(o["object_id"])["state"] for o in objs} == {"deleting"}
