@@ -76,6 +76,15 @@ T = TypeVar("T")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def stop_under_way() -> None:
+    """The worker has stopped and the rest of the stop is bounded
+    (``server.exit_within``): a signal now would only cut it short.  Python
+    puts the default handlers back as it finalizes, and a second SIGTERM in
+    that last half second killed `serve` by the signal instead of exit 0."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def settings() -> Settings:
     s = load_settings()
     check_home(s.home)

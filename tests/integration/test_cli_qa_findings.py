@@ -20,6 +20,7 @@ import json
 import os
 import re
 import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -418,3 +419,33 @@ def test_a_stream_staged_by_a_killed_command_is_removed_by_the_next(
     assert json.loads(put.stdout)["size"] == 100
     assert not left.exists()
     assert list(parent.iterdir()) == []  # its own staging went with it
+
+
+# -- serve and worker: signals once the stop is under way --------------------------
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_signals_after_the_drain_do_not_kill_the_stopping_process(
+    tmp_path: Path, command: str
+) -> None:
+    """Python puts the default handlers back as it finalizes: a second
+    SIGTERM in the last half second of a stop killed `serve` by the signal
+    (-15) where the docs promise exit 0."""
+    home, log, port = tmp_path / "home", tmp_path / f"{command}.log", free_port()
+    args = ["serve", "--port", str(port)] if command == "serve" else ["worker"]
+    if command == "worker":  # (serve migrates the embedded database itself)
+        assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    proc = spawn(*args, "-c", "1", url="", home=home, log=log)
+    try:
+        if command == "serve":
+            wait_for(lambda: answers_ready(f"http://127.0.0.1:{port}"), 30, what="serve is ready")
+        else:
+            wait_for(lambda: "concurrency 1" in log.read_text(), 30, what="the worker runs")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: " stopped" in log.read_text(), 20, what="the worker drained")
+        while proc.poll() is None:  # every moment of the rest of the stop
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.01)
+    finally:
+        code = stop(proc)
+    assert code == 0, log.read_text()[-2000:]
