@@ -370,7 +370,7 @@ def _stems(files: list[Path]) -> list[str]:
     for f in files:
         # Without controls: a right-to-left override in "x\u202egnp.exe"
         # would show "<stem>.thumb.webp" as another type of file.
-        stem = name = _short(display_name(Path(input_name(f)).stem) or "file")
+        stem = name = _short(display_name(Path(input_name(f)).stem, local=True) or "file")
         n = 1
         while name in taken:
             n += 1

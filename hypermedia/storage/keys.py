@@ -75,11 +75,18 @@ def check_key(key: str) -> str:
     return key
 
 
-def display_name(name: str | None) -> str:
-    """A user's file name made safe to store and show: base name, no controls, ≤ 255."""
+def display_name(name: str | None, *, local: bool = False) -> str:
+    """A user's file name made safe to store and show: base name, no controls, ≤ 255.
+
+    A browser on Windows may send an upload's whole path, ``C:\\photos\\a.png``:
+    its backslashes part folders.  A ``local`` name (a file on this machine,
+    named by the CLI) is one file's name already, where a backslash is a
+    character like any other (``a\\b.png`` is not ``b.png``)."""
     if not name:
         return ""
-    name = unicodedata.normalize("NFC", name.replace("\\", "/").rsplit("/", 1)[-1])
+    if not local:
+        name = name.replace("\\", "/")
+    name = unicodedata.normalize("NFC", name.rsplit("/", 1)[-1])
     name = "".join(ch for ch in name if unicodedata.category(ch)[0] != "C")
     name = name.strip().strip(".")
     if len(name) <= MAX_NAME:

@@ -280,7 +280,8 @@ class Storage:
         mime = mime or sniff.media_type(head)
         width, height = sniff.dimensions(head, mime)
         pool_row = self.pool_for(pool, project_id)
-        obj = self._pending(pool_row["pool_id"], role, mime, project_id, filename, width, height)
+        name = display_name(filename)
+        obj = self._pending(pool_row["pool_id"], role, mime, project_id, name, width, height)
         stored = self._upload(obj, cast(BinaryIO, _Chain(head, src)))
         now = self.clock()
         values = {**_stored_values(stored), "state": "ready", "updated_at": now}
@@ -300,16 +301,16 @@ class Storage:
         _regular(path)
         before = _version(path)  # before its head is read for the type: all of it covered
         pool_row = self.pool_for(pool, project_id)
-        if filename is None:
-            filename = path.name
+        # A given name may be a browser's (a Windows path); the file's own is local.
+        name = display_name(path.name, local=True) if filename is None else display_name(filename)
         # Named from the start: a row an upload left pending or deleting
         # (killed, refused) said which file it was only once it was ready.
-        obj = self._pending_for_file(pool_row["pool_id"], path, role, mime, project_id, filename)
+        obj = self._pending_for_file(pool_row["pool_id"], path, role, mime, project_id, name)
         stored = self._upload_file(obj, path)
         self._unchanged({obj["object_id"]: (path, before, stored)})
         values = {
             **_stored_values(stored),
-            "filename": display_name(filename),
+            "filename": name,
             "state": "ready",
             "updated_at": self.clock(),
         }
@@ -340,7 +341,7 @@ class Storage:
                         "pool_id": pool_row["pool_id"],
                         "storage_key": key,
                         "project_id": project_id,
-                        "filename": display_name(p.name),
+                        "filename": display_name(p.name, local=True),
                         "mime_type": mime,
                         "width": w,
                         "height": h,
@@ -500,7 +501,7 @@ class Storage:
         role: str,
         mime: str,
         project_id: str,
-        filename: str,
+        filename: str,  # shown as it is: display_name made it
         width: int,
         height: int,
     ) -> Row:
@@ -512,7 +513,7 @@ class Storage:
                     # The real key needs the id; a unique placeholder until then.
                     "storage_key": f"pending/{uuid.uuid4().hex}",
                     "project_id": project_id,
-                    "filename": display_name(filename),
+                    "filename": filename,
                     "mime_type": mime,
                     "width": width,
                     "height": height,

@@ -821,3 +821,20 @@ def test_ctrl_c_during_the_enqueue_hands_the_uploads_to_gc(
     assert deaf == [True]
     with storage.db.read() as tx:
         assert {tx.object(o["object_id"])["state"] for o in objs} == {"deleting"}
+
+
+@sqlite_only
+def test_a_backslash_in_a_local_file_name_is_part_of_the_name(procs: Procs, tmp_path: Path) -> None:
+    """Taken for a Windows folder separator: "a\\b.png" was stored as "b.png"
+    and its output written as b.copy.bin (and "back\\.png" as file.copy.bin)."""
+    src = tmp_path / "a\\b.png"
+    src.write_bytes(b"some bytes")
+    out = tmp_path / "out"
+    done = hypermedia(
+        "process", str(src), "--profile", "debug-copy", "--out", str(out), "--json",
+        url=procs.url, home=procs.home,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["outputs"] == [str(out / "a\\b.copy.bin")]
+    names = procs.query("SELECT filename FROM objects ORDER BY object_id")
+    assert names[0] == ("a\\b.png",), names

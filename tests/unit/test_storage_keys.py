@@ -67,6 +67,15 @@ def test_display_name_is_cleaned(name: str, shown: str) -> None:
     assert display_name(name) == shown
 
 
+def test_a_local_name_keeps_its_backslashes() -> None:
+    # A browser's Windows path is parted at them; a file here named
+    # "back\\.png" or "a\\b.png" is one name (it was stored as "" and "b.png").
+    assert display_name("C:\\photos\\a.png") == "a.png"
+    assert display_name("a\\b.png", local=True) == "a\\b.png"
+    assert display_name("back\\.png", local=True) == "back\\.png"
+    assert display_name("dir/x.png", local=True) == "x.png"
+
+
 def test_sniff_media_types() -> None:
     assert sniff.media_type(png()) == "image/png"
     assert sniff.media_type(jpeg_header(10, 20)) == "image/jpeg"
