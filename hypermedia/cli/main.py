@@ -83,7 +83,8 @@ app.command("process")(process.run)
 ALL_QUEUES = EVERY_QUEUE
 QUEUES_HELP = (
     "comma-separated queue names; * (the default): every queue, the built-in ones and "
-    "any an active profile names, looked up again as profiles change"
+    "any an active profile names (or a deactivated one whose jobs still wait), looked up "
+    "again as profiles change"
 )
 log = logging.getLogger("hypermedia")
 

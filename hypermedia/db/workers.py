@@ -9,6 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from hypermedia.db.schema import leader_leases as L
+from hypermedia.db.schema import processing_jobs as J
 from hypermedia.db.schema import processing_profiles as P
 from hypermedia.db.schema import queue_states as Q
 from hypermedia.db.schema import worker_metrics as M
@@ -187,7 +188,19 @@ class WorkerQueries:
         return {r[0] for r in self.conn.execute(q)}
 
     def named_queues(self) -> set[str]:
-        """Queues an active profile sends its jobs to, or an operator switched."""
+        """Queues an active profile sends its jobs to, or an operator switched,
+        or a deactivated profile sent jobs to that are still to run: a queue
+        of its own, no longer named, held them queued for ever."""
         profiles = sa.select(P.c.queue_name).where(P.c.is_active.is_(True)).distinct()
         named = {r[0] for r in self.conn.execute(profiles)}
-        return named | {r[0] for r in self.conn.execute(sa.select(Q.c.queue_name))}
+        named |= {r[0] for r in self.conn.execute(sa.select(Q.c.queue_name))}
+        retired = sa.select(P.c.queue_name).where(P.c.is_active.is_(False)).distinct()
+        left = {r[0] for r in self.conn.execute(retired)} - named
+        if left:  # (status, queue_name) leads idx_status_queue: a probe per queue
+            waiting = (
+                sa.select(J.c.queue_name)
+                .where(J.c.status.in_(("queued", "retry_wait")), J.c.queue_name.in_(sorted(left)))
+                .distinct()
+            )
+            named |= {r[0] for r in self.conn.execute(waiting)}
+        return named

@@ -12,6 +12,8 @@ from hypermedia.config import Settings
 from hypermedia.db.driver import Driver
 from hypermedia.errors import Conflict, InvalidRequest, NotFound
 from hypermedia.queue.engine import Engine
+from hypermedia.queue.models import NewJob
+from hypermedia.queue.profiles import Profiles
 from hypermedia.queue.queues import Queues
 from hypermedia.worker.fleet import Fleet
 from tests.conformance._helpers import drive_to, new_job, race, set_columns
@@ -257,3 +259,17 @@ def test_recent_failures_are_the_latest_to_fail_not_the_newest_ids(
     drive_to(engine, driver, "failed", project_id="someone-else")
     got = [j["job_id"] for j in engine.recent_failures(project, limit=2)]
     assert got == [old, new]
+
+
+def test_a_deactivated_profiles_queue_is_served_while_its_jobs_wait(engine: Engine) -> None:
+    """`*` workers serve the queues active profiles name: a job queued with a
+    version deactivated since, on a queue of its own, waited for ever."""
+    Profiles(engine).create("retiring", "debug.noop", {}, queue="q-retiring")
+    job_id = engine.enqueue(NewJob("debug.noop", profile="retiring"))
+    Profiles(engine).deactivate("retiring")
+    with engine.db.read() as tx:
+        assert "q-retiring" in tx.named_queues()
+    [claimed] = engine.claim("w1", ["q-retiring"], 5)
+    assert claimed.job_id == job_id
+    with engine.db.read() as tx:  # nothing of it waits now: no longer served
+        assert "q-retiring" not in tx.named_queues()
