@@ -46,7 +46,7 @@ class UserActions:
                 "error_code": None,
                 "outcome": "cancelled",
                 "category": "cancellation",
-                "retryable": True,
+                "retryable": False,  # as settle.CANCELLED
                 "safe_reason": "cancelled by request",
                 "completed_at": now,
             }
@@ -70,6 +70,11 @@ class UserActions:
                 "error_code": None,
                 "safe_reason": None,
                 "completed_at": None,
+                # The last attempt's, not this one's: a retry cancelled before
+                # it ran had a duration from that attempt's start to its cancel.
+                "started_at": None,
+                "claimed_at": None,
+                "claimed_by": None,
                 "available_at": now,
                 "visibility_timeout": None,
                 "credits_folded": False,  # back among the rows credit use sums

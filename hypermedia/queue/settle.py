@@ -112,7 +112,10 @@ CANCELLED = {
     "status": "cancelled",
     "outcome": "cancelled",
     "category": "cancellation",
-    "retryable": True,
+    # Whether the engine retries it by itself (as of a failure's code): never
+    # a cancelled job (true said "retried", as of no failure); `can_retry`
+    # says an explicit retry may run it again.
+    "retryable": False,
     "safe_reason": "cancelled by request",
 }
 

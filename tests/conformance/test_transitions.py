@@ -281,3 +281,29 @@ def test_user_actions_record_actor(engine, driver):
         ("cancelled", "queued", "carol"),
     ]
     assert job_row(driver, job_id)["updated_by"] == "carol"
+
+
+def test_a_cancelled_job_is_not_one_the_engine_retries_by_itself(engine, driver):
+    # `retryable` said true (as of no failure at all); `can_retry` says a
+    # retry by request may run it again.
+    job_id = new_job(engine)
+    engine.cancel(job_id)
+    row = job_row(driver, job_id)
+    assert (row["status"], row["retryable"]) == ("cancelled", False)
+    assert engine.get(job_id)["can_retry"] is True
+
+
+def test_a_retry_starts_from_no_start(engine, driver, clock):
+    """A retry kept the last attempt's started_at, claimed_at and claimed_by
+    until its next claim: cancelled before that, its duration ran from the
+    last attempt's start to the cancel."""
+    job_id = drive_to(engine, driver, "failed")
+    assert job_row(driver, job_id)["started_at"] is not None
+    engine.retry(job_id)
+    row = job_row(driver, job_id)
+    assert (row["status"], row["started_at"], row["claimed_at"], row["claimed_by"]) == (
+        "queued", None, None, None,
+    )  # fmt: skip
+    clock.advance(60)
+    engine.cancel(job_id)
+    assert engine.duration(job_row(driver, job_id)) is None  # it never started this time
