@@ -170,6 +170,16 @@ def test_the_progress_bar_stays_while_it_means_something(
     assert 'value="90.0"' in page and '<span id="progress-text">90% hashed<' in page
 
 
+def test_a_waiting_jobs_bar_is_empty_not_busy(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    # Without a value a <progress> is the browser's moving "busy" bar: shown
+    # for a job that may wait in a paused queue for days.
+    waiting = sleep_job(svc, a.id)
+    login(client, a.admin)
+    assert 'id="progress" max="100" value="0"' in client.get(f"/ui/jobs/{waiting}").text
+
+
 def test_cancel_and_retry_forms(client: TestClient, svc: Services, a: Project) -> None:
     job_id = sleep_job(svc, a.id)
     login(client, a.admin)

@@ -25,7 +25,7 @@
     statusEl.className = "status s-" + status.replace(/[^a-z_]/g, "");
     root.dataset.status = status;
     if (WAITING.indexOf(status) >= 0 && bar && barText) {  // as the server renders it
-      bar.removeAttribute("value");
+      bar.value = 0;  // empty: with no value it is a moving "busy" bar
       barText.textContent = "";
     }
   }
