@@ -382,3 +382,30 @@ def test_a_long_file_name_keeps_the_page_in_the_window(
         assert width <= 1280, width
     finally:
         context.close()
+
+
+@pytest.mark.parametrize("width", [375, 1280])
+def test_table_cells_keep_short_words_whole_and_the_page_in_the_window(
+    chromium: Any, stack: Stack, width: int
+) -> None:
+    """Cells could break anywhere: the table squeezed every column to a
+    letter ("image.thumbnai|l", "faile|d") and, on a phone, the headers
+    still pushed the page past the window (478-738 px in 375)."""
+    base, svc = stack.base, stack.svc
+    for _ in range(3):
+        svc.engine.enqueue(NewJob("debug.sleep", {"ms": 1}, queue="nobody-serves"))
+    context = chromium.new_context(viewport={"width": width, "height": 740})
+    page = context.new_page()
+    try:
+        _log_in(page, base, stack.token, "/ui/jobs")
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        for cell in ("td:nth-child(2)", "td:nth-child(4) .status"):  # job type, status
+            lines = page.evaluate(  # the lines its text takes: one box each
+                "s => [...document.querySelectorAll('tbody tr ' + s)].map(e => {"
+                " const r = document.createRange(); r.selectNodeContents(e);"
+                " return new Set([...r.getClientRects()].map(b => Math.round(b.top))).size; })",
+                cell,
+            )
+            assert lines and set(lines) == {1}, (cell, lines)
+    finally:
+        context.close()
