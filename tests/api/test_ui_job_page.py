@@ -150,6 +150,9 @@ def test_an_image_preview_loads_through_the_dashboard(
     [src_attr] = re.findall(r'<img class="preview" src="([^"]+)"', page)
     assert src_attr.startswith(f"/ui/jobs/{job_id}/outputs/")
     assert client.get(src_attr).content == png(4, 3)
+    # A download link as well, as for any stored output (the docs said so;
+    # an image had its preview alone).
+    assert re.findall(r'<a href="([^"]+)">download</a>', page) == [src_attr]
 
 
 def test_params_read_as_written_and_stay_escaped(
