@@ -195,14 +195,14 @@ def test_progress_is_the_running_attempts_only(
     assert svc.engine.get(job_id)["status"] == "retry_wait"
     page = client.get(f"/ui/jobs/{job_id}").text
     assert 'data-waiting="created paused queued retry_wait"' in page  # for job.js
-    bar = _bar(page)
-    assert "value=" not in bar and '<span id="progress-text"></span>' in bar
+    bar = _bar(page)  # empty and still: not the browser's moving busy bar
+    assert 'value="0"' in bar and '<span id="progress-text"></span>' in bar
     clock.advance(3600)
     assert svc.engine.promote() == 1
     second = run(svc, job_id)
     assert second == first + 1
     bar = _bar(client.get(f"/ui/jobs/{job_id}").text)  # nothing reported by this attempt yet
-    assert "value=" not in bar and '<span id="progress-text"></span>' in bar
+    assert "value=" not in bar and '<span id="progress-text"></span>' in bar  # busy: it runs
     svc.engine.report_progress(W, {(job_id, second): {"percent": 25, "step": "step 1/4"}})
     bar = _bar(client.get(f"/ui/jobs/{job_id}").text)
     assert 'value="25.0"' in bar and ">25% step 1/4<" in bar
