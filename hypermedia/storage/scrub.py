@@ -134,7 +134,10 @@ def _scrub(
                     raise
                 raise ScrubStopped(str(exc), report, row) from exc
             report.checked += 1
-            report.bytes += int(row["size"])
+            if finding is None or finding.problem not in ("missing", "unreadable"):
+                # Bytes read: a blob that is not there (its bucket gone) was counted
+                # as read, 101 MB "checked" where nothing was.
+                report.bytes += int(row["size"])
             report.last_object_id = int(row["object_id"])
             if finding is not None:
                 report.findings.append(finding)

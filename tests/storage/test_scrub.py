@@ -62,6 +62,8 @@ def test_damaged_blobs_are_found_and_named(storage: Storage) -> None:
         grown["object_id"]: ("size", "more bytes stored than the ledger's 4096"),
     }
     assert report.checked == 5
+    # What was read: not the missing blob's 4096 (it was counted as read).
+    assert report.bytes == 4 * 4096
     # Resumable and bounded: the two after the first, then the rest.
     part = scrub.scrub(storage, after=ok["object_id"], limit=2)
     assert part.checked == 2 and part.last_object_id == truncated["object_id"]
@@ -123,7 +125,7 @@ def test_the_command_reports_and_exits_1(storage: Storage, settings: Settings) -
     # The key is named, as --json does (and docs/storage.md says): a restore needs it.
     said = f"object {bad['object_id']}: missing: no blob under its key"
     assert f"{said} (pool local, key {bad['storage_key']})" in done.stdout
-    assert "checked 2 objects (2,000 bytes)" in done.stdout
+    assert "checked 2 objects (1,000 bytes)" in done.stdout  # the bytes read: not the missing
     done = hypermedia(
         "objects", "verify", "--json", "--limit", "1", url=settings.url, home=settings.home
     )
