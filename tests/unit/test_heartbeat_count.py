@@ -11,26 +11,13 @@ from hypermedia.config import Settings
 from hypermedia.db.driver import Driver
 from hypermedia.db.migrate import upgrade
 from hypermedia.queue.engine import Engine
-from hypermedia.queue.models import Claimed
 from hypermedia.worker.monitor import Monitor, Stats, worker_row
 from hypermedia.worker.slot import Running
+from tests.harness import claimed_input
 
 
 def _running(job_id: int, started: bool, ended: bool) -> Running:
-    job = Claimed(
-        job_id=job_id,
-        job_uuid=f"00000000-0000-0000-0000-{job_id:012d}",
-        job_type="debug.noop",
-        queue_name="bulk",
-        priority=5,
-        params={},
-        attempt=1,
-        max_attempts=3,
-        timeout_seconds=60,
-        memory_limit_mb=None,
-        profile_id=1,
-        project_id="default",
-    )
+    job = claimed_input({"project_id": "default", "object_id": None}, "debug.noop", job_id=job_id)
     return Running(job, started=started, ended=ended)
 
 
