@@ -85,6 +85,12 @@ class PhotoQueries:
         row = self.conn.execute(q).first()
         return dict(row._mapping) if row else None
 
+    def photos_by_ids(self, photo_ids: Sequence[str]) -> dict[str, Row]:
+        if not photo_ids:
+            return {}
+        q = sa.select(PH).where(PH.c.photo_id.in_(sorted(set(photo_ids))))
+        return {r.photo_id: dict(r._mapping) for r in self.conn.execute(q)}
+
     def photos(
         self,
         project_ids: Sequence[str],

@@ -217,6 +217,16 @@ class Tx(
         row = self.conn.execute(q).first()
         return dict(row._mapping) if row else None
 
+    def jobs_by_idempotency_keys(
+        self, pairs: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], Row]:
+        """``job_by_idempotency_key`` for many (project, key) pairs at once."""
+        if not pairs:
+            return {}
+        pair = sa.tuple_(J.c.project_id, J.c.idempotency_key)
+        q = sa.select(*JOB_VIEW).where(pair.in_(sorted(set(pairs))))
+        return {(r.project_id, r.idempotency_key): dict(r._mapping) for r in self.conn.execute(q)}
+
     def jobs(
         self,
         *,

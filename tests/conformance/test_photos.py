@@ -436,6 +436,39 @@ def test_failed_variant_jobs_are_recorded_redacted(
     assert shown["preview"]["status"] == "processing"
 
 
+def test_variants_failed_for_good_are_not_read_again_on_every_run(
+    photos: Photos, engine: Engine, driver: Driver, image_jobs: None, monkeypatch: Any
+) -> None:
+    """Their row stays (the photo says why) and every run read it again, six
+    queries a row: 900 such photos made a new photo's variants wait 11 s."""
+    dead, alive = _add(photos), _add(photos)
+    claimed = engine.claim("w1", ["images"], 10)
+    mine = [
+        c for c in claimed if c.params is not None and _photo_of(engine, c.job_id) == dead["id"]
+    ]
+    fails = [AttemptResult(c.job_id, c.attempt, "failed", code="CORRUPT_INPUT") for c in mine]
+    assert len(fails) == 2 and engine.flush("w1", [], fails) == {c.job_id for c in mine}
+    assert photos.attach_variants()["variants_failed"] == 1  # noted on its row, once
+
+    looked: list[str] = []
+    attach = photos._attach
+    monkeypatch.setattr(photos, "_attach", lambda pid: looked.append(pid) or attach(pid))
+    assert photos.attach_variants()["variants_failed"] == 0
+    assert looked == [alive["id"]]  # its jobs still run: looked at
+    assert photos.get(dead["id"])["variants"]["thumb"]["status"] == "failed"
+
+    engine.retry(mine[0].job_id)  # live again: looked at again
+    before = len(looked)
+    photos.attach_variants()
+    assert dead["id"] in looked[before:]
+
+
+def _photo_of(engine: Engine, job_id: int) -> str | None:
+    from hypermedia.db.photo_queries import photo_of_variant_key
+
+    return photo_of_variant_key(engine.get(job_id)["idempotency_key"])
+
+
 # -- the bridge ------------------------------------------------------------------------------
 
 
