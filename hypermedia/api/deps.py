@@ -55,6 +55,8 @@ def utf8_url(request: Request) -> None:
 
 
 def _utf8(raw: bytes) -> bool:
+    if raw.isascii() and b"%" not in raw:  # most requests: nothing to decode
+        return True
     try:
         unquote_to_bytes(raw).decode("utf-8")
     except UnicodeDecodeError:

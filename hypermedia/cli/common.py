@@ -76,11 +76,13 @@ T = TypeVar("T")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-def stop_under_way() -> None:
-    """The worker has stopped and the rest of the stop is bounded
-    (``server.exit_within``): a signal now would only cut it short.  Python
-    puts the default handlers back as it finalizes, and a second SIGTERM in
-    that last half second killed `serve` by the signal instead of exit 0."""
+def ignore_stop_signals() -> None:
+    """SIGTERM and SIGINT ignored from now on: what is left is a stop or a
+    report, and a signal would only cut it short.  `process` once interrupted
+    (a quick double Ctrl-C killed it with 130, sometimes before a line of its
+    report); `serve` and `worker` once drained (Python puts the default
+    handlers back as it finalizes: a second SIGTERM in that last half second
+    killed them by the signal instead of exit 0)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 

@@ -29,10 +29,10 @@ from hypermedia.cli.common import (
     engine,
     err_console,
     flush_stdout,
+    ignore_stop_signals,
     require_database,
     settings,
     setup_logging,
-    stop_under_way,
     user_errors,
     wait_for_database,
     whole_stdout_writes,
@@ -167,7 +167,7 @@ def worker(
         w = Worker(eng, _queues(queues), concurrency=concurrency, batch=batch, burst=burst)
     leader = _start_leader(eng, w.worker_id, w.stopped) if maintenance else None
     w.run()
-    stop_under_way()
+    ignore_stop_signals()
     if leader:
         leader.join(5)
 
@@ -290,7 +290,7 @@ def serve(
     finally:
         # The worker has drained: the rest of the stop is short, unless a
         # thread waits on a database that stopped answering.
-        stop_under_way()
+        ignore_stop_signals()
         server.exit_within(server.EXIT_GRACE_SECONDS + 10)
         http.stop()
         leader.join(5)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import tempfile
 import time
 import uuid
@@ -40,6 +39,7 @@ from hypermedia.cli.common import (
     engine,
     err_console,
     existing_inputs,
+    ignore_stop_signals,
     input_name,
     json_object,
     print_json,
@@ -141,7 +141,7 @@ def run(
             # At once when the wait was cut short (Ctrl-C, --wait-timeout): what
             # it ran is retried.  A drain kept the command up to 30 s past its timeout.
             if why == INTERRUPTED:
-                _deaf()
+                ignore_stop_signals()
             if local is not None:
                 try:
                     local.stop(now=bool(why))
@@ -150,7 +150,7 @@ def run(
                     # up: at once now.  This run's jobs are done: they are
                     # still reported and written (it exited 130, saying
                     # nothing, the older job left `processing` for minutes).
-                    _deaf()
+                    ignore_stop_signals()
                     local.stop(now=True)
         if local is not None:
             jobs = _rows(eng, ids)  # what its drain finished meanwhile
@@ -162,7 +162,7 @@ def run(
             try:
                 records.append(_record(eng, store, path, stem, jobs[job_id], out, why, inputs))
             except KeyboardInterrupt:  # its jobs exist: every input is still reported
-                _deaf()
+                ignore_stop_signals()
                 records += [_unwritten(p, jobs[j]) for p, _, j in each[n:]]
                 break
     for r in records:
@@ -175,14 +175,6 @@ def run(
 
 
 INTERRUPTED = "the wait was interrupted"
-
-
-def _deaf() -> None:
-    """Once interrupted, the rest is reporting: a second Ctrl-C (a quick
-    double press) killed it with 130 before, and sometimes before a line of
-    the report, its job ids lost with it."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
 
 
 def _active_profile(eng: Engine, ref: str) -> dict[str, Any]:
@@ -202,7 +194,7 @@ def _enqueue(eng: Engine, store: Storage, new: list[NewJob]) -> list[int]:
         store.discard([j.object_id for j in new if j.object_id is not None])
         raise
     except KeyboardInterrupt:  # (SIGTERM too) they stayed ready, unreferenced, for a day
-        _deaf()  # the rest is cleaning up: a second press would cut it short
+        ignore_stop_signals()  # the rest is cleaning up: a second press would cut it short
         # Any that the enqueue took after all are referenced: discard keeps them.
         store.discard([j.object_id for j in new if j.object_id is not None])
         raise
@@ -325,7 +317,7 @@ def _wait(
                     return jobs, why
                 time.sleep(POLL_SECONDS)
         except KeyboardInterrupt:
-            _deaf()  # the rest is reporting (a second press killed it before)
+            ignore_stop_signals()  # the rest is reporting (a second press killed it before)
             if len(jobs) < len(ids):  # interrupted before the first look
                 jobs = _rows(eng, ids)
             return jobs, INTERRUPTED

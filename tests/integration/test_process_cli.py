@@ -810,7 +810,9 @@ def test_ctrl_c_during_the_enqueue_hands_the_uploads_to_gc(
     objs = [storage.put(io.BytesIO(b"input %d" % n)) for n in range(3)]
     new = [NewJob("debug.noop", object_id=o["object_id"]) for o in objs]
     deaf: list[bool] = []
-    monkeypatch.setattr(process, "_deaf", lambda: deaf.append(True))  # not this test's signals
+    monkeypatch.setattr(
+        process, "ignore_stop_signals", lambda: deaf.append(True)
+    )  # not this test's signals
 
     def interrupted(jobs: list[NewJob]) -> list[int]:
         raise KeyboardInterrupt
