@@ -351,11 +351,15 @@ class Photos:
                 for role in VARIANTS
                 if (j := tx.job_by_idempotency_key(project_of(photo), variant_key(photo_id, role)))
             ]
+            # Only work still coming is handed over: variant jobs that all
+            # ended (failed for good, say on a corrupt original) ran again
+            # for the copy, charged again, to fail the same way.
+            coming = len(jobs) < len(VARIANTS) or any(j["status"] in _LIVE for j in jobs)
             tx.delete_photo(photo_id)
             self._stop(tx, jobs)
             # Its variant outputs no longer pin their objects (a copy's binding still does).
             tx.retire_outputs([j["job_id"] for j in jobs], now)
-            if pending is not None:
+            if pending is not None and coming:
                 self._hand_over(tx, photo, bindings, now)
 
     def _stop(self, tx: Any, jobs: Rows) -> None:

@@ -357,6 +357,23 @@ def test_delete_then_gc_keeps_objects_a_copy_still_uses(
         photos.delete(copy["id"])
 
 
+def test_a_copy_does_not_take_over_variants_that_failed_for_good(
+    photos: Photos, engine: Engine, driver: Driver, image_jobs: None
+) -> None:
+    """They ran again for the copy, charged again, to fail the same way."""
+    src = _add(photos)
+    copy = photos.copy(src["id"])
+    claimed = engine.claim("w1", ["images"], 10)
+    fails = [AttemptResult(c.job_id, c.attempt, "failed", code="CORRUPT_INPUT") for c in claimed]
+    assert len(fails) == 2 and engine.flush("w1", [], fails) == {c.job_id for c in claimed}
+    photos.attach_variants()
+    jobs = len(engine.list())
+    photos.delete(src["id"])
+    assert len(engine.list()) == jobs  # no new work for the copy
+    assert _variant_row(driver, copy["id"]) is None
+    assert set(photos.get(copy["id"])["objects"]) == {"original"}
+
+
 def test_delete_without_copies_frees_everything(
     photos: Photos, storage: Storage, driver: Driver, no_image_jobs: None
 ) -> None:
