@@ -293,6 +293,21 @@ class PhotoQueries:
         value = self.conn.execute(q).scalar()
         return None if value is None else int(value)
 
+    def output_objects(self, job_ids: Sequence[int]) -> dict[int, int]:
+        """``output_object`` for many jobs at once: job id -> object id."""
+        if not job_ids:
+            return {}
+        q = (
+            sa.select(O.c.job_id, O.c.object_id)
+            .where(
+                O.c.job_id.in_(sorted(set(job_ids))),
+                O.c.object_id.is_not(None),
+                O.c.deleted_at.is_(None),
+            )
+            .order_by(O.c.output_id)
+        )
+        return {int(r.job_id): int(r.object_id) for r in self.conn.execute(q)}  # newest wins
+
     def retire_outputs(self, job_ids: Sequence[int], now: datetime) -> int:
         """Outputs of a deleted photo's variant jobs stop pinning their objects;
         a copy still bound to one keeps it through its binding."""

@@ -87,6 +87,16 @@ def _failure(
     return failed, errors, attempts, noted
 
 
+def _settled(job: Row | None, bound: int | None, outputs: dict[int, int]) -> bool:
+    """A variant job that ended: without its variant, or with it bound."""
+    if job is None:
+        return False
+    if job["status"] in _ENDED_UNMADE:
+        return True
+    made = outputs.get(job["job_id"]) if job["status"] == "completed" else None
+    return made is not None and made == bound
+
+
 def project_of(photo: Row) -> str:
     # Rows written by legacy producers carry no project.
     return str(photo["project_id"] or DEFAULT_PROJECT)
@@ -429,13 +439,13 @@ class Photos:
                 return counts, None
 
     def _failed_for_good(self, rows: Rows) -> set[str]:
-        """The photos of ``rows`` whose variant jobs all ended failed or
-        cancelled, as their row says already: nothing to attach or note.
-        Such rows stay (the photo keeps saying why) and every run read each
-        one again, six queries a row: 900 photos of corrupt uploads made a new
-        photo's variants wait 11 s instead of 1-2.  Read here for a batch in
-        two; a retry by request makes a job live again, and its row is looked
-        at again."""
+        """The photos of ``rows`` whose variant jobs all ended, failed or
+        cancelled or completed with their variant bound, as their row says
+        already: nothing to attach or note.  Such rows stay (the photo keeps
+        saying why) and every run read each one again, six queries a row: 900
+        photos of corrupt uploads made a new photo's variants wait 11 s
+        instead of 1-2.  Read here for a batch in four; a retry by request
+        makes a job live again, and its row is looked at again."""
         with self.db.read() as tx:
             photos = tx.photos_by_ids([r["photo_id"] for r in rows])
             keys = {
@@ -443,14 +453,21 @@ class Photos:
                 for pid, p in photos.items()
             }
             jobs = tx.jobs_by_idempotency_keys([k for ks in keys.values() for k in ks.values()])
+            made = [j["job_id"] for j in jobs.values() if j["status"] == "completed"]
+            outputs = tx.output_objects(made)
+            bound = {(b["photo_id"], b["role"]): b["object_id"] for b in tx.bindings_of(list(keys))}
         dead = set()
         for row in rows:
             pid = row["photo_id"]
             if pid not in keys:
                 continue
             found = {role: jobs.get(key) for role, key in keys[pid].items()}
-            ended = all(j is not None and j["status"] in _ENDED_UNMADE for j in found.values())
-            if ended and _failure(found, row)[3]:  # ... and said so on its row
+            failed, _, _, noted = _failure(found, row)
+            if (
+                failed
+                and noted
+                and all(_settled(j, bound.get((pid, r)), outputs) for r, j in found.items())
+            ):
                 dead.add(pid)
         return dead
 

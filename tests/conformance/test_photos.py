@@ -167,25 +167,29 @@ def _legacy_photo(driver: Driver, object_id: int) -> str:
 
 def _complete(engine: Engine, storage: Storage, tmp_path: Path) -> dict[int, int]:
     """Run every queued image job to completion by hand; output object by job id."""
-    done = {}
-    for c in engine.claim("w1", ["images"], 10):
-        path = tmp_path / f"out-{c.job_id}.png"
-        path.write_bytes(png(8, 5, (c.job_id % 256, 0, 0)))
-        role = "thumb" if c.job_type == "image.thumbnail" else "preview"
-        out = storage.add_output(c.pool_id or 0, role, path, "image/png", c.project_id)
-        output = Output(
-            role,
-            "image/png",
-            object_id=out["object_id"],
-            output_key=out["storage_key"],
-            output_size_bytes=out["size"],
-            checksum=out["checksum"],
-        )
-        assert engine.flush(
-            "w1", [], [AttemptResult(c.job_id, c.attempt, "completed", outputs=[output])]
-        ) == {c.job_id}
-        done[c.job_id] = out["object_id"]
-    return done
+    return {
+        c.job_id: _finish(engine, storage, tmp_path, c) for c in engine.claim("w1", ["images"], 10)
+    }
+
+
+def _finish(engine: Engine, storage: Storage, tmp_path: Path, c: Any) -> int:
+    """Complete one claimed image job with an output; its object id."""
+    path = tmp_path / f"out-{c.job_id}.png"
+    path.write_bytes(png(8, 5, (c.job_id % 256, 0, 0)))
+    role = "thumb" if c.job_type == "image.thumbnail" else "preview"
+    out = storage.add_output(c.pool_id or 0, role, path, "image/png", c.project_id)
+    output = Output(
+        role,
+        "image/png",
+        object_id=out["object_id"],
+        output_key=out["storage_key"],
+        output_size_bytes=out["size"],
+        checksum=out["checksum"],
+    )
+    assert engine.flush(
+        "w1", [], [AttemptResult(c.job_id, c.attempt, "completed", outputs=[output])]
+    ) == {c.job_id}
+    return int(out["object_id"])
 
 
 # -- adding ----------------------------------------------------------------------
@@ -478,6 +482,37 @@ def test_variants_failed_for_good_are_not_read_again_on_every_run(
     before = len(looked)
     photos.attach_variants()
     assert dead["id"] in looked[before:]
+
+
+def test_a_row_with_one_variant_bound_and_the_other_failed_is_not_read_again(
+    photos: Photos,
+    engine: Engine,
+    storage: Storage,
+    tmp_path: Path,
+    image_jobs: None,
+    monkeypatch: Any,
+) -> None:
+    row = _add(photos)
+    claimed = {c.job_type: c for c in engine.claim("w1", ["images"], 10)}
+    thumb = _finish(engine, storage, tmp_path, claimed["image.thumbnail"])
+    preview = claimed["image.preview"]
+    failed = AttemptResult(preview.job_id, preview.attempt, "failed", code="CORRUPT_INPUT")
+    assert engine.flush("w1", [], [failed]) == {preview.job_id}
+    counts = photos.attach_variants()
+    assert (counts["attached"], counts["variants_failed"]) == (1, 1)
+
+    looked: list[str] = []
+    attach = photos._attach
+    monkeypatch.setattr(photos, "_attach", lambda pid: looked.append(pid) or attach(pid))
+    assert photos.attach_variants() == {"attached": 0, "variants_done": 0, "variants_failed": 0}
+    assert looked == []
+    shown = photos.get(row["id"])
+    assert shown["objects"]["thumb"]["object_id"] == thumb
+    assert shown["variants"]["preview"]["status"] == "failed"
+
+    engine.retry(preview.job_id)  # live again: looked at again
+    photos.attach_variants()
+    assert looked == [row["id"]]
 
 
 def _photo_of(engine: Engine, job_id: int) -> str | None:
