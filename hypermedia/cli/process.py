@@ -439,6 +439,12 @@ def _record(
                 f"an output would replace the input {printable(dst.name)}: give another --out"
             )
             continue
+        if dst.is_dir():  # a rename onto it said "[Errno 21]" of a temporary name
+            record["error_code"] = "OUTPUT_NOT_WRITTEN"
+            record["safe_reason"] = (
+                f"an output's name {printable(str(dst))} is taken by a folder: give another --out"
+            )
+            continue
         try:
             _download(store, o["object_id"], dst)
         except Exception as exc:  # one output that cannot be written fails this input only

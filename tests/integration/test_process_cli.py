@@ -436,6 +436,22 @@ def test_an_output_never_replaces_an_input(tmp_path: Path) -> None:
     assert Path(records[1]["outputs"][0]).read_bytes() == second.read_bytes()
 
 
+def test_an_output_name_taken_by_a_folder_is_said_plainly(tmp_path: Path) -> None:
+    """It said "[Errno 21] Is a directory" of a temporary name."""
+    home, out = tmp_path / "home", tmp_path / "out"
+    (out / "x.copy.bin").mkdir(parents=True)
+    (tmp_path / "x.bin").write_bytes(b"x")
+    done = hypermedia(
+        "process", str(tmp_path / "x.bin"), "--profile", "debug-copy", "--out", str(out),
+        "--json", url="", home=home, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    record = json.loads(done.stdout)
+    assert record["error_code"] == "OUTPUT_NOT_WRITTEN"
+    assert "x.copy.bin is taken by a folder" in record["safe_reason"], record
+    assert (out / "x.copy.bin").is_dir()
+
+
 def test_output_names_carry_no_control_characters(tmp_path: Path) -> None:
     """A right-to-left override would show "photo\u202egnp.exe.copy.bin" as
     a file of another type; a newline would break a listing."""
