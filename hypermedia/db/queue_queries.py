@@ -72,9 +72,9 @@ class QueueQueries:
         )
         return [dict(r._mapping) for r in self.conn.execute(q)]
 
-    def job_queue_names(self) -> set[str]:
-        """Every queue a live job names, whatever its project."""
-        q = sa.select(J.c.queue_name).where(*_live_jobs(None)).distinct()
+    def job_queue_names(self, project_id: str | None = None) -> set[str]:
+        """Every queue a live job (of ``project_id``, else of anyone) names."""
+        q = sa.select(J.c.queue_name).where(*_live_jobs(project_id)).distinct()
         return {r[0] for r in self.conn.execute(q)}
 
     def profile_queue_names(self) -> set[str]:

@@ -29,19 +29,25 @@ class Queues:
             rows = tx.queue_depth(project_id)
         return [{**r, "count": int(r["count"])} for r in rows]
 
-    def summary(self, project_id: str | None = None) -> list[Row]:
+    def summary(self, project_id: str | None = None, *, everyones: bool = True) -> list[Row]:
         """One row per known queue (named by a profile, a job or a switch), by name.
 
         running = claimed + processing + cancel_requested; completed_1h and
-        failed_1h count jobs that ended in the last hour.
+        failed_1h count jobs that ended in the last hour, of ``project_id``
+        only if given.  ``everyones=False`` lists only the profiles' queues and
+        those the project's jobs name: a queue name is anyone's text, and
+        another project's showed on every dashboard (an operator's listing
+        keeps them all).
         """
         since = self.clock() - timedelta(hours=1)
         with self.db.read() as tx:
             counts = {r["queue_name"]: r for r in tx.queue_counts(since, project_id)}
             switches = {r["queue_name"]: bool(r["paused"]) for r in tx.queue_states()}
-            names = tx.profile_queue_names() | set(counts) | set(switches)
-            if project_id is not None:  # the counts are one project's; the queues everyone's
-                names |= tx.job_queue_names()
+            names = tx.profile_queue_names() | set(counts)
+            if everyones:
+                names |= set(switches)
+            if project_id is not None:
+                names |= tx.job_queue_names(project_id if not everyones else None)
         return [_summary_row(n, switches.get(n, False), counts.get(n)) for n in sorted(names)]
 
     def pause(self, name: str) -> Row:

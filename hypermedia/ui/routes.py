@@ -194,7 +194,7 @@ async def overview(request: Request) -> Response:
 
 
 def _queue_summary(svc: Services, project_id: str) -> list[Row]:
-    return list(svc.queues.summary(project_id=project_id))
+    return list(svc.queues.summary(project_id, everyones=False))
 
 
 # -- jobs -------------------------------------------------------------------------------

@@ -136,6 +136,9 @@ def test_another_projects_job_is_a_404_page(
     assert client.post(f"/ui/jobs/{job_id}/cancel").status_code == 404
     assert f'/ui/jobs/{job_id}"' not in client.get("/ui/jobs").text
     assert 'id="total-queued">0<' in client.get("/ui").text
+    # Nor a queue only a's jobs name: its name is a's text.
+    svc.engine.enqueue(NewJob("debug.noop", {}, queue="a-secret-plan", project_id=a.id))
+    assert "a-secret-plan" not in client.get("/ui").text
     assert svc.engine.get(job_id)["status"] == "queued"
     # A bearer header is the API's: the pages go by the cookie alone (a's
     # token over b's session showed a's job, and ran a's forms).

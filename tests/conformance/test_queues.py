@@ -91,6 +91,25 @@ def test_summary_counts_each_queue_and_the_last_hour(
     assert (later["completed_1h"], later["failed_1h"], later["queued"]) == (0, 0, 2)
 
 
+def test_a_projects_summary_never_names_another_projects_queues(
+    engine: Engine, queues: Queues, clock: FakeClock
+) -> None:
+    """A queue name is anyone's text: another project's showed on every dashboard."""
+    new_job(engine, project_id="other", queue="initech-acquisition")
+    new_job(engine, queue="mine")
+    queues.pause("ops-only")
+    clock.advance(7200)  # older than the last hour's counts
+    names = {r["queue_name"] for r in queues.summary("default", everyones=False)}
+    assert "mine" in names and "images" in names  # its own, and the profiles'
+    assert not {"initech-acquisition", "ops-only"} & names
+    assert {"initech-acquisition", "mine", "ops-only"} <= {
+        r["queue_name"] for r in queues.summary()
+    }
+    assert "initech-acquisition" in {
+        r["queue_name"] for r in queues.summary("other", everyones=False)
+    }
+
+
 def test_pause_and_resume_switch_a_queue(queues: Queues) -> None:
     assert queues.paused() == set()
     row = queues.pause("images")
