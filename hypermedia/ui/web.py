@@ -199,7 +199,9 @@ class LoginRequired(Exception):
 
 def same_origin(request: Request) -> bool:
     """A request without Origin passes (SameSite=Strict keeps the cookie off
-    cross-site POSTs); with one, it must name this very host."""
+    cross-site POSTs); with one, it must name this very host and scheme: a
+    page on http://host (one a network attacker can write) is another origin
+    than the dashboard on https://host."""
     origin = request.headers.get("origin")
     if origin is None:
         return True
@@ -208,7 +210,8 @@ def same_origin(request: Request) -> bool:
         parts = urlsplit(origin)
     except ValueError:
         return False
-    return bool(host) and parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
+    scheme = parts.scheme.lower()
+    return bool(host) and scheme == request.url.scheme and parts.netloc.lower() == host.lower()
 
 
 def _login_redirect(request: Request) -> Response:

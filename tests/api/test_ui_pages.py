@@ -215,7 +215,8 @@ def test_posts_from_another_origin_are_refused(
 ) -> None:
     job_id = sleep_job(svc, a.id)
     login(client, a.admin)
-    for origin in ("http://evil.example", "null", "http://testserver.evil.example"):
+    others = ("http://evil.example", "null", "http://testserver.evil.example", "https://testserver")
+    for origin in others:
         r = client.post(f"/ui/jobs/{job_id}/cancel", headers={"Origin": origin})
         assert r.status_code == 403 and "another site" in r.text, origin
     r = client.post("/ui/login", data={"token": a.admin}, headers={"Origin": "http://evil.example"})
@@ -224,6 +225,23 @@ def test_posts_from_another_origin_are_refused(
     r = client.post(
         f"/ui/jobs/{job_id}/cancel", headers={"Origin": "http://testserver"}, follow_redirects=False
     )
+    assert r.status_code == 303
+    assert svc.engine.get(job_id)["status"] == "cancelled"
+
+
+def test_behind_a_tls_proxy_the_origin_must_say_https(
+    client: TestClient, svc: Services, a: Project
+) -> None:
+    """The scheme is the proxy's X-Forwarded-Proto (the cookie's Secure comes
+    from the same): a page on http://host posting to https://host is refused."""
+    job_id = sleep_job(svc, a.id)
+    login(client, a.admin)
+    base = "https://testserver/ui/jobs"
+    r = client.post(f"{base}/{job_id}/cancel", headers={"Origin": "http://testserver"})
+    assert r.status_code == 403 and "another site" in r.text
+    assert svc.engine.get(job_id)["status"] == "queued"
+    ok = {"Origin": "HTTPS://testserver"}
+    r = client.post(f"{base}/{job_id}/cancel", headers=ok, follow_redirects=False)
     assert r.status_code == 303
     assert svc.engine.get(job_id)["status"] == "cancelled"
 
