@@ -119,6 +119,10 @@ class Settings:
     # so is any other request body (JSON) larger than api_max_body_bytes.
     api_rate_per_second: float = 100.0
     api_rate_burst: int = 200
+    # Failed authentications a client address may make in a burst, refilled
+    # at this many a minute; past them its credentials are not checked (0: no
+    # limit).
+    api_auth_failures_per_minute: int = 30
     # Event streams (SSE) a token may hold open at once, in one API process:
     # each polls the database four times a second, and 300 of one token's
     # made every other caller's answers forty times slower.
@@ -203,6 +207,7 @@ _ENV_NAMES = {
     "photo_bridge_interval_seconds": "PHOTO_BRIDGE_INTERVAL_SECONDS",
     "api_rate_per_second": "API_RATE_PER_SECOND",
     "api_rate_burst": "API_RATE_BURST",
+    "api_auth_failures_per_minute": "API_AUTH_FAILURES_PER_MINUTE",
     "api_max_streams": "API_MAX_STREAMS",
     "max_upload_bytes": "MAX_UPLOAD_BYTES",
     "upload_idle_seconds": "UPLOAD_IDLE_SECONDS",
@@ -301,6 +306,8 @@ def load_settings() -> Settings:
         raise InvalidRequest(
             f"HYPERMEDIA_API_RATE_PER_SECOND must be 0 (no limit) or from {MIN_RATE:g}"
         )
+    if settings.api_auth_failures_per_minute < 0:
+        raise InvalidRequest("HYPERMEDIA_API_AUTH_FAILURES_PER_MINUTE must be 0 (no limit) or more")
     if not settings.s3_timeout_seconds > 0:
         raise InvalidRequest("HYPERMEDIA_S3_TIMEOUT_SECONDS must be more than 0")
     if settings.child_memory_max_mb < 0:

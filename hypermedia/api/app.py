@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hypermedia import __version__
 from hypermedia.api import errors, openapi, swagger
-from hypermedia.api.deps import RateLimiter, StreamLimit, utf8_url
+from hypermedia.api.deps import FailedAuth, RateLimiter, StreamLimit, utf8_url
 from hypermedia.api.routes import (
     credits,
     jobs,
@@ -292,6 +292,7 @@ def create_app(svc: Services) -> FastAPI:
     app.state.rate_limiter = RateLimiter(
         svc.settings.api_rate_per_second, svc.settings.api_rate_burst
     )
+    app.state.auth_failures = FailedAuth(svc.settings.api_auth_failures_per_minute)
     app.state.streams = StreamLimit(svc.settings.api_max_streams)
     # Set as the server begins to stop (api/server.py): open event streams
     # end then, for their clients to reconnect elsewhere, instead of holding

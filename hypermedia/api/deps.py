@@ -8,9 +8,11 @@ instead (``authenticate(request, cookie=True)``).
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
+from collections.abc import Hashable
 from typing import Annotated, Any
 from urllib.parse import unquote_to_bytes
 
@@ -25,6 +27,8 @@ from hypermedia.auth.tokens import Principal
 from hypermedia.errors import Forbidden, NotFound, Unauthorized
 from hypermedia.pipelines import registry
 from hypermedia.services import Services
+
+log = logging.getLogger(__name__)
 
 # The dashboard's cookie: a session secret (Tokens.start_session), never a token.
 COOKIE = "hm_session"
@@ -82,16 +86,26 @@ def services(request: Request) -> Services:
 
 
 class RateLimiter:
-    """A token bucket per API token, in this process (``rate`` 0: no limit)."""
+    """A token bucket per key (an API token's id, a client's address), in
+    this process (``rate`` 0: no limit)."""
+
+    KEYS = 10_000  # past this many, full buckets are forgotten
 
     def __init__(self, rate: float, burst: int) -> None:
         self.rate = rate
         self.burst = max(1, burst)
-        self._buckets: dict[int, tuple[float, float]] = {}
+        self._buckets: dict[Hashable, tuple[float, float]] = {}
         self._lock = threading.Lock()
 
-    def take(self, key: int) -> float:
+    def take(self, key: Hashable) -> float:
         """0 if allowed, else the seconds until a request would be."""
+        return self._level(key, take=True)
+
+    def wait(self, key: Hashable) -> float:
+        """``take`` without taking."""
+        return self._level(key, take=False)
+
+    def _level(self, key: Hashable, *, take: bool) -> float:
         if self.rate <= 0:
             return 0.0
         now = time.monotonic()
@@ -99,10 +113,58 @@ class RateLimiter:
             level, at = self._buckets.get(key, (float(self.burst), now))
             level = min(float(self.burst), level + (now - at) * self.rate)
             if level >= 1:
-                self._buckets[key] = (level - 1, now)
+                if take:
+                    self._buckets[key] = (level - 1, now)
+                    if len(self._buckets) > self.KEYS:
+                        self._forget_full(now)
                 return 0.0
             self._buckets[key] = (level, now)
             return (1 - level) / self.rate
+
+    def _forget_full(self, now: float) -> None:
+        # One address per request of a wide IPv6 range grew the dict for ever.
+        self._buckets = {
+            k: (level, at)
+            for k, (level, at) in self._buckets.items()
+            if level + (now - at) * self.rate < self.burst
+        }
+
+
+class FailedAuth:
+    """Failed authentications per client address, in this process.
+
+    Past ``per_minute`` of them in a burst, that address's credentials are
+    not even checked until its bucket refills (a 429): a loop of guesses cost
+    a database read each, without limit, and nobody saw it.  The first
+    refusal of an episode is logged."""
+
+    def __init__(self, per_minute: int) -> None:
+        self.bucket = RateLimiter(per_minute / 60, per_minute)
+        self._told: set[str] = set()
+
+    def check(self, request: Request) -> None:
+        address = client_address(request)
+        wait = self.bucket.wait(address)
+        if not wait:
+            self._told.discard(address)
+            return
+        if address not in self._told:
+            self._told.add(address)
+            log.warning("%s: too many failed authentications; refused for a while", address)
+        raise ApiError(
+            429,
+            "too many failed authentications from this address",
+            headers={"Retry-After": str(math.ceil(wait))},
+        )
+
+    def failed(self, request: Request) -> None:
+        self.bucket.take(client_address(request))
+
+
+def client_address(request: Request) -> str:
+    # Behind a proxy, uvicorn has put the forwarded address here already
+    # (from the addresses FORWARDED_ALLOW_IPS trusts).
+    return request.client.host if request.client else ""
 
 
 class StreamLimit:
@@ -152,12 +214,18 @@ async def authenticate(request: Request, *, cookie: bool = False) -> Principal:
     # as the header's project, over the cookie's).
     token = None if cookie else _bearer(request)
     secret = request.cookies.get(COOKIE) if cookie else None
-    if token:  # an API token; a session secret is refused here
-        principal = await run_in_threadpool(svc.tokens.authenticate, token)
-    elif secret:  # only the dashboard's routes ask for the cookie
-        principal = await run_in_threadpool(svc.tokens.authenticate_session, secret)
-    else:
+    if not token and not secret:
         raise Unauthorized("a bearer token is required" if not cookie else "log in first")
+    failures: FailedAuth = request.app.state.auth_failures
+    failures.check(request)
+    try:
+        if token:  # an API token; a session secret is refused here
+            principal = await run_in_threadpool(svc.tokens.authenticate, token)
+        else:  # only the dashboard's routes ask for the cookie
+            principal = await run_in_threadpool(svc.tokens.authenticate_session, secret or "")
+    except Unauthorized:
+        failures.failed(request)
+        raise
     # A session shares its token's bucket: logging in again gives no fresh one.
     wait = request.app.state.rate_limiter.take(principal.token_id)
     if wait:

@@ -16,6 +16,7 @@ from starlette.routing import Match
 
 from hypermedia.api.deps import (
     COOKIE,
+    FailedAuth,
     RateLimiter,
     Whole,
     authenticate,
@@ -24,7 +25,7 @@ from hypermedia.api.deps import (
     services,
     shown,
 )
-from hypermedia.api.errors import error_response
+from hypermedia.api.errors import ApiError, error_response
 from hypermedia.api.routes.jobs import check_owner, owned_job, public_job, sse_response
 from hypermedia.api.routes.objects import receive_upload
 from hypermedia.auth.tokens import Principal
@@ -119,17 +120,22 @@ async def login(request: Request) -> Response:
     token = str(form.get("token") or "").strip()
     target = safe_next(str(form.get("next") or "/ui"))
     svc = services(request)
+    failures: FailedAuth = request.app.state.auth_failures
     try:
         if not token or len(token) > 200:
             raise Unauthorized("no token")
+        failures.check(request)
         # A session of its own: the cookie never holds the token.
         limiter = request.app.state.rate_limiter
         secret, principal = await run_in_threadpool(_start_session, svc, token, limiter)
-    except RateLimited as exc:
+    except (RateLimited, ApiError) as exc:
         refused = page(request, "login.html", 429, title="Log in", next=target, error=str(exc))
-        refused.headers["Retry-After"] = str(exc.seconds)
+        seconds = exc.seconds if isinstance(exc, RateLimited) else exc.headers["Retry-After"]
+        refused.headers["Retry-After"] = str(seconds)
         return refused
     except Unauthorized:
+        if token:
+            failures.failed(request)
         return page(
             request,
             "login.html",

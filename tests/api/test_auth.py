@@ -100,3 +100,56 @@ def test_rate_limit_answers_429_with_retry_after(svc: Services) -> None:
         assert r.json()["code"] == "rate_limited" and int(r.headers["Retry-After"]) >= 1
         # The bucket is per token: another token of the same project is not slowed.
         assert c.get("/v1/jobs", headers=bearer(other)).status_code == 200
+
+
+def test_failed_authentications_from_an_address_are_throttled(
+    svc: Services, caplog: pytest.LogCaptureFixture
+) -> None:
+    """200 wrong tokens in 3 s were 200 database reads, unlimited and unlogged."""
+    guarded = Services.from_engine(svc.engine)
+    guarded.settings = svc.settings.with_(api_auth_failures_per_minute=5)
+    _, good = svc.tokens.create("p1", ["jobs:read"])
+    app = create_app(guarded)
+    with TestClient(app, client=("203.0.113.7", 5000)) as c, caplog.at_level("WARNING"):
+        codes = [c.get("/v1/jobs", headers=bearer(f"hm_x_wrong{i}")).status_code for i in range(8)]
+        assert codes == [401] * 5 + [429] * 3
+        r = c.get("/v1/jobs", headers=bearer(good))  # not even checked now
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+        assert "failed authentications" in r.json()["message"]
+        assert c.get("/v1/jobs").status_code == 401  # no credential: no guess, no 429
+        r = c.post("/ui/login", data={"token": good}, follow_redirects=False)
+        assert r.status_code == 429 and "failed authentications" in r.text
+    said = [m for m in caplog.messages if "too many failed authentications" in m]
+    assert len(said) == 1 and "203.0.113.7" in said[0]
+    # Another address is not slowed; dashboard logins count too.
+    with TestClient(app, client=("198.51.100.9", 5000)) as c:
+        assert c.get("/v1/jobs", headers=bearer(good)).status_code == 200
+        codes = [
+            c.post("/ui/login", data={"token": f"hm_x_{i}"}, follow_redirects=False).status_code
+            for i in range(6)
+        ]
+        assert codes == [401] * 5 + [429]
+
+
+def test_forgotten_buckets_are_only_full_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One address per request of a wide IPv6 range grew the dict for ever."""
+    from hypermedia.api import deps
+
+    now = [100.0]
+    monkeypatch.setattr(deps.time, "monotonic", lambda: now[0])
+    limiter = deps.RateLimiter(1.0, 2)
+    limiter.KEYS = 3
+    limiter.take("hot")
+    limiter.take("hot")
+    now[0] += 1.0  # "hot" has one of two back: not full
+    for key in range(3):
+        limiter.take(key)
+    assert set(limiter._buckets) == {"hot", 0, 1, 2}
+    now[0] += 1.5  # 0, 1 and 2 full again; "hot" too
+    limiter.take("new")
+    assert set(limiter._buckets) == {"new"}
+    now[0] += 0.5
+    limiter.take("a")
+    limiter.take("b")
+    limiter.take("c")  # "new" has 1.5 of 2 back: kept
+    assert "new" in limiter._buckets

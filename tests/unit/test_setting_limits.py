@@ -141,6 +141,7 @@ def test_a_century_is_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
         ("API_RATE_PER_SECOND", "nan", "must be 0 (no limit) or from 0.001"),
         # A wait for the next request past any Retry-After: every 429 a 500.
         ("API_RATE_PER_SECOND", "1e-320", "must be 0 (no limit) or from 0.001"),
+        ("API_AUTH_FAILURES_PER_MINUTE", "-1", "must be 0 (no limit) or more"),
     ],
 )
 def test_api_limits_below_one_are_refused_at_start(
