@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+from urllib.parse import unquote_plus
 
 _PATTERNS = [
     # Traceback blocks: keep nothing after the header.
@@ -75,11 +76,24 @@ _TOKEN = re.compile(r"(?<![A-Za-z0-9])hms?_[A-Za-z0-9_-]{8,}")
 
 
 # A signed download URL's signature: whoever reads the log could download
-# with it until the URL expires.
-_SIGNATURE = re.compile(r"(?<=[?&]sig=)[^&#\s]+")
+# with it until the URL expires.  Its name as the server reads it: "%73ig"
+# and "s%69g" are "sig" too.
+_PARAM = re.compile(r"(?<=[?&])([^=&#\s]+)=([^&#\s]+)")
+# A run of URL text with %-escapes: "hm%5F…" is a token once decoded.
+_ESCAPED = re.compile(r"[^?&=/#\s]*%[0-9A-Fa-f]{2}[^?&=/#\s]*")
 
 
 def tokens(text: str) -> str:
     """``text`` with API tokens, session secrets and URL signatures replaced,
-    and nothing else (an access log line keeps its path)."""
-    return _SIGNATURE.sub("[sig]", _TOKEN.sub("[token]", text))
+    and nothing else (an access log line keeps its path, escapes and all)."""
+    text = _TOKEN.sub("[token]", _ESCAPED.sub(_escaped_token, text))
+    return _PARAM.sub(_signature, text)
+
+
+def _escaped_token(m: re.Match[str]) -> str:
+    return "[token]" if _TOKEN.search(unquote_plus(m.group())) else m.group()
+
+
+def _signature(m: re.Match[str]) -> str:
+    name = m.group(1)
+    return f"{name}=[sig]" if unquote_plus(name) == "sig" else m.group()

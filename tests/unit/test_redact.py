@@ -137,3 +137,19 @@ def test_the_access_log_writes_no_download_signature() -> None:
     assert "4af8c2d1e0b9" not in line
     assert "/v1/objects/5/content?expires=1796000000&sig=[sig]&x=1" in line
     assert tokens("/x?design=1&sig=") == "/x?design=1&sig="  # nothing to hide
+
+
+def test_escaped_tokens_and_signature_names_are_hidden_too() -> None:
+    """The server decodes "%73ig=" as "sig=" and "hm%5F…" as a token: the log
+    wrote both out whole."""
+    token = "hm_xfg2w5w2wd_WPP3fX7DI10MXJccMsKDk9pwgCq-ig7s"
+    escaped = token.replace("_", "%5F")
+    for name in ("%73ig", "s%69g", "%73%69%67"):
+        line = tokens(f"/v1/objects/5/content?expires=1796000000&{name}=4af8c2d1e0b9&x=1")
+        assert "4af8c2d1e0b9" not in line and f"&{name}=[sig]&x=1" in line, line
+    line = tokens(f"/v1/jobs?api_key={escaped}&status=queued")
+    assert escaped not in line and line == "/v1/jobs?api_key=[token]&status=queued"
+    assert tokens(f"/v1/photos/{escaped}") == "/v1/photos/[token]"
+    # Escapes that hide nothing stay as they were: the path is what was asked.
+    plain = "/v1/photos?album=caf%C3%A9&design=%2F&signal=1"
+    assert tokens(plain) == plain
