@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from hypermedia.db.dialects import ERRORS as DATABASE_ERRORS
 from hypermedia.db.dialects import is_schema_missing, is_transient
@@ -185,6 +186,18 @@ async def refused_by(
     return None
 
 
+def _allowed(request: Request) -> set[str]:
+    """Every method this path takes: Starlette's 405 names the first
+    matching route's only (``PUT /v1/jobs`` said ``Allow: POST``)."""
+    allowed: set[str] = set()
+    for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"):
+        # Asked of each route as a request: an included router lists no methods.
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] is Match.FULL for route in request.app.routes):
+            allowed.add(method)
+    return allowed
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -216,6 +229,8 @@ def install(app: FastAPI) -> None:
         if exc.status_code == 404:
             message = "no such resource"
         headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(sorted(_allowed(request)))
         return error_response(request, exc.status_code, code, message, headers=headers)
 
     # Starlette hands a handler of Exception itself the error and then raises

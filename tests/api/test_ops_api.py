@@ -403,3 +403,16 @@ def test_readiness_probes_of_a_hung_store_share_one_check(
     # Once the store answers, the next probe sees it.
     time.sleep(0.1)
     assert client.get("/readyz").status_code == 200
+
+
+def test_a_405_names_every_method_its_path_takes(client: TestClient, a: Project) -> None:
+    """``PUT /v1/jobs`` said ``Allow: POST`` (the first route's methods only)."""
+    for method, path, allow in (
+        ("PUT", "/v1/jobs", "GET, POST"),
+        ("PUT", "/v1/photos/x", "DELETE, GET, PATCH"),
+        ("DELETE", "/v1/objects", "GET, POST"),
+        ("POST", "/healthz", "GET, HEAD"),
+    ):
+        r = client.request(method, path, headers=bearer(a.admin))
+        assert (r.status_code, r.headers.get("allow")) == (405, allow), (method, path)
+        assert r.json()["code"] == "method_not_allowed"
