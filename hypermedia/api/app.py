@@ -51,7 +51,8 @@ or photo answers 404.  Errors share one shape, `Error`: `{"code", "message",
 
 
 class RequestId:
-    """Gives every request an id, echoed as ``X-Request-ID`` (and in error bodies).
+    """Gives every request an id, echoed as ``X-Request-ID`` (and in error
+    bodies), and every answer ``X-Content-Type-Options: nosniff``.
 
     Plain ASGI, not ``@app.middleware("http")``: that wrapper costs about a
     millisecond per request and pipes streamed bodies (SSE) through a queue.
@@ -79,7 +80,12 @@ class RequestId:
             if message["type"] == "http.response.start":
                 started = True
                 headers = [h for h in message.get("headers", []) if h[0] != b"x-request-id"]
-                message = {**message, "headers": [*headers, (b"x-request-id", rid.encode())]}
+                headers.append((b"x-request-id", rid.encode()))
+                # Every answer, JSON included: an error echoing a request's
+                # text ("unknown job type '<script>'") is never sniffed as HTML.
+                if not any(h[0].lower() == b"x-content-type-options" for h in headers):
+                    headers.append((b"x-content-type-options", b"nosniff"))
+                message = {**message, "headers": headers}
             await send(message)
 
         try:

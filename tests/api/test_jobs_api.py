@@ -310,6 +310,10 @@ def test_errors_have_one_shape_and_a_request_id(client: TestClient, a: Project) 
     body = r.json()
     assert set(body) == {"code", "message", "request_id"}
     assert r.headers["X-Request-ID"] == body["request_id"]
+    # Never sniffed as HTML, though a message may echo the request's text.
+    r = client.post("/v1/jobs", json={"job_type": "<script>x</script>"}, headers=bearer(a.admin))
+    assert r.status_code == 422 and r.headers["X-Content-Type-Options"] == "nosniff"
+    assert client.get("/healthz").headers["X-Content-Type-Options"] == "nosniff"
     r = client.get("/v1/nothing-here", headers=bearer(a.admin))
     assert r.status_code == 404 and set(r.json()) == {"code", "message", "request_id"}
     r = client.get("/v1/jobs")
