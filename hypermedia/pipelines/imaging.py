@@ -29,6 +29,7 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import os
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -368,8 +369,11 @@ def _cover_by_crop(vips: Any, path: str, header: Header, width: int, height: int
 def _colour_and_alpha(vips: Any, path: str, header: Header) -> Any:
     """An image with channels past its alpha (a print TIFF's saved selections,
     spot colours), loaded upright without them: libvips' resize premultiplies
-    by the last channel, taking the extra one for the alpha."""
-    image = vips.Image.new_from_file(path, access="sequential", fail_on="error").autorot()
+    by the last channel, taking the extra one for the alpha.  Random access:
+    turning a sequential read upright asks for its lines out of order, and
+    every such TIFF with an orientation of 3 to 8 failed CORRUPT_INPUT unless
+    much shrunk (a TIFF's strips are read where they lie, not all at once)."""
+    image = vips.Image.new_from_file(path, access="random", fail_on="error").autorot()
     keep = _COLOUR_BANDS.get(str(image.interpretation), 3) + 1
     return image.extract_band(0, n=keep)
 
@@ -432,11 +436,32 @@ def _bare(image: Any, keep: bool) -> Any:
     for name in image.get_fields():
         if name not in _PROPERTIES and not (keep and _kept(name)):
             image.remove(name)
-    if keep and image.get_typeof(SRGB_TAG):
+    if keep and image.get_typeof("exif-data"):
         # The pixels are sRGB now: libexif wrote 65535 ("Uncalibrated") into
         # kept EXIF, which colour-managed readers take as unmanaged.
         image.set_type(GSTR, SRGB_TAG, "1 (sRGB, Short, 1 components, 2 bytes)")
+    if keep and (blob := image.get_typeof("xmp-data")):
+        image.set_type(blob, "xmp-data", _upright_xmp(image.get("xmp-data")))
     return image
+
+
+def _carried(image: Any) -> str:
+    """The kinds of metadata ``image`` has, as libvips' ``keep`` flags: "exif"
+    for an image that had none made libvips write an EXIF block of its own,
+    saying ColorSpace 65535 ("Uncalibrated")."""
+    kinds = [k for k in ("exif", "xmp", "iptc") if image.get_typeof(f"{k}-data")]
+    return "|".join(kinds) or "none"
+
+
+# XMP's copy of the orientation, as an attribute or an element: the pixels
+# are upright now, and a reader that trusts XMP turned them a second time.
+_XMP_ORIENTATION = re.compile(
+    rb"(tiff:Orientation\s*=\s*[\"'])\s*[2-8]\s*([\"'])|(<tiff:Orientation>)\s*[2-8]\s*(</tiff:Orientation>)"
+)
+
+
+def _upright_xmp(xmp: bytes) -> bytes:
+    return _XMP_ORIENTATION.sub(lambda m: (m[1] or m[3]) + b"1" + (m[2] or m[4]), xmp)
 
 
 SRGB_TAG = "exif-ifd2-ColorSpace"
@@ -476,11 +501,11 @@ def strip_webp(path: str) -> None:
 
 def save(vips: Any, image: Any, path: str, fmt: str, quality: int, keep: bool) -> None:
     """Encode ``image`` to ``path``; metadata stripped unless ``keep`` (EXIF, XMP, IPTC)."""
+    image = _bare(image, keep)
     if vips.at_least_libvips(8, 15):
-        meta: dict[str, Any] = {"keep": "exif|xmp|iptc" if keep else "none"}
+        meta: dict[str, Any] = {"keep": _carried(image) if keep else "none"}
     else:
         meta = {"strip": not keep}
-    image = _bare(image, keep)
     if fmt == "jpeg" and image.hasalpha():
         image = image.flatten(background=[255] * (image.bands - 1))
     try:

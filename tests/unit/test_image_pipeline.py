@@ -675,6 +675,38 @@ def test_keep_metadata_keeps_exif_and_xmp_but_not_the_orientation(scratch: Path)
         assert out.get("exif-ifd2-ColorSpace").startswith("1 ("), fmt  # 1: sRGB
 
 
+@pytest.mark.parametrize("fmt", ["jpeg", "webp", "png", "avif"])
+def test_keep_metadata_adds_no_exif_to_an_image_without_any(scratch: Path, fmt: str) -> None:
+    """libvips wrote an EXIF block of its own, saying ColorSpace 65535
+    ("Uncalibrated"), into the output of a PNG that had none."""
+    src = write(scratch, "input.png", photo(300, 200), keep="none")
+    assert "exif-data" not in pyvips.Image.new_from_file(str(src)).get_fields()
+    r = run(THUMB, scratch, src, {"format": fmt, "fit": "inside", "keep_metadata": True})
+    fields = r.decoded().get_fields()
+    assert "exif-data" not in fields and not [f for f in fields if f.startswith("exif-")], fields
+
+
+def test_keep_metadata_sets_the_xmp_orientation_upright_too(scratch: Path) -> None:
+    """The EXIF copy said 1, the XMP copy still 6: a reader that trusts XMP
+    turned the upright pixels a second time."""
+    img = with_metadata(half_white(400, 300), orientation=6)
+    xmp = (
+        b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF><rdf:Description tiff:Orientation="6"'
+        b' xmlns:tiff="http://ns.adobe.com/tiff/1.0/"><tiff:Orientation>6</tiff:Orientation>'
+        b"</rdf:Description></rdf:RDF></x:xmpmeta>"
+    )
+    img.set_type(pyvips.GValue.blob_type, "xmp-data", xmp)
+    src = write(scratch, "input.jpg", img)
+    for fmt in ("jpeg", "webp"):
+        r = run(PREVIEW, scratch, src, {"format": fmt, "keep_metadata": True})
+        out = r.decoded()
+        assert (out.width, out.height, out.get("orientation")) == (300, 400, 1)
+        kept = out.get("xmp-data")
+        assert b'tiff:Orientation="1"' in kept, kept
+        assert b"<tiff:Orientation>1</tiff:Orientation>" in kept, kept
+        assert b"Orientation>6" not in kept and b'Orientation="6"' not in kept
+
+
 def test_quality_changes_the_encoding(scratch: Path) -> None:
     src = write(scratch, "input.png", photo(1200, 900))
     box = {"width": 400, "height": 400}
@@ -1265,6 +1297,26 @@ def test_channels_past_the_alpha_are_dropped_not_taken_for_it(
     expect = bands[:3] if interpretation == "srgb" else [bands[0]] * 3
     assert all(abs(a - b) <= 3 for a, b in zip(pixel[:3], expect, strict=True)), (fmt, pixel)
     assert out.decoded().bands <= 4
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+@pytest.mark.parametrize("pipeline", [THUMB, COMPRESS])
+def test_a_turned_print_file_with_extra_channels_is_read_whole(
+    scratch: Path, orientation: int, pipeline: registry.Pipeline
+) -> None:
+    """Turned upright from a sequential read, its lines were asked out of
+    order: CORRUPT_INPUT for every such TIFF not shrunk much."""
+    bands = [200, 60, 30, 255, 77]  # RGB, alpha, a saved selection
+    img = (pyvips.Image.black(2400, 1600) + bands).cast("uchar")
+    img = img.copy(interpretation="srgb")
+    img.set_type(pyvips.GValue.gint_type, "orientation", orientation)
+    src = write(scratch, "print.tif", img, compression="deflate")
+    params = {"width": 2400, "height": 2400, "fit": "inside"} if pipeline is THUMB else {}
+    out = run(pipeline, scratch, src, params)
+    upright = (1600, 2400) if orientation in (6, 8) else (2400, 1600)
+    assert out.size == upright
+    pixel = out.decoded().getpoint(5, 5)
+    assert all(abs(a - b) <= 3 for a, b in zip(pixel[:3], (200, 60, 30), strict=True)), pixel
 
 
 @pytest.mark.parametrize(("name", "options"), [("strip.jpg", {}), ("strip.png", {})])
