@@ -156,7 +156,7 @@ def create(
 
 @app.command("deactivate")
 def deactivate(
-    ref: str = typer.Argument(..., help="KEY:vN (KEY: its newest active version)"),
+    ref: str = typer.Argument(..., help="KEY:vN, the version to deactivate"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Stop new jobs from using a version; it is kept, with the outputs it made."""

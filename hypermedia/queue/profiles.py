@@ -283,14 +283,21 @@ class Profiles:
             return _public(self._find(tx, ref))
 
     def deactivate(self, ref: str) -> Row:
-        """Stop new jobs from using a version (``key``: the newest active one).
+        """Stop new jobs from using a version, named ``key:vN``.
 
         Jobs already created keep it, and it is never deleted.  Deactivating
         the last active version is allowed: new jobs naming the key are then
-        refused until a new version is created.
+        refused until a new version is created.  Again, it changes nothing.
+        A bare key is refused: it meant the newest active version, so each
+        repeat (a retried request) retired one more.
         """
         with self.db.tx() as tx:
             row = self._find(tx, ref)
+            if parse_ref(ref)[1] is None:
+                raise InvalidRequest(
+                    f"name the version to deactivate: {ref_of(row)} is the newest active one "
+                    "(a bare key would retire one more each time)"
+                )
             tx.set_profile_active(row["profile_id"], False)
             return _public({**row, "is_active": False})
 

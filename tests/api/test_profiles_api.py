@@ -96,6 +96,10 @@ def test_missing_profiles_are_404(client: TestClient, a: Project) -> None:
     assert client.get(f"/v1/profiles/{new_key()}", headers=h).status_code == 404
     assert client.get("/v1/profiles/debug-noop:v99", headers=h).status_code == 404
     assert client.post(f"/v1/profiles/{new_key()}/deactivate", headers=h).status_code == 404
+    # A bare key names no version: a retried request retired one more each time.
+    r = client.post("/v1/profiles/debug-noop/deactivate", headers=h)
+    assert r.status_code == 422 and "debug-noop:v1 is the newest" in r.json()["message"]
+    assert client.get("/v1/profiles/debug-noop", headers=h).json()["is_active"] is True
     assert client.get("/v1/profiles/Not A Ref", headers=h).status_code == 422
 
 

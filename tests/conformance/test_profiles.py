@@ -138,7 +138,11 @@ def test_deactivated_versions_are_kept_and_refused_to_new_jobs(engine: Engine, r
     profiles.create(key, resize, {"width": 200})
     old = engine.enqueue(NewJob(resize, profile=f"{key}:v2"))
 
-    gone = profiles.deactivate(key)  # the newest active version: v2
+    # A bare key is refused: it retired one more version at each repeat.
+    with pytest.raises(InvalidRequest, match=f"name the version.*{key}:v2 is the newest"):
+        profiles.deactivate(key)
+    assert profiles.show(f"{key}:v2")["is_active"] is True
+    gone = profiles.deactivate(f"{key}:v2")
     assert (gone["ref"], gone["is_active"]) == (f"{key}:v2", False)
     assert profiles.show(f"{key}:v2")["is_active"] is False  # kept, never deleted
     assert profiles.show(key)["ref"] == f"{key}:v1"

@@ -285,7 +285,7 @@ def test_a_deactivated_profiles_queue_is_served_while_its_jobs_wait(engine: Engi
     version deactivated since, on a queue of its own, waited for ever."""
     Profiles(engine).create("retiring", "debug.noop", {}, queue="q-retiring")
     job_id = engine.enqueue(NewJob("debug.noop", profile="retiring"))
-    Profiles(engine).deactivate("retiring")
+    Profiles(engine).deactivate("retiring:v1")
     with engine.db.read() as tx:
         assert "q-retiring" in tx.named_queues()
     [claimed] = engine.claim("w1", ["q-retiring"], 5)
