@@ -90,6 +90,10 @@ class CreditQueries:
         unfolded = int(self.conn.execute(q).scalar_one())
         return unfolded + int(self.conn.execute(settled).scalar() or 0)
 
+    def project_has_jobs(self, project_id: str) -> bool:
+        q = sa.select(J.c.job_id).where(J.c.project_id == project_id).limit(1)
+        return self.conn.execute(q).first() is not None
+
     def credit_use_by_project(self) -> dict[str, int]:
         q = sa.select(J.c.project_id, _USED).where(UNFOLDED).group_by(J.c.project_id)
         used = {r[0]: int(r[1]) for r in self.conn.execute(q)}

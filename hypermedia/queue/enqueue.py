@@ -191,7 +191,10 @@ class Enqueuing:
         if pipeline.pages is not None:
             pages = pipeline.pages(params, pages)
         if input_size > profile["max_input_bytes"]:
-            raise InvalidRequest("input is larger than this profile accepts")
+            raise InvalidRequest(
+                f"the input is larger than profile {pricing.ref_of(profile)} accepts "
+                f"({input_size} bytes; at most {profile['max_input_bytes']})"
+            )
         now = self.clock()
         status = "created" if job.hold else "queued"
         row = {

@@ -345,7 +345,9 @@ class Credits:
             return (
                 tx.project(project_id) is not None
                 or tx.budget(project_id) is not None
-                or tx.credit_use(project_id) > 0
+                # Any job, a free or failed one too: credit use said "unknown".
+                or tx.project_has_jobs(project_id)
+                or tx.credit_use(project_id) > 0  # jobs folded and deleted
             )
 
     def set_budget(self, project_id: str, credits: int | None) -> Row:

@@ -323,3 +323,11 @@ def test_credits_of_a_project_id_no_project_can_have_are_refused(engine):
     for bad in ("", "x" * 300, "a\nb"):
         with pytest.raises(InvalidRequest, match="a project id is 1 to 64 printable characters"):
             credits.show(bad)
+
+
+def test_a_project_with_only_free_or_failed_jobs_is_known(engine):
+    """`credits set-budget` warned "a typo?" of a project whose jobs cost nothing."""
+    credits = Credits(engine)
+    assert not credits.is_known("free-only")
+    engine.enqueue(NewJob("debug.noop", project_id="free-only"))
+    assert credits.is_known("free-only")

@@ -237,7 +237,8 @@ def test_bounds_of_priority_are_accepted(engine):
 
 def test_input_larger_than_profile_allows_is_refused(engine, driver):
     key = _profile(driver, max_input_bytes=1000)
-    with pytest.raises(InvalidRequest, match="larger"):
+    said = rf"larger than profile {key}:v1 accepts \(1001 bytes; at most 1000\)"
+    with pytest.raises(InvalidRequest, match=said):
         engine.enqueue(NewJob("debug.sleep", profile=key, input_size_bytes=1001))
     assert engine.enqueue(NewJob("debug.sleep", profile=key, input_size_bytes=1000))
 
