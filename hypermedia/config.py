@@ -283,6 +283,8 @@ def load_settings() -> Settings:
             continue
         current = getattr(defaults, f.name)
         if isinstance(current, Path):
+            if not raw.strip():  # Path("") is ".": the data went into the working folder
+                raise InvalidRequest(f"HYPERMEDIA_{env_name} is empty: name a folder, or unset it")
             values[f.name] = Path(raw)
         elif isinstance(current, bool):
             values[f.name] = _boolean(env_name, raw)
@@ -305,6 +307,14 @@ def load_settings() -> Settings:
     if not (rate == 0 or MIN_RATE <= rate < float("inf")):
         raise InvalidRequest(
             f"HYPERMEDIA_API_RATE_PER_SECOND must be 0 (no limit) or from {MIN_RATE:g}"
+        )
+    if settings.worker_heartbeat_seconds >= settings.worker_stale_seconds:
+        # The reaper took a live worker for dead between two of its
+        # heartbeats: its jobs ORPHANED, run again, until out of attempts.
+        raise InvalidRequest(
+            "HYPERMEDIA_HEARTBEAT_SECONDS must be less than HYPERMEDIA_WORKER_STALE_SECONDS "
+            f"({settings.worker_heartbeat_seconds:g} is not less than "
+            f"{settings.worker_stale_seconds:g}): a live worker would be taken for dead"
         )
     if settings.api_auth_failures_per_minute < 0:
         raise InvalidRequest("HYPERMEDIA_API_AUTH_FAILURES_PER_MINUTE must be 0 (no limit) or more")

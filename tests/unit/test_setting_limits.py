@@ -191,3 +191,29 @@ def test_an_emptied_secret_file_stops_the_start(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stdout + done.stderr
     assert "holds no usable URL-signing key" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("heartbeat", "stale"), [("25", "3"), ("150", None), ("120", "120")])
+def test_a_heartbeat_not_shorter_than_the_stale_time_is_refused(
+    monkeypatch: pytest.MonkeyPatch, heartbeat: str, stale: str | None
+) -> None:
+    """The reaper took the live worker for dead between two heartbeats: its
+    jobs ORPHANED and run again until out of attempts."""
+    monkeypatch.setenv("HYPERMEDIA_HEARTBEAT_SECONDS", heartbeat)
+    if stale is not None:
+        monkeypatch.setenv("HYPERMEDIA_WORKER_STALE_SECONDS", stale)
+    with pytest.raises(InvalidRequest, match="must be less than HYPERMEDIA_WORKER_STALE_SECONDS"):
+        load_settings()
+    monkeypatch.setenv("HYPERMEDIA_WORKER_STALE_SECONDS", str(float(heartbeat) + 1))
+    assert load_settings().worker_heartbeat_seconds == float(heartbeat)
+
+
+def test_an_empty_home_is_refused_not_taken_for_the_working_folder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`HYPERMEDIA_HOME=` (an empty line of an env file) put the database and
+    the pool's files straight into the working folder."""
+    for empty in ("", "  "):
+        monkeypatch.setenv("HYPERMEDIA_HOME", empty)
+        with pytest.raises(InvalidRequest, match="HYPERMEDIA_HOME is empty"):
+            load_settings()
