@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -124,6 +125,23 @@ def _config(app: FastAPI, host: str, port: int, access_log: bool) -> uvicorn.Con
         timeout_graceful_shutdown=5,
         server_header=False,
     )
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse at once, with the reason, an address this process cannot listen
+    on: ``serve`` printed its whole banner (and a first admin token) before
+    "could not start", the reason left in uvicorn's log line.  A check, not
+    the listening socket: another process may still take the port between."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            sock.bind(address)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise HypermediaError(f"cannot listen on {host}:{port}: {why}") from None
 
 
 def start_in_thread(

@@ -237,6 +237,7 @@ def serve(
     with user_errors():
         served = _queues(queues)  # a bad name: refused before anything is done
         s = settings()
+        server.check_port(host, port)
         s.home.mkdir(parents=True, exist_ok=True)
         if wait_for_database(s.url, None) is not None:
             return  # stopped while waiting
@@ -321,6 +322,7 @@ def api(
     setup_logging(verbose)
     with user_errors():
         s = settings()
+        server.check_port(host, port)
         svc = Services.from_settings(s)
         if (reason := not_ready(svc.engine.db)) is not None:
             log.warning("%s; /readyz answers 503 until then", reason[1])

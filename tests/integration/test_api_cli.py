@@ -331,3 +331,24 @@ def test_every_jobs_and_tokens_command_takes_json() -> None:
         for name, command in group.commands.items():
             opts = {o for p in command.params for o in p.opts}
             assert "--json" in opts, f"{group_name} {name}"
+
+
+@pytest.mark.parametrize("command", ["serve", "api"])
+def test_a_taken_port_is_refused_with_its_reason_before_the_banner(
+    tmp_path: Path, command: str
+) -> None:
+    """`serve` printed its whole banner, a first admin token included, and
+    then "could not start on 127.0.0.1:P", the reason left in uvicorn's log."""
+    import socket
+
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        home = tmp_path / "home"
+        proc = hypermedia(command, "--port", str(port), url="", home=home, timeout=60)
+    assert proc.returncode != 0, proc.stdout
+    said = f"cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert said in proc.stderr, proc.stderr
+    assert "hypermedia serving" not in proc.stdout and not TOKEN.search(proc.stdout), proc.stdout
+    assert not (home / "admin-token").exists()
