@@ -110,6 +110,18 @@ def check_home(home: Path) -> None:
             return
 
 
+def make_home(home: Path) -> None:
+    """Make HYPERMEDIA_HOME, writable, or say which folder and why: a
+    read-only one was "OSError: ... '[path]'" (the path, the user's own
+    setting, redacted), or from ``worker`` a whole traceback."""
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadHome(f"HYPERMEDIA_HOME={home} cannot be made: {exc.strerror}") from None
+    if not os.access(home, os.W_OK | os.X_OK):
+        raise BadHome(f"HYPERMEDIA_HOME={home} is not writable (scratch folders go there)")
+
+
 SQLITE_FORMS = "sqlite:///PATH (relative to here) or sqlite:////ABSOLUTE/PATH"
 
 

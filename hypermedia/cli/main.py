@@ -30,6 +30,7 @@ from hypermedia.cli.common import (
     err_console,
     flush_stdout,
     ignore_stop_signals,
+    make_home,
     require_database,
     settings,
     setup_logging,
@@ -107,7 +108,7 @@ def db_upgrade(
     logging.getLogger("alembic.runtime.migration").setLevel(logging.INFO)
     with user_errors():
         s = settings()
-        s.home.mkdir(parents=True, exist_ok=True)
+        make_home(s.home)
         if wait and (why := wait_for_database(s.url, wait)) is not None:
             said = f"the database was not ready within {wait:g} s: {why}"
             err_console.print(f"[red]error:[/] {escape(said)}", markup=True, highlight=False)
@@ -164,6 +165,7 @@ def worker(
     setup_logging(verbose)
     with user_errors():
         eng = engine(create=True)
+        make_home(eng.settings.home)  # for scratch folders, on any database
         w = Worker(eng, _queues(queues), concurrency=concurrency, batch=batch, burst=burst)
     leader = _start_leader(eng, w.worker_id, w.stopped) if maintenance else None
     w.run()
@@ -238,7 +240,7 @@ def serve(
         served = _queues(queues)  # a bad name: refused before anything is done
         s = settings()
         server.check_port(host, port)
-        s.home.mkdir(parents=True, exist_ok=True)
+        make_home(s.home)
         if wait_for_database(s.url, None) is not None:
             return  # stopped while waiting
         from hypermedia.db import migrate

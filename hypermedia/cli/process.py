@@ -42,6 +42,7 @@ from hypermedia.cli.common import (
     ignore_stop_signals,
     input_name,
     json_object,
+    make_home,
     print_json,
     printable,
     settings,
@@ -244,7 +245,7 @@ def _migrated(s: Settings) -> None:
         return
     from hypermedia.db import migrate, revisions
 
-    s.home.mkdir(parents=True, exist_ok=True)
+    make_home(s.home)
     if migrate.current(s.url) != revisions.head():
         migrate.upgrade(s.url)
 

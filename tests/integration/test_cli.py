@@ -307,3 +307,16 @@ def test_submit_wait_gives_up_after_its_timeout(embedded_home: Path) -> None:
     assert "not ended within 0.5 s; the jobs go on" in proc.stderr
     job_id = proc.stderr.split()[1]  # "job N queued; waiting until they end"
     assert proc.stdout.splitlines() == [f"job {job_id} queued", "1 queued"]
+
+
+@pytest.mark.parametrize("command", [["worker"], ["db", "upgrade"], ["serve"]])
+def test_a_home_that_cannot_be_made_is_named_in_one_line(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """`worker` printed a 47-line traceback, the others "OSError: ... '[path]'":
+    the path, the user's own setting, redacted."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    proc = hypermedia(*command, url=url, home=Path("/proc/hypermedia-no-home"), timeout=60)
+    said = "HYPERMEDIA_HOME=/proc/hypermedia-no-home cannot be made: No such file or directory"
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
