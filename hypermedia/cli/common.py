@@ -110,6 +110,10 @@ def check_home(home: Path) -> None:
             return
 
 
+class UnwritableHome(HypermediaError):
+    """HYPERMEDIA_HOME cannot be made or written: a read-only mount, say."""
+
+
 def make_home(home: Path) -> None:
     """Make HYPERMEDIA_HOME, writable, or say which folder and why: a
     read-only one was "OSError: ... '[path]'" (the path, the user's own
@@ -117,9 +121,9 @@ def make_home(home: Path) -> None:
     try:
         home.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise BadHome(f"HYPERMEDIA_HOME={home} cannot be made: {exc.strerror}") from None
+        raise UnwritableHome(f"HYPERMEDIA_HOME={home} cannot be made: {exc.strerror}") from None
     if not os.access(home, os.W_OK | os.X_OK):
-        raise BadHome(f"HYPERMEDIA_HOME={home} is not writable (scratch folders go there)")
+        raise UnwritableHome(f"HYPERMEDIA_HOME={home} is not writable (scratch folders go there)")
 
 
 SQLITE_FORMS = "sqlite:///PATH (relative to here) or sqlite:////ABSOLUTE/PATH"
@@ -554,7 +558,7 @@ def user_errors() -> Iterator[None]:
     except OverflowError:  # an id past 64 bits: the driver cannot even bind it
         err_console.print("[red]error:[/] a number given is too large", markup=True)
         raise typer.Exit(EXIT_USAGE) from None
-    except (NoDatabase, ReadOnlyDatabase) as exc:  # the path is the user's own: named
+    except (NoDatabase, ReadOnlyDatabase, UnwritableHome) as exc:  # the user's own: named
         err_console.print(f"[red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
         raise typer.Exit(EXIT_FAILED) from None
     except HypermediaError as exc:

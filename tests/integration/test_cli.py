@@ -318,5 +318,5 @@ def test_a_home_that_cannot_be_made_is_named_in_one_line(
     url = f"sqlite:///{tmp_path / 'x.db'}"
     proc = hypermedia(*command, url=url, home=Path("/proc/hypermedia-no-home"), timeout=60)
     said = "HYPERMEDIA_HOME=/proc/hypermedia-no-home cannot be made: No such file or directory"
-    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and said in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr

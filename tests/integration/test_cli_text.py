@@ -69,8 +69,9 @@ def test_a_reason_keeps_its_brackets(tmp_path: Path) -> None:
 
 def test_an_error_line_keeps_the_redacted_path(tmp_path: Path) -> None:
     # A command that makes the database, in a folder no folder can be made in
-    # (a HYPERMEDIA_HOME under a file is refused by name, exit 2, before).
-    done = hypermedia("db", "upgrade", url="", home=Path("/proc/hm-no-such/home"))
+    # (a HYPERMEDIA_HOME that cannot be made is named, before).
+    url = "sqlite:////proc/hm-no-such/home/hypermedia.db"
+    done = hypermedia("db", "upgrade", url=url, home=tmp_path)
     assert done.returncode == 1
     said = " ".join(done.stderr.split())
     assert said.startswith("error: ") and "[path]" in said, said
