@@ -84,7 +84,13 @@ def decide(
         action, message = "confirm_cancel", "attempt stopped: cancelled by request"
         values = {**base, **CANCELLED, "completed_at": now}
     else:
-        action, values, message = _failure(job, res, code or "INTERNAL", reason, now, settings, rng)
+        given = _given_back(job, res)
+        seen = {**job, "max_attempts": job["max_attempts"] + 1} if given else job
+        why = code or "INTERNAL"
+        action, values, message = _failure(seen, res, why, reason, now, settings, rng)
+        if given and action == "retry_later":
+            values["max_attempts"] = seen["max_attempts"]
+            message += " (it never started: the attempt is not charged)"
         values = {**base, **values}
     ev = {
         "job_id": res.job_id,
@@ -101,6 +107,26 @@ def decide(
     outputs = _output_rows(res, now) if action == "complete" else []
     return Decision(
         res.job_id, res.attempt, job["status"], action, values, attempt_values, ev, outputs
+    )
+
+
+# Attempts given back stop here: a job that kills its worker within the
+# start's write delay every time (an exploit) runs no more than this.
+MAX_GIVEN_BACK_ATTEMPTS = 100
+
+
+def _given_back(job: Row, res: AttemptResult) -> bool:
+    """Whether the reaper ends an attempt whose start was never written: its
+    worker died (``kill -9``) with the job claimed ahead in its buffer, or at
+    most the start's write delay (worker/flusher.py) after starting it.
+    Charged, such jobs lost an attempt each, and one on its last attempt
+    failed ORPHANED without running; the job gets it back (its max_attempts
+    grows by one), up to MAX_GIVEN_BACK_ATTEMPTS."""
+    return (
+        res.status == "orphaned"
+        and res.actor == "reaper"
+        and job["status"] == "claimed"
+        and job["max_attempts"] < MAX_GIVEN_BACK_ATTEMPTS
     )
 
 

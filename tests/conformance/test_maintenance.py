@@ -99,6 +99,40 @@ def test_claimed_but_never_started_job_is_reaped_too(engine, driver, settings, c
     assert transitions(driver, job_id)[-1] == ("claimed", "retry_wait")
 
 
+def test_an_attempt_never_started_is_not_charged(engine, driver, settings, clock):
+    """A worker killed with jobs claimed ahead in its buffer: each lost an
+    attempt, and one on its last attempt failed ORPHANED without running."""
+    job_id, _ = _running(engine, start=False, max_attempts=1)
+    started, _ = _running(engine, max_attempts=1)  # its start written: charged
+    clock.advance(settings.lease_seconds + 1)
+    assert engine.reap()["released_jobs"] == 2
+    row = job_row(driver, job_id)
+    assert (row["status"], row["attempt_count"], row["max_attempts"]) == ("retry_wait", 1, 2)
+    assert "it never started: the attempt is not charged" in events(driver, job_id)[-1]["message"]
+    assert [a["status"] for a in attempts(driver, job_id)] == ["orphaned"]
+    assert status_of(driver, started) == "failed"
+    # It runs again, and completes, as its next attempt.
+    clock.advance(60)
+    engine.promote()
+    got, a2 = claim_one(engine, "w2")
+    assert (got, a2) == (job_id, 2)
+    assert engine.settle("w2", [done(job_id, a2)]) == {job_id}
+    assert status_of(driver, job_id) == "completed"
+
+
+def test_attempts_given_back_stop_at_the_limit(engine, driver, settings, clock):
+    """A job that kills its worker before its start is written, every time,
+    runs no more than MAX_GIVEN_BACK_ATTEMPTS."""
+    from hypermedia.queue.settle import MAX_GIVEN_BACK_ATTEMPTS
+
+    job_id, _ = _running(engine, start=False, max_attempts=MAX_GIVEN_BACK_ATTEMPTS)
+    with driver.tx() as tx:  # as if given back until its last attempt
+        tx.update_job(job_id, ["claimed"], {"attempt_count": MAX_GIVEN_BACK_ATTEMPTS}, attempt=None)
+    clock.advance(settings.lease_seconds + 1)
+    engine.reap()
+    assert job_row(driver, job_id)["status"] == "failed"
+
+
 def test_live_lease_is_left_alone(engine, driver, settings, clock):
     job_id, _ = _running(engine)
     clock.advance(settings.lease_seconds - 1)
