@@ -121,6 +121,23 @@ class Tokens:
         created_by: str | None = None,
     ) -> tuple[Row, str]:
         """A new token for ``project_id`` (created if new); returns (row, token)."""
+        made = self._create(project_id, scopes, name, expires_in, owner_id, created_by)
+        assert made is not None
+        return made
+
+    def _create(
+        self,
+        project_id: str,
+        scopes: str | Iterable[str],
+        name: str,
+        expires_in: timedelta | None,
+        owner_id: str,
+        created_by: str | None,
+        *,
+        first: bool = False,
+    ) -> tuple[Row, str] | None:
+        """``create``; ``first``: only if no token exists yet (else None),
+        decided under the project row's lock."""
         wanted = parse_scopes(scopes)
         if len(name) > 100 or not name.isprintable():
             # Cut to 100 without a word, and printed raw by `tokens ls`: a
@@ -131,6 +148,10 @@ class Tokens:
         token = f"hm_{public}_{secrets.token_urlsafe(24)}"
         now = self.clock()
         with self.db.tx() as tx:
+            if first:
+                tx.lock_project(project_id)
+                if tx.count_tokens():
+                    return None
             token_id = tx.insert_token(
                 {
                     "project_id": project_id,
@@ -249,7 +270,13 @@ class Tokens:
         with self.db.read() as tx:
             if tx.count_tokens():
                 return None
-        _, token = self.create(DEFAULT_PROJECT, ["admin"], name="first admin token")
+        # Again under a lock: replicas started at once on a new database each
+        # made one, printed once, in another machine's home.
+        name = "first admin token"
+        made = self._create(DEFAULT_PROJECT, ["admin"], name, None, "admin", None, first=True)
+        if made is None:
+            return None
+        token = made[1]
         path = home / "admin-token"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:

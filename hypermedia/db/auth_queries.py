@@ -44,6 +44,12 @@ class AuthQueries:
             if self.project(values["project_id"]) is None:
                 raise  # another constraint: not the race
 
+    def lock_project(self, project_id: str) -> None:
+        """Hold the project row's lock until the transaction ends (SQLite:
+        nothing to take; its writers take turns anyway)."""
+        q = sa.select(PR.c.project_id).where(PR.c.project_id == project_id).with_for_update()
+        self.conn.execute(q).first()
+
     def insert_token(self, values: Row) -> int:
         key = self.conn.execute(T.insert().values(**values)).inserted_primary_key
         assert key is not None

@@ -37,3 +37,24 @@ def test_a_token_name_is_printable_and_at_most_100_characters(driver) -> None:  
         f"names-{uuid.uuid4().hex[:8]}", ["jobs:read"], name="ci déploiement " + "n" * 85
     )
     assert len(row["name"]) == 100
+
+
+def test_replicas_started_at_once_make_one_first_admin_token(
+    engine: Engine, database_url: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Each read "no tokens" and made one: two admin tokens, each printed once
+    and written to another machine's home."""
+    import sqlalchemy as sa
+
+    for round_ in range(4):
+        with engine.db.tx() as tx:
+            tx.conn.execute(sa.text("DELETE FROM dashboard_sessions"))
+            tx.conn.execute(sa.text("DELETE FROM api_tokens"))
+        homes = [tmp_path / f"{round_}-{i}" for i in range(6)]
+        for home in homes:
+            home.mkdir()
+        got = race(database_url, 6, lambda drv, i, h=homes: Tokens(drv).first_admin(h[i]))
+        made = [g for g in got if g is not None]
+        assert len(made) == 1 and all(isinstance(g, str) for g in made), got
+        assert len(Tokens(engine.db).list()) == 1
+        assert sum((home / "admin-token").exists() for home in homes) == 1
