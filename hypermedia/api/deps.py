@@ -149,6 +149,8 @@ class FailedAuth:
             self._told.discard(address)
             return
         if address not in self._told:
+            if len(self._told) >= RateLimiter.KEYS:  # addresses that never came back
+                self._told.clear()
             self._told.add(address)
             log.warning("%s: too many failed authentications; refused for a while", address)
         raise ApiError(
