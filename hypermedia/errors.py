@@ -72,6 +72,9 @@ CATEGORIES = (
 
 # The reason of an attempt that found no room to write (pipelines, the child).
 SCRATCH_FULL = "the scratch space is full"
+# A write past the attempt's file-size limit (RLIMIT_FSIZE: EFBIG, "File too
+# large"); a decoder deletes its partial file, so only its error tells.
+FILE_TOO_LARGE = "the attempt wrote a file over its size limit (HYPERMEDIA_CHILD_MAX_FILE_MB)"
 
 
 def policy_for(code: str) -> CodePolicy:

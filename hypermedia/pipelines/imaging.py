@@ -34,7 +34,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from hypermedia.errors import SCRATCH_FULL, JobError
+from hypermedia.errors import FILE_TOO_LARGE, SCRATCH_FULL, JobError
 from hypermedia.storage.sniff import media_type
 
 MIN_LIBVIPS = (8, 13)  # block_untrusted_set / operation_block_set / fail_on
@@ -275,6 +275,8 @@ def failure(exc: Any, header: Header) -> BaseException:
         return MemoryError()
     if "no space left" in text:
         return JobError("STORAGE_UNAVAILABLE", SCRATCH_FULL)
+    if "file too large" in text:  # libvips deleted its partial file: only this tells
+        return JobError("LIMIT_EXCEEDED", FILE_TOO_LARGE)
     if "permission denied" in text:
         # The sandbox refused a file libvips wanted (see temp_in): the
         # attempt's doing, not the input's (PERMISSION_DENIED in the child).

@@ -19,7 +19,7 @@ import sys
 import traceback
 from typing import Any
 
-from hypermedia.errors import SCRATCH_FULL, JobError
+from hypermedia.errors import FILE_TOO_LARGE, SCRATCH_FULL, JobError
 from hypermedia.linux import prctl
 from hypermedia.worker.protocol import (
     encode,
@@ -126,6 +126,8 @@ def _os_failure(exc: OSError) -> dict[str, Any]:
     (later, as a store that is away) on this or another worker."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return {"status": "failed", "code": "STORAGE_UNAVAILABLE", "message": SCRATCH_FULL}
+    if exc.errno == errno.EFBIG:  # RLIMIT_FSIZE: the file may be gone already
+        return {"status": "failed", "code": "LIMIT_EXCEEDED", "message": FILE_TOO_LARGE}
     return _internal(exc)
 
 

@@ -51,3 +51,15 @@ def test_attempt_code_cannot_lift_its_limits(tmp_path: Path) -> None:
         "later": 512,
         "caps": ["0000000000000000"],
     }
+
+
+def test_a_python_write_past_the_file_size_limit_is_limit_exceeded() -> None:
+    """EFBIG from a pipeline's own write was INTERNAL, a bug, not the limit."""
+    import errno
+
+    from hypermedia.errors import FILE_TOO_LARGE
+    from hypermedia.worker.child import _os_failure
+
+    said = _os_failure(OSError(errno.EFBIG, "File too large"))
+    assert (said["code"], said["message"]) == ("LIMIT_EXCEEDED", FILE_TOO_LARGE)
+    assert _os_failure(OSError(errno.ENOSPC, "No space left"))["code"] == "STORAGE_UNAVAILABLE"

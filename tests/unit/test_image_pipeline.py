@@ -10,6 +10,7 @@ with zlib/struct (PNG, GIF) or written as text (SVG, EPS).
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import struct
 import subprocess
@@ -905,6 +906,41 @@ def test_libjpeg_out_of_memory_is_oom(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == '"MemoryError"'
     assert not (tmp_path / "out.jpg").exists()  # nothing half-written left
+
+
+_FSIZE = """
+import json, resource, signal, sys
+from hypermedia.pipelines import imaging
+
+vips = imaging.load()
+noise = vips.Image.gaussnoise(1024, 1024, sigma=80).cast("uchar")
+image = noise.bandjoin([noise.rot90(), noise.flip("horizontal")]).copy(interpretation="srgb")
+header = imaging.Header(1024, 1024, "pngload", "image/png", 1, False)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # as in the attempt's child: EFBIG, no kill
+resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, resource.RLIM_INFINITY))
+try:
+    imaging.save(vips, image, sys.argv[1] + "/out.png", "png", 80, False)
+    print(json.dumps("saved"))
+except vips.Error as exc:
+    failed = imaging.failure(exc, header)
+    print(json.dumps([getattr(failed, "code", type(failed).__name__), str(failed)]))
+"""
+
+
+def test_a_write_past_the_file_size_limit_is_limit_exceeded(tmp_path: Path) -> None:
+    """libvips deletes its partial file, so the child found no big file and
+    the attempt said CORRUPT_INPUT of a sound input."""
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _FSIZE, str(tmp_path)],
+        env={},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    code, reason = json.loads(done.stdout)
+    assert code == "LIMIT_EXCEEDED" and "HYPERMEDIA_CHILD_MAX_FILE_MB" in reason
 
 
 def test_heic_is_read_where_libvips_can(scratch: Path) -> None:
