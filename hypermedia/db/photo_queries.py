@@ -216,26 +216,37 @@ class PhotoQueries:
         row = self.conn.execute(sa.select(VJ).where(VJ.c.photo_id == photo_id)).first()
         return dict(row._mapping) if row else None
 
+    # The two listings below name rows by photo id only: a legacy producer's
+    # row may hold a value no driver reads as its type (PostgreSQL's
+    # '-infinity', a SQLite timestamp written as a number or "yesterday"),
+    # and one such row in a batch stopped every adoption, or every binding.
+
     def due_variant_jobs(
         self, now: datetime, limit: int, *, exclude: Sequence[str] = ()
-    ) -> list[Row]:
+    ) -> list[str]:
         """Lock rows no engine job was made for yet, skipping rows others hold."""
-        q = sa.select(VJ).where(VJ.c.adopted_at.is_(None), VJ.c.next_attempt_at <= now)
+        q = sa.select(VJ.c.photo_id).where(VJ.c.adopted_at.is_(None), VJ.c.next_attempt_at <= now)
         if exclude:
             q = q.where(VJ.c.photo_id.not_in(list(exclude)))
         q = q.order_by(VJ.c.next_attempt_at, VJ.c.photo_id).limit(limit)
         if self.dialect != "sqlite":
             q = q.with_for_update(skip_locked=True)
-        return _rows(self.conn.execute(q))
+        return [r[0] for r in self.conn.execute(q)]
 
-    def adopted_variant_jobs(self, after: str, limit: int) -> list[Row]:
+    def adopted_variant_jobs(self, after: str, limit: int) -> list[str]:
         """Rows whose engine jobs exist, by photo id (``after``: the last one seen)."""
         q = (
-            sa.select(VJ)
+            sa.select(VJ.c.photo_id)
             .where(VJ.c.adopted_at.is_not(None), VJ.c.photo_id > after)
             .order_by(VJ.c.photo_id)
             .limit(limit)
         )
+        return [r[0] for r in self.conn.execute(q)]
+
+    def variant_jobs_of(self, photo_ids: Sequence[str]) -> list[Row]:
+        if not photo_ids:
+            return []
+        q = sa.select(VJ).where(VJ.c.photo_id.in_(list(photo_ids))).order_by(VJ.c.photo_id)
         return _rows(self.conn.execute(q))
 
     def mark_variant_adopted(self, photo_id: str, now: datetime) -> bool:

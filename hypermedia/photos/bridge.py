@@ -15,14 +15,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from hypermedia.db.dialects import is_transient
 from hypermedia.errors import HypermediaError
 from hypermedia.photos.service import BRIDGE, NATIVE, Photos, backoff, variants_known
-from hypermedia.redact import redact
+from hypermedia.redact import brief, redact
 from hypermedia.scheduler.budget import BUDGET_SECONDS
 
 log = logging.getLogger(__name__)
 
 SURFACE = "variant_jobs"
+# An unreadable row is tried again after the longest backoff (an hour).
+UNREADABLE_ATTEMPTS = 99
 
 
 @dataclass
@@ -62,9 +65,15 @@ class PhotoBridge:
                 if not self._adopt_one(skip, current, counts):
                     return
             except Exception as exc:  # a database error on this row: defer it, go on
-                log.warning("photo-bridge: adoption failed (%s)", redact(exc))
                 if not current:
+                    log.warning("photo-bridge: adoption failed (%s)", redact(exc))
                     return
+                if is_transient(exc):
+                    log.warning(
+                        "photo-bridge: adoption of photo %s failed (%s)", current[0], brief(exc)
+                    )
+                else:  # a value no driver reads, say: named once, the others go on
+                    self.photos.unreadable(current[0], exc)
                 self._defer(current[0], f"adoption failed: {type(exc).__name__}")
                 counts["refused"] += 1
             skip.extend(current)
@@ -74,11 +83,13 @@ class PhotoBridge:
         engine = self.photos.engine
         now = engine.clock()
         with engine.db.tx() as tx:
-            rows = tx.due_variant_jobs(now, 1, exclude=skip)
-            if not rows:
+            due = tx.due_variant_jobs(now, 1, exclude=skip)
+            if not due:
                 return False
-            row = rows[0]
-            current.append(row["photo_id"])
+            current.append(due[0])
+            row = tx.variant_job(due[0])  # may be unreadable: deferred by the caller
+            if row is None:
+                return True
             native = bool(row["native"])
             actor = NATIVE if native else BRIDGE
             try:
@@ -106,7 +117,15 @@ class PhotoBridge:
                 row = tx.variant_job(photo_id)
                 if row is not None and row["adopted_at"] is None:
                     tx.variant_failed(photo_id, reason, now + backoff(row["attempts"]))
-        except Exception as exc:  # the database is away: the next run tries again
+            return
+        except Exception as exc:
+            if is_transient(exc):  # the database is away: the next run tries again
+                log.warning("photo-bridge: could not defer a row (%s)", redact(exc))
+                return
+        try:  # a row that cannot be read is still written: pushed back the longest
+            with engine.db.tx() as tx:
+                tx.variant_failed(photo_id, reason, now + backoff(UNREADABLE_ATTEMPTS))
+        except Exception as exc:
             log.warning("photo-bridge: could not defer a row (%s)", redact(exc))
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from hypermedia.config import DEFAULT_PROJECT
+from hypermedia.db.dialects import is_transient
 from hypermedia.db.photo_queries import VARIANT_ROLES, variant_key
 from hypermedia.db.photo_queries import photo_of_variant_key as photo_of_variant_key
 from hypermedia.db.schema_storage import PHOTO_ROLES
@@ -34,7 +35,7 @@ from hypermedia.queue import states
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.events import event
 from hypermedia.queue.models import NewJob
-from hypermedia.redact import redact
+from hypermedia.redact import brief, redact
 from hypermedia.storage.ledger import Storage
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,7 @@ class Photos:
         self.engine = engine
         self.storage = storage
         self.db = engine.db
+        self._unreadable: set[str] = set()  # variant_jobs rows said to be unreadable
 
     # -- creating --------------------------------------------------------------
 
@@ -424,19 +426,60 @@ class Photos:
         seen = 0
         while True:
             with self.db.read() as tx:
-                rows = tx.adopted_variant_jobs(after, BATCH)
+                ids = tx.adopted_variant_jobs(after, BATCH)
+            rows = self._readable(ids)
             dead = self._failed_for_good(rows)
-            for row in rows:
+            live = {r["photo_id"] for r in rows} - dead
+            for photo_id in ids:
                 # One row at least, so that every run gets on.
                 if seen and deadline is not None and time.monotonic() >= deadline:
                     return counts, after
                 seen += 1
-                if row["photo_id"] not in dead:
-                    for k, v in self._attach(row["photo_id"]).items():
+                if photo_id in live:
+                    for k, v in self._attach(photo_id).items():
                         counts[k] += v
-                after = row["photo_id"]
-            if len(rows) < BATCH:
+                after = photo_id
+            if len(ids) < BATCH:
                 return counts, None
+
+    def _readable(self, photo_ids: Sequence[str]) -> Rows:
+        """The ``variant_jobs`` rows of ``photo_ids`` the driver can read.  A
+        legacy producer's row may hold a value of no readable type (a
+        '-infinity' timestamp, a number where SQLite keeps text): one such
+        row made every run fail, and no photo's variants were bound again.
+        It is skipped, said once; the others go on."""
+        try:
+            with self.db.read() as tx:
+                return [*tx.variant_jobs_of(photo_ids)]
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+        rows = []
+        for photo_id in photo_ids:  # one by one, to find which
+            try:
+                with self.db.read() as tx:
+                    row = tx.variant_job(photo_id)
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                self.unreadable(photo_id, exc)
+                continue
+            if row is not None:
+                rows.append(row)
+        return rows
+
+    def unreadable(self, photo_id: str, exc: BaseException) -> None:
+        """Say once (per process) that a photo's ``variant_jobs`` row cannot be read."""
+        if photo_id in self._unreadable:
+            return
+        if len(self._unreadable) >= 10_000:
+            self._unreadable.clear()
+        self._unreadable.add(photo_id)
+        log.warning(
+            "photo-bridge: the variant_jobs row of photo %s cannot be read (%s): left as it is",
+            redact(photo_id, 100),
+            brief(exc),
+        )
 
     def _failed_for_good(self, rows: Rows) -> set[str]:
         """The photos of ``rows`` whose variant jobs all ended, failed or

@@ -549,6 +549,73 @@ def test_bridge_adopts_a_legacy_row_once(
     assert {v["status"] for v in shown["variants"].values()} == {"queued"}
 
 
+def _poison(driver: Driver, photo_id: str, column: str) -> bool:
+    """Write what a legacy producer might into a timestamp of its row: a value
+    this database's driver cannot read as one (False: MariaDB reads its zero
+    date as text, so nothing is unreadable there)."""
+    value: Any = {"postgresql": "-infinity", "sqlite": 1600000000}.get(driver.name)
+    with driver.tx() as tx:
+        if value is None:
+            tx.conn.execute(sa.text("SET SESSION sql_mode=''"))
+            value = "0000-00-00 00:00:00"
+        q = f"UPDATE variant_jobs SET {column} = :v WHERE photo_id = :p"
+        tx.conn.execute(sa.text(q), {"v": value, "p": photo_id})
+    return driver.name != "mysql"
+
+
+def test_a_row_no_driver_can_read_stops_no_other_adoption(
+    photos: Photos,
+    storage: Storage,
+    engine: Engine,
+    driver: Driver,
+    clock: Any,
+    image_jobs: None,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """'-infinity' on PostgreSQL, a number on SQLite: it came first every
+    run, its read failed, and no later legacy row was ever adopted."""
+    obj = storage.put(io.BytesIO(png(5, 5)))
+    bad, good = _legacy_photo(driver, obj["object_id"]), _legacy_photo(driver, obj["object_id"])
+    unreadable = _poison(driver, bad, "next_attempt_at")
+    clock.advance(86400)
+    bridge = PhotoBridge(photos)
+    with caplog.at_level("WARNING"):
+        bridge.run_once()
+        bridge.run_once()
+    keys = {j["idempotency_key"] for j in engine.list()}
+    assert {variant_key(good, r) for r in VARIANTS} <= keys
+    if unreadable:
+        assert not {variant_key(bad, r) for r in VARIANTS} & keys
+        said = [m for m in caplog.messages if "cannot be read" in m]
+        assert len(said) == 1 and bad in said[0], caplog.messages
+        with driver.tx() as tx:  # pushed back: the next run does not begin with it
+            q = "SELECT last_error FROM variant_jobs WHERE photo_id = :p"
+            assert "adoption failed" in tx.conn.execute(sa.text(q), {"p": bad}).scalar_one()
+
+
+def test_a_row_no_driver_can_read_stops_no_other_photos_variants(
+    photos: Photos,
+    storage: Storage,
+    engine: Engine,
+    driver: Driver,
+    tmp_path: Path,
+    image_jobs: None,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One adopted row with an unreadable timestamp failed every bridge run:
+    1,028 finished variant jobs sat unbound until it was deleted."""
+    obj = storage.put(io.BytesIO(png(5, 5)))
+    bad = _legacy_photo(driver, obj["object_id"])
+    with driver.tx() as tx:
+        tx.conn.execute(variant_jobs.update().values(adopted_at=sa.func.now()))
+    _poison(driver, bad, "adopted_at")
+    row = _add(photos)
+    _complete(engine, storage, tmp_path)
+    with caplog.at_level("WARNING"):
+        PhotoBridge(photos).run_once()
+    assert set(photos.get(row["id"])["objects"]) == {"original", "thumb", "preview"}
+
+
 def test_bridge_never_makes_a_second_job_for_work_add_enqueued(
     photos: Photos, engine: Engine, driver: Driver, clock: Any, image_jobs: None
 ) -> None:
