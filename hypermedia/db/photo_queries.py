@@ -197,6 +197,29 @@ class PhotoQueries:
         )
         return [r[0] for r in self.conn.execute(q)]
 
+    def copies_lacking(self, original: int, role: str, photo_id: str) -> list[str]:
+        """Photos other than ``photo_id`` sharing its original that wait for no
+        variants of their own and have no ``role`` yet: the copies a new
+        variant is shared with.  One query: 2,000 legacy photos of one
+        original, each read in turn at every binding, bound 6 photos a minute."""
+        own = sa.select(VJ.c.photo_id).where(VJ.c.photo_id == PO.c.photo_id)
+        other = PO.alias("other")
+        has = sa.select(other.c.photo_id).where(
+            other.c.photo_id == PO.c.photo_id, other.c.role == role
+        )
+        q = (
+            sa.select(PO.c.photo_id)
+            .where(
+                PO.c.object_id == original,
+                PO.c.role == "original",
+                PO.c.photo_id != photo_id,
+                ~own.exists(),
+                ~has.exists(),
+            )
+            .order_by(PO.c.photo_id)
+        )
+        return [r[0] for r in self.conn.execute(q)]
+
     # -- variant_jobs --------------------------------------------------------
 
     def insert_variant_job(self, photo_id: str, now: datetime, *, native: bool = False) -> None:

@@ -571,11 +571,7 @@ class Photos:
     def _share(self, tx: Any, photo_id: str, original: int, role: str, object_id: int) -> int:
         """Copies made before a variant was ready share it too."""
         n = 0
-        for other in tx.photos_bound_to(original, "original"):
-            if other == photo_id or tx.variant_job(other) is not None:
-                continue
-            if role in {b["role"] for b in tx.bindings_of([other])}:
-                continue
+        for other in tx.copies_lacking(original, role, photo_id):
             if tx.photo(other, lock=True) is not None:
                 tx.bind(other, object_id, role)
                 n += 1

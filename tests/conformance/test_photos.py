@@ -427,6 +427,38 @@ def test_attach_variants_binds_completed_outputs(
     assert _blobs(storage) == 0
 
 
+def test_binding_a_variant_reads_a_fixed_number_of_rows_however_many_share_it(
+    photos: Photos,
+    storage: Storage,
+    engine: Engine,
+    driver: Driver,
+    tmp_path: Path,
+    image_jobs: None,
+) -> None:
+    """2,000 legacy photos of one original: each binding read every one of
+    them in turn (two queries each), and photos bound 6 a minute."""
+    src = _add(photos)
+    for _ in range(40):  # waiting for variants of their own: not shared with
+        _legacy_photo(driver, src["object_id"])
+    copy = photos.copy(src["id"])  # made before the variants: shared with
+    _complete(engine, storage, tmp_path)
+    statements: list[str] = []
+    engines = {id(e): e for e in driver._engines.values()}.values()
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    for e in engines:
+        sa.event.listen(e, "before_cursor_execute", count)
+    try:
+        assert photos._attach(src["id"])["attached"] == 4  # its two, and the copy's
+    finally:
+        for e in engines:
+            sa.event.remove(e, "before_cursor_execute", count)
+    assert len(statements) < 40, len(statements)
+    assert set(photos.get(copy["id"])["objects"]) == {"original", "thumb", "preview"}
+
+
 def test_failed_variant_jobs_are_recorded_redacted(
     photos: Photos, engine: Engine, driver: Driver, image_jobs: None
 ) -> None:
