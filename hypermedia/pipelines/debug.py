@@ -4,7 +4,8 @@ debug.sleep takes ``{"ms": N}`` and, to exercise the failure paths:
 ``{"fail": "CODE"}`` (raise that error code); ``{"crash": true}`` (the child
 process dies with SIGKILL, like a segfaulting decoder would); ``{"abort": true}``
 (it holds ``alloc_mb`` for ``ms``, then calls abort(), as a C++ library does
-when an allocation fails); ``{"alloc_mb": N}``
+when an allocation fails; with ``{"refused_mb": N}`` it first says what GLib
+says of a refused allocation of N MB); ``{"alloc_mb": N}``
 (allocate memory, to hit the attempt's memory limit); ``{"leak_mb": N}`` (keep
 N MB for the rest of the child's life, as a leaking decoder would);
 ``{"write_mb": N}`` (write an N MB file in scratch, to hit the file-size
@@ -96,7 +97,7 @@ def _no_settings(settings: dict[str, Any], job_type: str) -> None:
 def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     allowed = {"ms", "fail", "crash", "abort", "alloc_mb", "steps", "output", "nan", "forge"}
     allowed |= {"marker", "write_mb", "leak_mb", "probe", "network", "stray", "say", "linger"}
-    allowed |= {"spill_mb"}
+    allowed |= {"spill_mb", "refused_mb"}
     unknown = set(params) - allowed
     if unknown:
         raise JobError("INVALID_PARAMS", f"unknown parameters: {', '.join(sorted(unknown))}")
@@ -109,7 +110,7 @@ def _validate_sleep(params: dict[str, Any], settings: dict[str, Any]) -> dict[st
         raise JobError("INVALID_PARAMS", f"fail must be one of {', '.join(ERROR_POLICY)}")
     if not isinstance(params.get("crash", False), bool):
         raise JobError("INVALID_PARAMS", "crash must be true or false")
-    for name in ("alloc_mb", "write_mb", "leak_mb", "say", "spill_mb"):
+    for name in ("alloc_mb", "write_mb", "leak_mb", "say", "spill_mb", "refused_mb"):
         amount = params.get(name, 0)
         if not isinstance(amount, int) or isinstance(amount, bool) or not 0 <= amount <= 65536:
             raise JobError("INVALID_PARAMS", f"{name} must be an integer from 0 to 65536")
@@ -177,6 +178,9 @@ def _sleep(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
         held = bytearray(params.get("alloc_mb", 0) * 1024 * 1024)
         held[::4096] = b"x" * len(held[::4096])
         time.sleep(ms / 1000)
+        if params.get("refused_mb"):
+            said = b"GLib-ERROR **: failed to allocate %d bytes\n" % (params["refused_mb"] << 20)
+            os.write(2, said)
         os.abort()
     if params.get("say"):  # straight to fd 2, as C code writes
         os.write(2, b"".join(b"debug.sleep says %d\x1b[2J\n" % i for i in range(params["say"])))

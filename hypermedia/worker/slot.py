@@ -448,9 +448,12 @@ class Slot:
             code, status, why = "TIMEOUT", "timeout", "the attempt used up its CPU time"
         elif ex.signal == signal.SIGKILL and ex.peak_mb >= mem * 0.9:
             code, status, why = "OOM", "failed", "the attempt was killed for using too much memory"
-        elif ex.signal in NATIVE_ABORTS and (_filled(vm, mem) or ex.peak_mb >= mem * 0.8):
+        elif ex.signal in NATIVE_ABORTS and (
+            _filled(vm, mem) or ex.peak_mb >= mem * 0.8 or _said_no_memory(child)
+        ):
             # The sampled address space lags a fast last allocation; a
-            # resident peak near the limit tells the same story afterwards.
+            # resident peak near the limit tells the same story afterwards,
+            # and so does the library's last word (one refused allocation).
             code, status, why = "OOM", "failed", "the attempt ran out of memory in a native library"
         else:
             code, status = "CRASHED", "crashed"
@@ -555,6 +558,16 @@ def _empty(directory: Path) -> None:
             else:
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
+
+
+def _said_no_memory(child: Child) -> bool:
+    """Whether the dead child's stderr said an allocation failed: read to its
+    end first (the relay thread may not have got to its last words)."""
+    tag = getattr(child, "stderr", None)
+    if tag is None:
+        return False
+    tag.drain()
+    return bool(tag.no_memory)
 
 
 def _filled(vm: tuple[int, int], mem: int) -> bool:

@@ -16,12 +16,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import selectors
 import threading
 from typing import IO
 
 log = logging.getLogger("hypermedia.child")
 
+# What native libraries say as an allocation fails: GLib ("failed to allocate
+# 400000000 bytes"), C++ (std::bad_alloc), libc's strerror and others.
+NO_MEMORY = re.compile(
+    rb"failed to allocate \d+ bytes|std::bad_alloc|cannot allocate memory|out of memory", re.I
+)
 LINES = 20  # lines logged per attempt (and per child before its first one)
 LINE = 1000  # characters kept of a line
 READ = 65536
@@ -39,6 +45,11 @@ class Tag:
         self.dropped = 0
         self.partial = b""
         self.ended = False
+        # Whether the attempt's child said an allocation failed (GLib's
+        # "failed to allocate N bytes" before its abort): an OOM, though its
+        # sampled memory never came near the limit (a refused allocation of
+        # 400 MB at once, or growth faster than the samples).
+        self.no_memory = False
         self._lock = threading.Lock()  # the relay and the slot both read
 
     def attempt(self, job_id: int, attempt: int) -> None:
@@ -50,6 +61,7 @@ class Tag:
             self._say_dropped()
             self.who = f"child {self.pid} (job {job_id} attempt {attempt})"
             self.logged = 0
+            self.no_memory = False
 
     def drain(self) -> bool:
         """Log what the pipe holds now; False once it has ended."""
@@ -80,6 +92,8 @@ class Tag:
             self.partial = b""
 
     def _line(self, raw: bytes) -> None:
+        if not self.no_memory and NO_MEMORY.search(raw[:LINE]):
+            self.no_memory = True
         if self.logged >= LINES:
             self.dropped += 1
             return

@@ -265,8 +265,12 @@ def test_a_native_abort_near_the_memory_limit_is_an_oom(
     # Filled and aborted between two samples of its address space: its
     # resident peak tells (it was "CRASHED (SIGABRT)" at 8 GB of a PDF).
     quick = submit(live, {"abort": True, "alloc_mb": 400, "ms": 0}, max_attempts=1)
+    # One allocation refused whole, memory far from the limit: its library
+    # said so before the abort (a 62-byte GIF's 400 MB frame was CRASHED).
+    refused = submit(live, {"abort": True, "refused_mb": 400}, max_attempts=1)
     near_row, bare_row = wait_job(driver, near, timeout=30), wait_job(driver, bare, timeout=30)
     assert wait_job(driver, quick, timeout=30)["error_code"] == "OOM"
+    assert wait_job(driver, refused, timeout=30)["error_code"] == "OOM"
 
     assert (near_row["status"], near_row["error_code"]) == ("failed", "OOM")
     (a,) = attempts(driver, near)
