@@ -276,7 +276,7 @@ class Slot:
         vm_peak = vm_start
         deadline = t0 + job.timeout_seconds
         budget: tuple[float, str] | None = None  # a step's end, by the child's word
-        scratch = ScratchWatch(self._scratch_str, self.cfg.max_scratch_mb, t0)
+        scratch = ScratchWatch(self._scratch_str, self.cfg.max_scratch_mb, t0, child.pid)
         while True:
             stop = self._why_stop(rj, budget, deadline) or scratch.over()
             if stop is LOST:
@@ -506,9 +506,10 @@ class ScratchWatch:
     limit, filled the disk the database and the blobs live on, bounded only
     by the attempt's timeout (at 1 GB/s, 300 GB in five minutes)."""
 
-    def __init__(self, path: str, limit_mb: int, started: float) -> None:
+    def __init__(self, path: str, limit_mb: int, started: float, pid: int | None = None) -> None:
         self.path = path
         self.limit_mb = limit_mb
+        self.pid = pid
         self._next = started + SCRATCH_CHECK
 
     def over(self) -> Stop | None:
@@ -517,6 +518,8 @@ class ScratchWatch:
             return None
         self._next = now + SCRATCH_CHECK
         used, entries = scratch_usage(self.path, MAX_SCRATCH_ENTRIES)
+        if self.pid is not None:
+            used += unlinked_usage(self.pid, self.path)
         if entries > MAX_SCRATCH_ENTRIES:
             why = f"the attempt made more than {MAX_SCRATCH_ENTRIES:,} files in its scratch folder"
             return ("failed", "LIMIT_EXCEEDED", why)
@@ -548,6 +551,25 @@ def scratch_usage(path: str, max_entries: int) -> tuple[int, int]:
         except OSError:
             continue
     return used, entries
+
+
+def unlinked_usage(pid: int, path: str) -> int:
+    """Bytes on disk of the files under ``path`` that process ``pid`` holds
+    open after unlinking them: libvips makes its temporary images so (a
+    400 MB canvas of an animated WebP), and the folder's listing never saw
+    them against the scratch limit."""
+    used, folder = 0, f"/proc/{pid}/fd"
+    try:
+        fds = os.listdir(folder)
+    except OSError:
+        return 0
+    prefix, gone = path.rstrip("/") + "/", " (deleted)"
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"{folder}/{fd}")
+            if target.startswith(prefix) and target.endswith(gone):
+                used += os.stat(f"{folder}/{fd}").st_blocks * 512
+    return used
 
 
 def _empty(directory: Path) -> None:

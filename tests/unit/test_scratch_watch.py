@@ -60,3 +60,27 @@ def test_the_watch_looks_once_a_check_and_says_which_limit(tmp_path: Path, monke
         (tmp_path / f"f{i}").unlink()
     watch._next = 0.0
     assert watch.over() is None
+
+
+def test_files_unlinked_while_held_open_count_too(tmp_path: Path) -> None:
+    """libvips unlinks its temporary images as it opens them: a 400 MB canvas
+    in scratch never counted against the scratch limit."""
+    scratch, outside = tmp_path / "scratch", tmp_path / "outside.bin"
+    scratch.mkdir()
+    held = open(scratch / "#temp", "wb")  # noqa: SIM115  # held open on purpose
+    elsewhere = open(outside, "wb")  # noqa: SIM115
+    try:
+        for f in (held, elsewhere):
+            f.write(os.urandom(3 << 20))
+            f.flush()
+        os.unlink(scratch / "#temp")
+        os.unlink(outside)  # outside the scratch folder: not the attempt's
+        assert scratch_usage(str(scratch), 1000) == (0, 0)
+        assert 3 << 20 <= slot.unlinked_usage(os.getpid(), str(scratch)) < 4 << 20
+        watch = ScratchWatch(str(scratch), 2, time.monotonic() - 10, os.getpid())
+        stop = watch.over()
+        assert stop is not None and stop[1] == "LIMIT_EXCEEDED", stop
+    finally:
+        held.close()
+        elsewhere.close()
+    assert slot.unlinked_usage(os.getpid(), str(scratch)) == 0
