@@ -298,7 +298,7 @@ def test_a_small_corrupted_blob_is_refused_and_logged(
 
 
 def test_head_answers_the_download_headers_without_the_bytes(
-    client: TestClient, a: Project, svc: Services
+    client: TestClient, a: Project, svc: Services, caplog: pytest.LogCaptureFixture
 ) -> None:
     obj = upload(client, a.admin, b"some bytes", filename="a.txt")
     url = client.get(f"/v1/objects/{obj['object_id']}/url", headers=bearer(a.admin)).json()["url"]
@@ -310,13 +310,24 @@ def test_head_answers_the_download_headers_without_the_bytes(
         == "attachment; filename=\"a.txt\"; filename*=UTF-8''a.txt"
     )
     assert client.head(url.replace("sig=", "sig=0")).status_code == 403
-    # A blob gone missing is a 404 for HEAD as for GET, a part asked or not.
+    # A ready object's blob gone missing is lost data, for HEAD as for GET, a
+    # part asked or not: a 500 and a log line (a bare 404 looked like a stale
+    # link to the client, and the operator heard nothing).
     row = svc.storage.get(int(str(obj["object_id"])))
     blob = Path(svc.storage.backend(row["pool_id"]).root) / row["storage_key"]  # type: ignore[attr-defined]
     blob.unlink()
-    for headers in ({}, {"Range": "bytes=2-4"}):
-        assert client.head(url, headers=headers).status_code == 404
-        assert client.get(url, headers=headers).status_code == 404
+    with caplog.at_level("ERROR"):
+        for headers in ({}, {"Range": "bytes=2-4"}):
+            got = client.head(url, headers=headers)
+            assert got.status_code == 500, headers
+            got = client.get(url, headers=headers)
+            assert got.status_code == 500 and got.json()["code"] == "object_corrupt", headers
+            assert "missing" in got.json()["message"]
+    assert f"object {obj['object_id']}: download refused (its blob is missing" in caplog.text
+    # Collected since the link was made: gone, as any object no longer ready.
+    with svc.storage.db.tx() as tx:
+        tx.mark_deleting([int(str(obj["object_id"]))], "ready", svc.engine.clock())
+    assert client.get(url).status_code == 404
 
 
 def test_list_is_the_projects_own_newest_first_with_a_cursor(

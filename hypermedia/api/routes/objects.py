@@ -41,7 +41,12 @@ from hypermedia.db.schema_storage import OBJECT_STATES
 from hypermedia.errors import Forbidden, HypermediaError, InvalidRequest, NotFound
 from hypermedia.parse import ascii_int
 from hypermedia.services import Services
-from hypermedia.storage.base import ChecksumMismatch, StorageUnavailable, unavailable
+from hypermedia.storage.base import (
+    BlobMissing,
+    ChecksumMismatch,
+    StorageUnavailable,
+    unavailable,
+)
 from hypermedia.storage.keys import attachment
 from hypermedia.storage.ledger import Storage
 
@@ -447,8 +452,17 @@ async def object_content(
         stack.close()
         headers = {"Content-Range": f"bytes */{exc.size}"}
         raise ApiError(416, "the range starts past the object's end", headers=headers) from None
+    except BlobMissing as exc:
+        # A ready row without its blob is lost data, not a stale link: said
+        # as a damaged blob is, and logged for the operator.  One that GC
+        # collected meanwhile is gone as any other.
+        stack.close()
+        if not await run_in_threadpool(_still_ready, st, object_id):
+            raise NotFound("object not available") from None
+        log.error("object %s: download refused (its blob is missing: %s)", object_id, exc)
+        raise ApiError(500, MISSING, code="object_corrupt") from None
     except HypermediaError:
-        # Gone since the link was made, not ready, blob missing: one answer.
+        # Gone since the link was made, not ready: one answer.
         stack.close()
         raise NotFound("object not available") from None
     status, headers = _download_headers(row, part)
@@ -471,6 +485,14 @@ router.add_api_route(
     "/{object_id}/content", object_content, methods=["HEAD"], include_in_schema=False
 )
 CORRUPT = "the object's stored bytes do not match its checksum; quote the request id"
+MISSING = "the object's stored bytes are missing; quote the request id"
+
+
+def _still_ready(st: Storage, object_id: int) -> bool:
+    try:
+        return bool(st.get(object_id)["state"] == "ready")
+    except HypermediaError:
+        return False
 
 
 class _Unsatisfiable(HypermediaError):
