@@ -153,10 +153,11 @@ class FailedAuth:
                 self._told.clear()
             self._told.add(address)
             log.warning("%s: too many failed authentications; refused for a while", address)
+        seconds = math.ceil(wait)
         raise ApiError(
             429,
-            "too many failed authentications from this address",
-            headers={"Retry-After": str(math.ceil(wait))},
+            f"too many failed authentications from this address; try again in {seconds} s",
+            headers={"Retry-After": str(seconds)},
         )
 
     def failed(self, request: Request) -> None:

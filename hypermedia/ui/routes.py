@@ -129,8 +129,12 @@ async def login(request: Request) -> Response:
         limiter = request.app.state.rate_limiter
         secret, principal = await run_in_threadpool(_start_session, svc, token, limiter)
     except (RateLimited, ApiError) as exc:
-        refused = page(request, "login.html", 429, title="Log in", next=target, error=str(exc))
-        seconds = exc.seconds if isinstance(exc, RateLimited) else exc.headers["Retry-After"]
+        if isinstance(exc, RateLimited):
+            seconds, said = exc.seconds, str(exc)
+        else:  # the address's failed logins: whatever token is typed now
+            seconds = int(exc.headers["Retry-After"])
+            said = f"Too many failed logins from this address: try again in {seconds} s."
+        refused = page(request, "login.html", 429, title="Log in", next=target, error=said)
         refused.headers["Retry-After"] = str(seconds)
         return refused
     except Unauthorized:

@@ -118,7 +118,8 @@ def test_failed_authentications_from_an_address_are_throttled(
         assert "failed authentications" in r.json()["message"]
         assert c.get("/v1/jobs").status_code == 401  # no credential: no guess, no 429
         r = c.post("/ui/login", data={"token": good}, follow_redirects=False)
-        assert r.status_code == 429 and "failed authentications" in r.text
+        assert r.status_code == 429 and "Too many failed logins from this address" in r.text
+        assert f"try again in {r.headers['Retry-After']} s." in r.text
     said = [m for m in caplog.messages if "too many failed authentications" in m]
     assert len(said) == 1 and "203.0.113.7" in said[0]
     # Another address is not slowed; dashboard logins count too.

@@ -238,3 +238,25 @@ def test_credits_shown_are_the_ones_charged(client: TestClient, svc: Services, a
     profiles = client.get("/ui/profiles").text
     assert "<td>2 + 3/page</td>" in _profile_row(profiles, f"{key}:v1")
     assert "<td>1 + 1/page</td>" in _profile_row(profiles, "pdf-preview:v1")
+
+
+def test_an_events_code_is_shown_once(client: TestClient, svc: Services, a: Project) -> None:
+    """The engine's message begins "INTERNAL: …": the page said "INTERNAL
+    INTERNAL: …", and so did the live page's rows."""
+    job_id = svc.engine.enqueue(NewJob("debug.sleep", {"ms": 1}, project_id=a.id))
+    run(svc, job_id)
+    finish(svc, job_id, "failed", code="INTERNAL", message="asked to fail")
+    login(client, a.admin)
+    page = client.get(f"/ui/jobs/{job_id}").text
+    assert "INTERNAL: asked to fail; retry in" in page
+    assert "<code>INTERNAL</code> INTERNAL:" not in page
+    # A message that does not name its code keeps it in front.
+    job_id = svc.engine.enqueue(NewJob("debug.sleep", {"ms": 1}, project_id=a.id))
+    run(svc, job_id)
+    svc.engine.cancel(job_id)
+    finish(svc, job_id, "crashed", code="CRASHED")
+    events = [e for e in svc.engine.events_since(job_id)[1] if e.get("code")]
+    assert events and not events[-1]["message"].startswith("CRASHED:")
+    assert "<code>CRASHED</code> " in client.get(f"/ui/jobs/{job_id}").text
+    js = client.get("/ui/static/job.js").text
+    assert 'message.indexOf(row.code + ":") !== 0' in js

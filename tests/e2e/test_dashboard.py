@@ -33,7 +33,7 @@ from hypermedia.config import Settings
 from hypermedia.db.driver import Driver
 from hypermedia.db.migrate import upgrade
 from hypermedia.queue.engine import Engine
-from hypermedia.queue.models import NewJob
+from hypermedia.queue.models import AttemptResult, NewJob
 from hypermedia.services import Services
 from tests.harness import wait_for
 from tests.integration._procs import Procs
@@ -394,18 +394,27 @@ def test_table_cells_keep_short_words_whole_and_the_page_in_the_window(
     base, svc = stack.base, stack.svc
     for _ in range(3):
         svc.engine.enqueue(NewJob("debug.sleep", {"ms": 1}, queue="nobody-serves"))
+    # Failed for good: the overview's recent failures show their codes.
+    svc.engine.enqueue(NewJob("debug.sleep", {"ms": 1}, queue="fails", max_attempts=1))
+    (claimed,) = svc.engine.claim("w-css", ["fails"], 1)
+    failed = AttemptResult(claimed.job_id, claimed.attempt, "failed", code="UNSUPPORTED_FORMAT")
+    svc.engine.flush("w-css", [], [failed])
     context = chromium.new_context(viewport={"width": width, "height": 740})
     page = context.new_page()
+    lines_of = (  # the lines each element's text takes: one box each
+        "s => [...document.querySelectorAll(s)].map(e => {"
+        " const r = document.createRange(); r.selectNodeContents(e);"
+        " return new Set([...r.getClientRects()].map(b => Math.round(b.top))).size; })"
+    )
     try:
         _log_in(page, base, stack.token, "/ui/jobs")
         assert page.evaluate("document.documentElement.scrollWidth") <= width
         for cell in ("td:nth-child(2)", "td:nth-child(4) .status"):  # job type, status
-            lines = page.evaluate(  # the lines its text takes: one box each
-                "s => [...document.querySelectorAll('tbody tr ' + s)].map(e => {"
-                " const r = document.createRange(); r.selectNodeContents(e);"
-                " return new Set([...r.getClientRects()].map(b => Math.round(b.top))).size; })",
-                cell,
-            )
+            lines = page.evaluate(lines_of, "tbody tr " + cell)
             assert lines and set(lines) == {1}, (cell, lines)
+        # A code in a cell too ("CORR|UPT_|INPU|T" in four lines on a phone).
+        page.goto(base + "/ui")
+        lines = page.evaluate(lines_of, "td code")
+        assert lines and set(lines) == {1}, lines
     finally:
         context.close()

@@ -53,7 +53,10 @@
     cell(tr, row.kind);
     cell(tr, row.to_status ? (row.from_status || "∅") + " → " + row.to_status : "");
     cell(tr, row.attempt_number);
-    cell(tr, (row.code ? row.code + " " : "") + (row.message || ""));
+    var message = row.message || "";
+    // The engine's messages begin "CODE: ..." already: the code once.
+    var coded = row.code && message.indexOf(row.code + ":") !== 0;
+    cell(tr, (coded ? row.code + " " : "") + message);
     cell(tr, row.actor);
     body.appendChild(tr);
     if (row.to_status) setStatus(row.to_status);
