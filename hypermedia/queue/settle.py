@@ -221,6 +221,12 @@ def _failure(
             # at its final step) was shown while the job waited.  A job that
             # fails for good keeps where it stopped.
             "progress": None,
+            # Nobody holds it while it waits (the attempt rows keep who ran
+            # what): a waiting job named its last worker and start, as an
+            # explicit retry no longer does.
+            "claimed_by": None,
+            "claimed_at": None,
+            "started_at": None,
         }
         if grows:
             grown = int(memory * pol.memory_factor)

@@ -493,3 +493,15 @@ def test_the_promoter_skips_a_job_another_transaction_holds(engine, driver, cloc
     assert engine.promote() == 0
     said = [e["message"] for j in (held, free) for e in events(driver, j)]
     assert said.count("backoff over") == 2  # one event each
+
+
+def test_a_job_waiting_to_retry_names_no_holder(engine, driver, settings, clock):
+    """It kept the last attempt's worker and start: a waiting job looked held."""
+    job_id, _ = _running(engine)
+    clock.advance(settings.lease_seconds + 1)
+    engine.reap()
+    row = job_row(driver, job_id)
+    assert row["status"] == "retry_wait"
+    assert (row["claimed_by"], row["claimed_at"], row["started_at"]) == (None, None, None)
+    [att] = attempts(driver, job_id)
+    assert att["worker_id"] == W1 and att["started_at"] is not None  # history kept
