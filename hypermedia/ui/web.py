@@ -197,21 +197,66 @@ class LoginRequired(Exception):
     """No valid cookie: pages redirect to the login form."""
 
 
-def same_origin(request: Request) -> bool:
-    """A request without Origin passes (SameSite=Strict keeps the cookie off
+def origin_refusal(request: Request) -> str | None:
+    """Why a POST's Origin is not this dashboard's (None: it is).
+
+    A request without Origin passes (SameSite=Strict keeps the cookie off
     cross-site POSTs); with one, it must name this very host and scheme: a
     page on http://host (one a network attacker can write) is another origin
     than the dashboard on https://host."""
     origin = request.headers.get("origin")
     if origin is None:
-        return True
+        return None
     host = request.headers.get("host", "")
+    here = _origin_of(request.url.scheme, host)
     try:
         parts = urlsplit(origin)
+        there = _origin_of(parts.scheme, parts.netloc)
     except ValueError:
-        return False
-    scheme = parts.scheme.lower()
-    return bool(host) and scheme == request.url.scheme and parts.netloc.lower() == host.lower()
+        there = None
+    if here is not None and there == here:
+        return None
+    tls_hidden = (
+        here is not None
+        and there is not None
+        and (there[0], here[0]) == ("https", "http")
+        and there[1] == here[1]
+    )
+    if tls_hidden:
+        # This host seen as http: a proxy that ends TLS and does not say so
+        # (X-Forwarded-Proto from an address FORWARDED_ALLOW_IPS trusts) made
+        # every form of the dashboard a 403 "another site".
+        log.warning(
+            "dashboard form refused: it came from %r, this server sees http://%r; "
+            "behind a TLS proxy, have it send X-Forwarded-Proto "
+            "(from an address in FORWARDED_ALLOW_IPS)",
+            origin[:200],
+            host[:200],
+        )
+        return (
+            "this form came from https:// but the server sees http://; "
+            "behind a proxy that ends TLS, it must send X-Forwarded-Proto"
+        )
+    return "this form was sent from another site"
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin_of(scheme: str, netloc: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) with the scheme's default port filled in:
+    ``Host: media.example.com:443`` (nginx's ``$host:$server_port``) is the
+    same origin as ``https://media.example.com``."""
+    scheme = scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not netloc or "@" in netloc:
+        return None
+    try:
+        parts = urlsplit(f"//{netloc}")
+        port = parts.port or _DEFAULT_PORTS[scheme]
+    except ValueError:
+        return None
+    host = (parts.hostname or "").lower()
+    return (scheme, host, port) if host else None
 
 
 def _login_redirect(request: Request) -> Response:
@@ -267,8 +312,8 @@ class UiRoute(APIRoute):
         handler: Callable[[Request], Coroutine[Any, Any, Response]],
     ) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         async def run(request: Request) -> Response:
-            if request.method == "POST" and not same_origin(request):
-                return error_page(request, 403, "this form was sent from another site")
+            if request.method == "POST" and (refused := origin_refusal(request)):
+                return error_page(request, 403, refused)
             try:
                 return await handler(request)
             except RequestValidationError:

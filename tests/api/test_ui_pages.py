@@ -7,6 +7,7 @@ import html
 import re
 import uuid
 
+import pytest
 from fastapi.testclient import TestClient
 
 from hypermedia.api.app import create_app
@@ -215,7 +216,7 @@ def test_posts_from_another_origin_are_refused(
 ) -> None:
     job_id = sleep_job(svc, a.id)
     login(client, a.admin)
-    others = ("http://evil.example", "null", "http://testserver.evil.example", "https://testserver")
+    others = ("http://evil.example", "null", "http://testserver.evil.example", "http://testserver:81")
     for origin in others:
         r = client.post(f"/ui/jobs/{job_id}/cancel", headers={"Origin": origin})
         assert r.status_code == 403 and "another site" in r.text, origin
@@ -244,6 +245,34 @@ def test_behind_a_tls_proxy_the_origin_must_say_https(
     r = client.post(f"{base}/{job_id}/cancel", headers=ok, follow_redirects=False)
     assert r.status_code == 303
     assert svc.engine.get(job_id)["status"] == "cancelled"
+
+
+def test_a_proxy_that_hides_tls_is_named_and_default_ports_are_the_same_origin(
+    client: TestClient, svc: Services, a: Project, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without X-Forwarded-Proto every form was a 403 "sent from another
+    site", nothing logged; nginx's `Host $host:$server_port` (":443") too."""
+    login(client, a.admin)
+    job_id = sleep_job(svc, a.id)
+    hidden = {"Origin": "https://testserver"}  # the browser's; the server sees http
+    with caplog.at_level("WARNING"):
+        r = client.post(f"/ui/jobs/{job_id}/cancel", headers=hidden)
+    assert r.status_code == 403 and "X-Forwarded-Proto" in r.text, r.text
+    assert any("X-Forwarded-Proto" in m for m in caplog.messages)
+    assert svc.engine.get(job_id)["status"] == "queued"
+    for host, origin in (
+        ("testserver:443", "https://testserver"),
+        ("testserver:80", "http://testserver"),
+    ):
+        job_id = sleep_job(svc, a.id)
+        url = f"{origin}/ui/jobs/{job_id}/cancel"
+        r = client.post(url, headers={"Origin": origin, "Host": host}, follow_redirects=False)
+        assert r.status_code == 303, (host, r.text)
+    r = client.post(
+        f"/ui/jobs/{job_id}/cancel",
+        headers={"Origin": "http://testserver:8080", "Host": "testserver"},
+    )
+    assert r.status_code == 403 and "another site" in r.text
 
 
 def test_actions_need_their_scope(client: TestClient, svc: Services, a: Project) -> None:
