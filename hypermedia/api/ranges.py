@@ -13,7 +13,9 @@ import re
 # ASCII digits, at most 19 of them: int() would read other scripts' digits,
 # and no object is larger than 2**63.  The unit in any case (RFC 9110 §14.1),
 # blanks only around "=" and "-": "bytes=1 0-20" does not parse.
-_SPEC = re.compile(r"[ \t]*bytes[ \t]*=[ \t]*([0-9]{0,19})[ \t]*-[ \t]*([0-9]{0,19})[ \t]*", re.I)
+# Up to 40 digits: an end past any object (RFC 9110: clipped to its last
+# byte) is a range still, where 20 digits made it "no range" and a 200.
+_SPEC = re.compile(r"[ \t]*bytes[ \t]*=[ \t]*([0-9]{0,40})[ \t]*-[ \t]*([0-9]{0,40})[ \t]*", re.I)
 
 
 class RangeNotSatisfiable(Exception):

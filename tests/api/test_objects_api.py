@@ -145,6 +145,16 @@ def test_malformed_forms_are_422(client: TestClient, a: Project, svc: Services) 
     assert leftovers(svc) == []
 
 
+def test_a_media_type_that_only_begins_like_multipart_is_a_raw_body(
+    client: TestClient, a: Project
+) -> None:
+    """"multipart/form-datax" was parsed as a form: 422 "malformed"."""
+    h = {**bearer(a.admin), "Content-Type": "multipart/form-datax"}
+    r = client.post("/v1/objects?filename=x.bin", content=b"raw bytes", headers=h)
+    assert r.status_code == 201, r.text
+    assert r.json()["size"] == 9
+
+
 def test_an_empty_upload_is_an_empty_object(client: TestClient, a: Project) -> None:
     obj = upload(client, a.admin, b"")
     assert (obj["size"], obj["filename"]) == (0, "")

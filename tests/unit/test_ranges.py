@@ -29,7 +29,9 @@ TAG = etag("sha256:ab12")
         ("bytes=-", 100, None),
         ("bytes=1 0-20", 100, None),  # a blank inside a number: not 10-20
         ("bytes=\u0661-\u0662", 100, None),  # digits of another script
-        ("bytes=" + "9" * 20 + "-", 100, None),  # past any object's size
+        ("bytes=" + "9" * 41 + "-", 100, None),  # past any sense: not a range
+        # An end past any object's size is cut to its last byte (was ignored: 200).
+        ("bytes=0-" + "9" * 20, 100, (0, 100)),
     ],
 )
 def test_a_range_header_reads_as_rfc_9110_says(
@@ -39,7 +41,14 @@ def test_a_range_header_reads_as_rfc_9110_says(
 
 
 @pytest.mark.parametrize(
-    ("header", "size"), [("bytes=100-", 100), ("bytes=-0", 100), ("bytes=0-", 0), ("bytes=-1", 0)]
+    ("header", "size"),
+    [
+        ("bytes=100-", 100),
+        ("bytes=-0", 100),
+        ("bytes=0-", 0),
+        ("bytes=-1", 0),
+        ("bytes=" + "9" * 20 + "-", 100),  # a start past the end, however long
+    ],
 )
 def test_a_range_past_the_end_is_not_satisfiable(header: str, size: int) -> None:
     with pytest.raises(RangeNotSatisfiable):

@@ -122,7 +122,9 @@ def _declared_length(request: Request) -> int | None:
 
 
 def _is_multipart(request: Request) -> bool:
-    return request.headers.get("content-type", "").lower().startswith("multipart/form-data")
+    # The media type itself: "multipart/form-datax" is a raw body of that type.
+    media = request.headers.get("content-type", "").partition(";")[0]
+    return media.strip().lower() == "multipart/form-data"
 
 
 @contextlib.asynccontextmanager
