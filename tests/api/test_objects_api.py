@@ -148,7 +148,7 @@ def test_malformed_forms_are_422(client: TestClient, a: Project, svc: Services) 
 def test_a_media_type_that_only_begins_like_multipart_is_a_raw_body(
     client: TestClient, a: Project
 ) -> None:
-    """"multipart/form-datax" was parsed as a form: 422 "malformed"."""
+    """ "multipart/form-datax" was parsed as a form: 422 "malformed"."""
     h = {**bearer(a.admin), "Content-Type": "multipart/form-datax"}
     r = client.post("/v1/objects?filename=x.bin", content=b"raw bytes", headers=h)
     assert r.status_code == 201, r.text

@@ -216,7 +216,12 @@ def test_posts_from_another_origin_are_refused(
 ) -> None:
     job_id = sleep_job(svc, a.id)
     login(client, a.admin)
-    others = ("http://evil.example", "null", "http://testserver.evil.example", "http://testserver:81")
+    others = (
+        "http://evil.example",
+        "null",
+        "http://testserver.evil.example",
+        "http://testserver:81",
+    )
     for origin in others:
         r = client.post(f"/ui/jobs/{job_id}/cancel", headers={"Origin": origin})
         assert r.status_code == 403 and "another site" in r.text, origin
