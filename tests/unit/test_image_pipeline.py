@@ -891,12 +891,11 @@ except vips.Error as exc:
 """
 
 
-def test_libjpeg_out_of_memory_is_oom(tmp_path: Path) -> None:
-    """libjpeg says "Insufficient memory" when it cannot allocate (encoding
-    here; decoding a large progressive JPEG too): OOM, retried with more
-    memory, not CORRUPT_INPUT, which blamed the file for good."""
+def _isolated(script: str, tmp_path: Path) -> Any:
+    """What ``script`` prints as JSON, run in a process of its own (its limits
+    must not reach this one)."""
     done = subprocess.run(
-        [sys.executable, "-I", "-c", _TIGHT, str(tmp_path)],
+        [sys.executable, "-I", "-c", script, str(tmp_path)],
         env={},
         capture_output=True,
         text=True,
@@ -904,7 +903,14 @@ def test_libjpeg_out_of_memory_is_oom(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == '"MemoryError"'
+    return json.loads(done.stdout)
+
+
+def test_libjpeg_out_of_memory_is_oom(tmp_path: Path) -> None:
+    """libjpeg says "Insufficient memory" when it cannot allocate (encoding
+    here; decoding a large progressive JPEG too): OOM, retried with more
+    memory, not CORRUPT_INPUT, which blamed the file for good."""
+    assert _isolated(_TIGHT, tmp_path) == "MemoryError"
     assert not (tmp_path / "out.jpg").exists()  # nothing half-written left
 
 
@@ -930,16 +936,7 @@ except vips.Error as exc:
 def test_a_write_past_the_file_size_limit_is_limit_exceeded(tmp_path: Path) -> None:
     """libvips deletes its partial file, so the child found no big file and
     the attempt said CORRUPT_INPUT of a sound input."""
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", _FSIZE, str(tmp_path)],
-        env={},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    code, reason = json.loads(done.stdout)
+    code, reason = _isolated(_FSIZE, tmp_path)
     assert code == "LIMIT_EXCEEDED" and "HYPERMEDIA_CHILD_MAX_FILE_MB" in reason
 
 
