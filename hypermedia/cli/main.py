@@ -286,6 +286,7 @@ def serve(
         w = Worker(svc.engine, served, concurrency=concurrency)
         app = create_app(svc)
         app.state.draining = w.stop_claiming.is_set  # /readyz: 503 from the SIGTERM on
+        w.install_signals()  # before anything can see it ready
         http = server.start_in_thread(app, host, port, access_log=verbose)
     leader = _start_leader(svc.engine, w.worker_id, w.stopped)
     try:

@@ -103,11 +103,18 @@ class Worker:
 
     # -- lifecycle -------------------------------------------------------------
 
+    def install_signals(self) -> None:
+        """SIGTERM or SIGINT drains; a second stops at once.  `serve` installs
+        them before its HTTP server answers: one that came between the first
+        ready answer and the worker's start killed it by the signal."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
     def run(self, *, install_signals: bool = True) -> None:
         if install_signals:
-            signal.signal(signal.SIGTERM, self._on_signal)
-            signal.signal(signal.SIGINT, self._on_signal)
+            self.install_signals()
         if not self._register():
+            log.info("worker %s stopped before it started", self.worker_id)
             self.stopped.set()
             return
         root, self._scratch_lock = scratch_root(self.settings.home, self.worker_id)

@@ -449,3 +449,50 @@ def test_signals_after_the_drain_do_not_kill_the_stopping_process(
     finally:
         code = stop(proc)
     assert code == 0, log.read_text()[-2000:]
+
+
+def test_serve_takes_the_stop_signals_before_it_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM just after the first ready answer, before the worker had
+    started, killed `serve` by the signal (-15) where the docs promise a drain
+    and exit 0: the worker's handlers are in place before the server starts."""
+    from typer.testing import CliRunner
+
+    from hypermedia.api import server
+    from hypermedia.cli import main
+    from hypermedia.errors import HypermediaError
+    from hypermedia.worker.runner import Worker
+
+    seen: list[Any] = []
+
+    def start_in_thread(*_args: Any, **_kwargs: Any) -> None:
+        seen.append(signal.getsignal(signal.SIGTERM))
+        raise HypermediaError("not started: the test had its look")
+
+    monkeypatch.setattr(server, "start_in_thread", start_in_thread)
+    monkeypatch.setattr(main, "setup_logging", lambda _verbose: None)  # (needs a real stderr)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    env = {"HYPERMEDIA_HOME": str(tmp_path / "home"), "HYPERMEDIA_DATABASE_URL": ""}
+    try:
+        result = CliRunner().invoke(main.app, ["serve", "--port", str(free_port())], env=env)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert result.exit_code == 1 and "the test had its look" in result.output, result.output
+    assert [getattr(h, "__func__", None) for h in seen] == [Worker._on_signal]
+
+
+def test_a_worker_stopped_before_it_registers_says_so(tmp_path: Path) -> None:
+    """A SIGTERM while the worker waited for its database ended it with no
+    line: whoever waits for "stopped" in the log waited in vain."""
+    home, log = tmp_path / "home", tmp_path / "worker.log"
+    # A database that never answers: the worker waits for it until told to stop.
+    proc = spawn("worker", url=f"postgresql://127.0.0.1:{free_port()}/none", home=home, log=log)
+    try:
+        wait_for(lambda: "waiting for it" in log.read_text(), 30, what="the worker waits")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: proc.poll() is not None, 20, what="the worker ended")
+    finally:
+        code = stop(proc)
+    assert code == 0 and "stopped before it started" in log.read_text(), log.read_text()
