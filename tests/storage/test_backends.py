@@ -749,8 +749,13 @@ def test_a_hung_store_fails_within_the_s3_timeout(
                 "get_file": lambda: backend.get_file(KEY, tmp_path / "back.bin", "0" * 64),
             }.items():
                 started = time.monotonic()
-                with pytest.raises(StorageUnavailable):
-                    call()
+                try:
+                    got = call()
+                except StorageUnavailable:
+                    pass
+                else:  # (seen once in CI, unexplained: say which call and what came)
+                    took = time.monotonic() - started
+                    pytest.fail(f"{name} answered {got!r} in {took:.2f} s from a hung store")
                 # Two tries of 1 s and a backoff of at most 2 s, with room for a busy machine.
                 assert time.monotonic() - started < 12, name
         # Answered again once resumed.  The PUT that timed out may have been
