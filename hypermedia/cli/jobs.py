@@ -192,7 +192,8 @@ def show(job_id: int = an_id("job"), as_json: bool = typer.Option(False, "--json
             f"[bold]job {job['job_id']}[/] {escape(job['job_type'])}  status [bold]"
             f"{job['status']}[/] ({job['legacy_status']})  queue {escape(job['queue_name'])}"
             f"  priority {job['priority']}  attempts {job['attempt_count']}/"
-            f"{job['max_attempts']}",
+            f"{job['max_attempts']}"
+            + (f"  profile {escape(job['profile'])}" if job["profile"] else ""),
             markup=True,
         )
         if job["safe_reason"]:

@@ -325,7 +325,8 @@ def pools_ls(as_json: bool = typer.Option(False, "--json")) -> None:
             return
         table = Table("pool_id", "name", "backend_url", "project_id")
         for r in rows:
-            table.add_row(str(r["pool_id"]), r["name"], r["backend_url"], str(r["project_id"]))
+            owner = "(shared)" if r["project_id"] is None else r["project_id"]  # not "None"
+            table.add_row(str(r["pool_id"]), r["name"], r["backend_url"], owner)
         console.print(table)
 
 

@@ -23,6 +23,7 @@ Row = dict[str, Any]
 class UserActions:
     db: Driver
     clock: Callable[[], datetime]
+    _priced: Callable[[Any, int], tuple[str, Any]]  # the engine's: a version's "key:vN"
 
     def release(self, job_id: int, actor: str | None = None) -> None:
         """created → queued."""
@@ -141,6 +142,10 @@ class UserActions:
             # And only while its input is there: a retry of a job whose input
             # GC collected is refused (422), so it said true for nothing.
             retry = self.can_retry(job) and _input_ready(tx, job)
+            # The version as people name it ("image-thumbnail:v2"), beside its id.
+            job["profile"] = (
+                None if job["profile_id"] is None else self._priced(tx, job["profile_id"])[0]
+            )
         job["legacy_status"] = states.legacy_status(job["status"], job["started_at"])
         job["can_retry"] = retry
         return job

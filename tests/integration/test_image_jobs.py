@@ -119,6 +119,7 @@ def test_a_photo_gets_a_thumbnail_a_preview_and_a_compressed_copy(
         assert (out["output_type"], out["mime_type"]) == (kind, "image/webp")
         assert out["metadata"] == meta
         assert out["profile_version"] == profile
+        assert live.get(job_id)["profile"] == profile  # the job's own, as people name it
         obj = storage.get(out["object_id"])
         assert obj["state"] == "ready"
         assert obj["storage_key"] == f"objects/{obj['object_id']}/{kind}.webp"

@@ -124,6 +124,8 @@ def test_pools_and_gc(driver: Driver, tmp_path: Path) -> None:
     )
     pools = json.loads(_ok("pools", "ls", "--json", url=url, home=home))
     assert {p["name"] for p in pools} >= {"archive"}
+    (line,) = [x for x in _ok("pools", "ls", url=url, home=home).splitlines() if "archive" in x]
+    assert "(shared)" in line and "None" not in line  # a pool of every project
     assert (archive / "objects" / str(row["object_id"]) / "original.txt").read_text() == "hello"
     report = json.loads(
         hypermedia(
