@@ -296,8 +296,10 @@ class Storage:
         mime: str | None = None,
         project_id: str = DEFAULT_PROJECT,
         role: str = "original",
+        ticket: Ticket | None = None,
     ) -> Row:
-        """Store a file as a new ``ready`` object (backends may copy it in the kernel)."""
+        """Store a file as a new ``ready`` object (backends may copy it in the
+        kernel).  With a ``ticket``, another thread may call it off."""
         _regular(path)
         before = _version(path)  # before its head is read for the type: all of it covered
         pool_row = self.pool_for(pool, project_id)
@@ -306,7 +308,14 @@ class Storage:
         # Named from the start: a row an upload left pending or deleting
         # (killed, refused) said which file it was only once it was ready.
         obj = self._pending_for_file(pool_row["pool_id"], path, role, mime, project_id, name)
+        if ticket is not None and not ticket.taken(obj["object_id"]):
+            self._abandon(obj["object_id"])
+            raise CalledOff("the upload was called off")
         stored = self._upload_file(obj, path)
+        if ticket is not None and ticket.called_off:  # its row is GC's already
+            self._swept(
+                [(obj["pool_id"], obj["storage_key"])], CalledOff("the upload was called off")
+            )
         self._unchanged({obj["object_id"]: (path, before, stored)})
         values = {
             **_stored_values(stored),
@@ -544,14 +553,24 @@ class Storage:
             self._swept([(obj["pool_id"], obj["storage_key"])])
         return dict(row)
 
-    def _swept(self, blobs: list[tuple[int, str]]) -> NoReturn:
+    def _swept(self, blobs: list[tuple[int, str]], why: Exception | None = None) -> NoReturn:
         """GC swept these uploads' rows as stale pending while their bytes were
-        still on their way: the blobs, written since, belong to no row, and
-        GC (which works from rows) would never find them."""
+        still on their way (or they were called off): the blobs, written
+        since, belong to no row, and GC (which works from rows) would never
+        find them."""
         for pool_id, key in blobs:
             with contextlib.suppress(Exception):
                 self.backend(pool_id).delete(key)
-        raise StorageUnavailable("the upload took too long and was swept; try again")
+        raise why or StorageUnavailable("the upload took too long and was swept; try again")
+
+    def call_off(self, ticket: Ticket) -> None:
+        """Keep nothing of the upload ``ticket`` stands for, from now on: its
+        row goes to GC at once, while its bytes may still be on their way
+        (they are deleted once there).  The API's, when the server's stop
+        cuts a request short: its client is told "not kept, send again"."""
+        object_id = ticket.call_off()
+        if object_id is not None:
+            self._abandon(object_id)
 
     def discard(self, object_ids: list[int]) -> int:
         """Hand uploads nothing came to use to GC at once (``process`` whose
@@ -728,6 +747,31 @@ class Storage:
             else:
                 self._secret = _home_secret(self.settings.home)
         return self._secret
+
+
+class CalledOff(HypermediaError):
+    """An upload called off by another thread (``Storage.call_off``)."""
+
+
+class Ticket:
+    """An upload another thread may call off, and the object it made so far."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._object_id: int | None = None
+        self.called_off = False
+
+    def taken(self, object_id: int) -> bool:
+        """The upload's pending row is ``object_id``; False if called off already."""
+        with self._lock:
+            self._object_id = object_id
+            return not self.called_off
+
+    def call_off(self) -> int | None:
+        """Called off; the pending row made so far, if any."""
+        with self._lock:
+            self.called_off = True
+            return self._object_id
 
 
 def _home_secret(home: Path) -> bytes:

@@ -16,7 +16,7 @@ import pytest
 from hypermedia.errors import Conflict, InvalidRequest, NotFound
 from hypermedia.queue.models import NewJob
 from hypermedia.storage.base import ChecksumMismatch, StorageUnavailable
-from hypermedia.storage.ledger import Storage
+from hypermedia.storage.ledger import CalledOff, Storage, Ticket
 from tests.harness import checksum_of
 from tests.media import png
 
@@ -105,6 +105,32 @@ def test_a_row_an_upload_left_behind_names_its_file(storage: Storage, tmp_path) 
         ("deleting", "named.jpg"),
         ("deleting", "holiday.jpg"),
     ]
+
+
+def test_an_upload_called_off_keeps_nothing(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The API calls an upload off when the server's stop cuts its request
+    short (its client is told "not kept"): before its row exists, or while its
+    bytes are copied, nothing of it turns ready and no blob is left."""
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"some bytes")
+    early = Ticket()
+    storage.call_off(early)  # before the row: none is made ready
+    with pytest.raises(CalledOff):
+        storage.put_file(path, ticket=early)
+    local = storage.backend(storage.pool()["pool_id"])
+    copy, late = local.put_file, Ticket()
+
+    def called_off_meanwhile(*args, **kw):  # type: ignore[no-untyped-def]
+        stored = copy(*args, **kw)  # the real copy, then the call-off as it ends
+        storage.call_off(late)
+        return stored
+
+    local.put_file = called_off_meanwhile  # type: ignore[attr-defined]
+    with pytest.raises(CalledOff):
+        storage.put_file(path, ticket=late)
+    assert [r["state"] for r in storage.list(reserved=True)] == ["deleting"] * 2
+    blobs = (storage.settings.home / "storage" / "objects").rglob("*")
+    assert [b for b in blobs if b.is_file()] == []
 
 
 def test_an_upload_interrupted_by_ctrl_c_goes_to_gc_at_once(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]

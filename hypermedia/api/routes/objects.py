@@ -48,7 +48,7 @@ from hypermedia.storage.base import (
     unavailable,
 )
 from hypermedia.storage.keys import attachment
-from hypermedia.storage.ledger import Storage
+from hypermedia.storage.ledger import Storage, Ticket
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
@@ -353,14 +353,26 @@ async def upload_object(
     principal: Principal = scoped("objects:write"),
 ) -> Row:
     svc = services(request)
+    ticket = Ticket()
     async with receive_upload(request, svc.settings) as upload:
-        row = await run_in_threadpool(
-            svc.storage.put_file,
-            upload.path,
-            # Never the temp file's own name: "" when the client gave none.
-            filename=upload.filename or filename or "",
-            project_id=principal.project_id,
-        )
+        try:
+            row = await run_in_threadpool(
+                svc.storage.put_file,
+                upload.path,
+                # Never the temp file's own name: "" when the client gave none.
+                filename=upload.filename or filename or "",
+                project_id=principal.project_id,
+                ticket=ticket,
+            )
+        except asyncio.CancelledError:
+            # The server's stop cut the request short while the bytes were
+            # copied into the pool: its client is told "not kept, send again"
+            # (app.py), and so nothing is kept.  The copy ran on and the
+            # object ended ready (sent again: a duplicate), or the process
+            # left with it pending and its bytes in the pool for hours.
+            # Called off here, not awaited: a cancelled task may await nothing.
+            svc.storage.call_off(ticket)
+            raise
     return public_object(row)
 
 
