@@ -596,6 +596,15 @@ class Photos:
         original = bound.get("original")
         if original is None:
             raise InvalidRequest("the photo has no original object")
+        obj = tx.object(original)
+        if obj is not None and obj["project_id"] != project_of(photo):
+            # The engine's words were "object N does not exist" (another
+            # project's object answers as a missing one), on every retry.
+            raise InvalidRequest(
+                f"the photo's original, object {original}, belongs to another project: "
+                f"variants are made in the photo's project ({project_of(photo)}); "
+                "bind one of its objects, or set the photo's project_id"
+            )
         self._supersede(tx, photo, original, bound, now)
         jobs = [
             NewJob(

@@ -684,6 +684,25 @@ def test_bridge_defers_rows_the_engine_refuses(
     assert _hits(driver) == []
 
 
+def test_bridge_says_why_a_photo_with_another_projects_original_waits(
+    photos: Photos, storage: Storage, driver: Driver, clock: Any, image_jobs: None
+) -> None:
+    """A legacy photo of project p1 bound to an object of `default`: the
+    refusal said "object N does not exist", an object that was there."""
+    src = storage.put(io.BytesIO(png(40, 30)), filename="a.png")
+    pid = _legacy_photo(driver, src["object_id"])
+    with driver.tx() as tx:
+        tx.conn.execute(
+            photo_rows.update().where(photo_rows.c.photo_id == pid).values(project_id="p1")
+        )
+    clock.advance(86400)  # past the row's database-made timestamp
+    counts = PhotoBridge(photos).run_once()
+    vrow = _variant_row(driver, pid)
+    assert counts["refused"] == 1, (counts, vrow)
+    assert vrow is not None and "belongs to another project" in vrow["last_error"]
+    assert "does not exist" not in vrow["last_error"] and "(p1)" in vrow["last_error"]
+
+
 def test_a_legacy_request_after_a_new_original_makes_new_variants(
     photos: Photos,
     storage: Storage,
