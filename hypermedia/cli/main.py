@@ -124,6 +124,19 @@ def db_upgrade(
         console.print(f"database at revision {migrate.current(s.url)}")
 
 
+@db_app.command("stamp")
+def db_stamp(revision: str = typer.Argument(..., help="e.g. 0014")) -> None:
+    """Record REVISION as the database's, running nothing: for tables whose
+    record of it was lost (`db upgrade` says when)."""
+    with user_errors():
+        from hypermedia.db import migrate
+
+        url = settings().url
+        require_database(url)  # a stamp makes no database
+        migrate.stamp(url, revision)
+        console.print(f"database stamped at revision {migrate.current(url)} (no step was run)")
+
+
 @db_app.command("current")
 def db_current() -> None:
     """Print the database's migration revision."""

@@ -35,6 +35,8 @@ def upgrade(url: str, revision: str = "head") -> None:
     wrong), InvalidRequest for a revision below the database's (Alembic did
     nothing and said nothing: this is no downgrade)."""
     at = current(url)
+    if at is None and revision != "base":
+        _refuse_unstamped(url)
     if revisions.newer(at):
         raise NewerSchema(
             f"the database schema (revision {at}) is newer than this hypermedia "
@@ -46,6 +48,43 @@ def upgrade(url: str, revision: str = "head") -> None:
         )
     with _steps_only():
         command.upgrade(alembic_config(url), revision)
+
+
+class LostStamp(Refused):
+    """hypermedia's tables are there, Alembic's record of their revision is not."""
+
+
+def _refuse_unstamped(url: str) -> None:
+    """A database with our tables and no revision recorded (``alembic_version``
+    dropped or emptied): the first step failed on PostgreSQL and SQLite with
+    "relation job_attempts already exists", and nothing said what to do;
+    MariaDB, whose steps skip what is already there, ran the whole history
+    again over the tables and brought back a column a later step had dropped."""
+    import sqlalchemy as sa
+
+    from hypermedia.db.driver import Driver
+
+    drv = Driver(url)
+    try:
+        with drv.engine.connect() as conn:
+            tables = sa.inspect(conn).has_table("processing_jobs")
+    finally:
+        drv.dispose()
+    if tables:
+        raise LostStamp(
+            "the database has hypermedia's tables but no record of their revision "
+            "(its alembic_version table is missing or empty); nothing was changed. "
+            "Record the revision they are at with `hypermedia db stamp REVISION` "
+            f"(this hypermedia's newest: {revisions.head()}), then `hypermedia db upgrade`"
+        )
+
+
+def stamp(url: str, revision: str) -> None:
+    """Record ``revision`` as the database's without running any step."""
+    if revision not in revisions.known():
+        raise InvalidRequest(f"no revision {revision!r}: one of {', '.join(revisions.known())}")
+    with _steps_only():
+        command.stamp(alembic_config(url), revision, purge=True)
 
 
 def downgrade(url: str, revision: str) -> None:

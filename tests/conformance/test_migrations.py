@@ -12,10 +12,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from hypermedia.db.driver import Driver
-from hypermedia.db.migrate import current, downgrade, head, upgrade
+from hypermedia.db.migrate import LostStamp, current, downgrade, head, stamp, upgrade
 from hypermedia.db.schema import job_attempts as attempts_table
 from hypermedia.db.schema import metadata
 from hypermedia.db.schema import processing_jobs as jobs_table
+from hypermedia.errors import InvalidRequest
 from hypermedia.queue import durations
 from hypermedia.queue.clock import utcnow
 from tests.conftest import drop_database, make_database
@@ -61,6 +62,38 @@ def test_downgrade_to_empty_and_back(database_url: str, tmp_path) -> None:
         finally:
             drv.dispose()
         assert keys == {("debug-noop", "debug.noop")}
+    finally:
+        drop_database(backend, url)
+
+
+def test_tables_whose_revision_record_was_lost_are_named_and_stamped(
+    database_url: str, tmp_path
+) -> None:
+    """alembic_version emptied or dropped: `db upgrade` failed with "relation
+    job_attempts already exists" (PostgreSQL, SQLite) and no hint, and MariaDB
+    ran every step again, bringing back a column 0008 had dropped.  Now it says
+    so and changes nothing, and `db stamp` records the revision."""
+    backend = Driver(database_url).name
+    backend = "mariadb" if backend == "mysql" else backend
+    url = make_database(backend, tmp_path)
+    try:
+        upgrade(url)
+        for lose in ("DELETE FROM alembic_version", "DROP TABLE alembic_version"):
+            drv = Driver(url)
+            try:
+                with drv.engine.begin() as conn:
+                    conn.execute(sa.text(lose))
+            finally:
+                drv.dispose()
+            with pytest.raises(LostStamp, match="hypermedia db stamp REVISION"):
+                upgrade(url)
+            assert current(url) is None and _diff(url) == []  # nothing changed
+            with pytest.raises(InvalidRequest, match="no revision '9999'"):
+                stamp(url, "9999")
+            stamp(url, head())
+            assert current(url) == head()
+            upgrade(url)  # and on from there
+            assert _diff(url) == []
     finally:
         drop_database(backend, url)
 
