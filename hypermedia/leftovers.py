@@ -64,18 +64,19 @@ def _abandoned(lock: Path, now: float) -> bool:
         os.close(fd)
 
 
-def sweep_folders(parent: Path) -> int:
-    """Remove the folders in ``parent`` whose owner is gone; how many.  A
-    folder without a lock file is left alone: half made, or made by an older
+def sweep_folders(parent: Path) -> list[str]:
+    """Remove the folders in ``parent`` whose owner is gone; their names (a
+    worker's is its id: its process is known to have died).  A folder
+    without a lock file is left alone: half made, or made by an older
     version that did not lock (which may still be running)."""
-    removed, now = 0, time.time()
+    removed, now = [], time.time()
     with contextlib.suppress(FileNotFoundError), os.scandir(parent) as entries:
         for e in entries:
             if e.is_dir(follow_symlinks=False) and _abandoned(Path(e.path) / OWNER, now):
                 shutil.rmtree(e.path, ignore_errors=True)
-                removed += 1
+                removed.append(e.name)
     if removed:
-        log.info("removed %d folder(s) of stopped processes under %s", removed, parent)
+        log.info("removed %d folder(s) of stopped processes under %s", len(removed), parent)
     return removed
 
 

@@ -94,6 +94,22 @@ class WorkerQueries:
             )
         return ids
 
+    def mark_dead_workers(self, worker_ids: Sequence[str]) -> list[str]:
+        """Flip these live workers (their process died) to unhealthy; their ids."""
+        q = sa.select(W.c.worker_id).where(
+            W.c.worker_id.in_(list(worker_ids)), W.c.status.in_(LIVE)
+        )
+        if self.dialect != "sqlite":
+            q = q.with_for_update()
+        ids = [r[0] for r in self.conn.execute(q)]
+        if ids:
+            self.conn.execute(
+                sa.update(W)
+                .where(W.c.worker_id.in_(ids), W.c.status.in_(LIVE))
+                .values(status="unhealthy", current_jobs=0)
+            )
+        return ids
+
     def mark_gone_workers(self, cutoff: datetime, now: datetime) -> int:
         """Unhealthy (or draining) workers silent since ``cutoff`` → terminated
         at ``now`` (when they were given up: a worker that stops cleanly sets

@@ -663,6 +663,16 @@ class Engine(Enqueuing, UserActions):
             tx.notify({r["queue_name"] for r in moved.values()})
         return len(moved)
 
+    def release_dead(self, worker_ids: Sequence[str]) -> int:
+        """Workers whose process is known to have died marked unhealthy and
+        their jobs released at once, as the reaper does with silent ones;
+        how many jobs."""
+        with self.db.tx() as tx:
+            dead = tx.mark_dead_workers(worker_ids)
+            orphans = tx.held_by(dead)
+            released = self._settle(tx, None, _orphaned(orphans, "its worker's process died"))
+        return len(released)
+
     def reap(self, limit: int = 500) -> dict[str, int]:
         """Release jobs whose lease expired, mark silent workers unhealthy, and
         those silent for ``worker_gone_seconds`` terminated."""

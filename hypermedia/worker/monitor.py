@@ -119,8 +119,9 @@ class Monitor(threading.Thread):
 
     def sweep_scratch(self) -> None:
         """Scratch folders of workers here that were killed since this one
-        started, or too young to judge when it did (leftovers.py)."""
-        leftovers.sweep_folders(self.home.resolve() / "scratch")
+        started, or too young to judge when it did (leftovers.py); and
+        their jobs."""
+        release_dead(self.engine, leftovers.sweep_folders(self.home.resolve() / "scratch"))
 
     def check_cancels(self) -> None:
         asked = self.running()
@@ -166,6 +167,27 @@ class Monitor(threading.Thread):
                     "recorded_at": self.engine.clock(),
                 }
             )
+
+
+def release_dead(engine: Engine, worker_ids: list[str]) -> None:
+    """The jobs of workers known dead (their scratch folder here was free to
+    take: leftovers.py) released now, not once their leases expire or their
+    heartbeats go stale: a `process` run killed with -9 left its jobs
+    `processing` past the end of the next, short, run.  A worker id is
+    made fresh at each start, so one from another database matches nothing."""
+    if not worker_ids:
+        return
+    try:
+        released = engine.release_dead(worker_ids)
+    except Exception as exc:  # the reaper gets them later
+        log.warning("could not release the jobs of stopped workers (%s)", brief(exc))
+        return
+    if released:
+        log.info(
+            "released %d job(s) of %s, whose process died",
+            released,
+            ", ".join(worker_ids) if len(worker_ids) < 4 else f"{len(worker_ids)} workers",
+        )
 
 
 def worker_row(

@@ -34,7 +34,7 @@ from hypermedia.storage.ledger import Storage
 from hypermedia.worker import sandbox as landlock
 from hypermedia.worker import seccomp
 from hypermedia.worker.flusher import Flusher
-from hypermedia.worker.monitor import Monitor, Stats, exit_if_they_die, worker_row
+from hypermedia.worker.monitor import Monitor, Stats, exit_if_they_die, release_dead, worker_row
 from hypermedia.worker.outage import Outage
 from hypermedia.worker.pace import Pace
 from hypermedia.worker.slot import Running, Slot, SlotConfig, scratch_root
@@ -117,7 +117,8 @@ class Worker:
             log.info("worker %s stopped before it started", self.worker_id)
             self.stopped.set()
             return
-        root, self._scratch_lock = scratch_root(self.settings.home, self.worker_id)
+        root, self._scratch_lock, dead = scratch_root(self.settings.home, self.worker_id)
+        release_dead(self.engine, dead)
         cfg = SlotConfig(
             root,
             self.settings.child_memory_mb,

@@ -607,11 +607,12 @@ def _signame(sig: int | None) -> str:
         return f"signal {sig}"
 
 
-def scratch_root(home: Path, worker_id: str) -> tuple[Path, int]:
+def scratch_root(home: Path, worker_id: str) -> tuple[Path, int, list[str]]:
     """This worker's scratch folder, held for its life (leftovers.py): a worker
     killed on the spot leaves one that the next worker here removes.  Returns
-    the folder and the lock's descriptor, closed once the folder is gone."""
+    the folder, the lock's descriptor (closed once the folder is gone) and
+    the ids of the workers whose folders were removed: they died."""
     parent = home.resolve() / "scratch"
-    leftovers.sweep_folders(parent)  # of workers that died
+    dead = leftovers.sweep_folders(parent)
     root = parent / worker_id
-    return root, leftovers.hold_folder(root)
+    return root, leftovers.hold_folder(root), dead

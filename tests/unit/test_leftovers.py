@@ -54,10 +54,10 @@ def test_a_folder_is_swept_only_once_its_owner_is_dead(tmp_path: Path) -> None:
         (dead / "input.jpg").write_bytes(b"x" * 1000)
         for folder in (live, dead):
             _age(folder / leftovers.OWNER)
-        assert leftovers.sweep_folders(tmp_path) == 0  # both owners alive
+        assert leftovers.sweep_folders(tmp_path) == []  # both owners alive
         holders[1].send_signal(signal.SIGKILL)  # as the OOM killer would
         holders[1].wait()
-        assert leftovers.sweep_folders(tmp_path) == 1
+        assert leftovers.sweep_folders(tmp_path) == ["dead"]  # a worker's name: its id
         assert live.exists() and not dead.exists()
     finally:
         for p in holders:
@@ -76,10 +76,10 @@ def test_young_unlocked_and_symlinked_folders_stay(tmp_path: Path) -> None:
     (target / leftovers.OWNER).touch()
     _age(target / leftovers.OWNER)
     (tmp_path / "link").symlink_to(target)
-    assert leftovers.sweep_folders(tmp_path) == 0
+    assert leftovers.sweep_folders(tmp_path) == []
     assert young.exists() and unlocked_old.exists() and target.exists()
     _age(young / leftovers.OWNER)
-    assert leftovers.sweep_folders(tmp_path) == 1 and not young.exists()
+    assert leftovers.sweep_folders(tmp_path) == ["young"] and not young.exists()
 
 
 def test_files_are_swept_by_the_same_rule(tmp_path: Path) -> None:
