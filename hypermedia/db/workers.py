@@ -144,8 +144,12 @@ class WorkerQueries:
         value = self.conn.execute(q).scalar()
         return value if isinstance(value, datetime) else None
 
-    def metrics_between(self, start: datetime, end: datetime) -> list[Row]:
+    def metrics_between(self, start: datetime, end: datetime, *, lock: bool = False) -> list[Row]:
+        """The raw samples of [start, end); ``lock``: held until the
+        transaction ends (SQLite's write lock holds everything already)."""
         q = sa.select(M).where(M.c.recorded_at >= start, M.c.recorded_at < end)
+        if lock and self.dialect != "sqlite":
+            q = q.with_for_update()
         return [dict(r._mapping) for r in self.conn.execute(q)]
 
     def delete_metrics_between(self, start: datetime, end: datetime) -> int:

@@ -84,20 +84,42 @@ class MetricsRetention(Backlogged):
         self.backlog.start()
         hours = 0
         while not self.backlog.spent():
-            with self.engine.db.tx() as tx:
-                oldest = tx.oldest_metric_before(whole)
-                if oldest is None:
-                    return hours
-                start = oldest.replace(minute=0, second=0, microsecond=0)
-                end = start + timedelta(hours=1)
-                rows = _aggregate(tx.metrics_between(start, end), start)
-                workers = [r["worker_id"] for r in rows]
-                before = tx.hourly_at(start, workers)
-                tx.delete_hourly_at(start, list(before))
-                tx.insert_hourly([_merge(before.get(r["worker_id"]), r) for r in rows])
-                tx.delete_metrics_between(start, end)
-            hours += 1
+            try:
+                with self.engine.db.tx() as tx:
+                    oldest = tx.oldest_metric_before(whole)
+                    if oldest is None:
+                        return hours
+                    folded = self._fold_hour(tx, oldest.replace(minute=0, second=0, microsecond=0))
+            except _Raced:
+                continue  # rolled back: the hour is read again as it is now
+            hours += folded
         return hours
+
+    def _fold_hour(self, tx: Any, start: datetime) -> bool:
+        """The raw samples of the hour from ``start`` added to its hourly rows.
+
+        They are locked as read: a leader frozen (SIGSTOP, a paused VM) between
+        reading them and writing the hour, while the next leader folded it,
+        added them to that hour a second time when it woke (every sum of the
+        hour doubled, the raw rows gone).  Deleting fewer than were read means
+        some were folded meanwhile all the same: the whole hour is undone.
+        False if another run had folded it by the time the lock was had."""
+        end = start + timedelta(hours=1)
+        raw = tx.metrics_between(start, end, lock=True)
+        if not raw:
+            return False
+        rows = _aggregate(raw, start)
+        workers = [r["worker_id"] for r in rows]
+        before = tx.hourly_at(start, workers)
+        tx.delete_hourly_at(start, list(before))
+        tx.insert_hourly([_merge(before.get(r["worker_id"]), r) for r in rows])
+        if tx.delete_metrics_between(start, end) != len(raw):
+            raise _Raced
+        return True
+
+
+class _Raced(Exception):
+    """Another run folded samples this one had read: roll back, read again."""
 
 
 def _merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:

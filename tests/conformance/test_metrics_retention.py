@@ -3,14 +3,17 @@ than ``metrics_raw_days`` become one hourly row per worker and hour."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from hypermedia.db.driver import Driver
 from hypermedia.db.schema import worker_metrics, worker_metrics_hourly
+from hypermedia.db.workers import WorkerQueries
 from hypermedia.queue.engine import Engine
 from hypermedia.scheduler.budget import CATCH_UP_SECONDS, Backlog
 from hypermedia.scheduler.maintenance import MetricsRetention
@@ -113,3 +116,46 @@ def test_a_leader_run_stops_on_its_budget_and_comes_back_soon(engine, driver, cl
     assert spent.run_once() == 0
     assert spent.period == CATCH_UP_SECONDS and _raw(driver) == 3
     assert MetricsRetention(engine).run_once() == 3 and _raw(driver) == 0
+
+
+def test_two_leaders_folding_one_hour_count_it_once(
+    engine, driver, clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leader frozen (SIGSTOP) between reading an hour's samples and writing
+    its hourly row, while the next leader folded the hour, added the samples
+    a second time when it woke: every sum of the hour doubled, for good."""
+    hour = _at(clock, 0) - timedelta(hours=3)
+    for i in range(1, 7):
+        _sample(engine, "w1", hour + timedelta(minutes=5 * i), 10 * i, done=i)
+    frozen, go = threading.Event(), threading.Event()
+    hourly_at = WorkerQueries.hourly_at
+
+    def stalled(self: Any, *args: Any) -> Any:
+        if threading.current_thread().name == "frozen":
+            frozen.set()
+            go.wait(30)
+        return hourly_at(self, *args)
+
+    monkeypatch.setattr(WorkerQueries, "hourly_at", stalled)
+    runs: dict[str, Any] = {}
+
+    def run(name: str) -> None:
+        try:
+            runs[name] = MetricsRetention(engine).run_once()
+        except Exception as exc:
+            runs[name] = exc
+
+    first = threading.Thread(target=run, args=("frozen",), name="frozen")
+    first.start()
+    assert frozen.wait(30)
+    second = threading.Thread(target=run, args=("next",), name="next")
+    second.start()
+    second.join(1.5)  # the next leader folds the hour meanwhile, or waits for its samples
+    go.set()
+    first.join(30)
+    second.join(30)
+    assert not isinstance(runs["frozen"], Exception) and not isinstance(runs["next"], Exception)
+    assert runs["frozen"] + runs["next"] == 1, runs  # the hour folded once
+    w1 = _hourly(driver)[("w1", hour.hour)]
+    assert (w1["samples"], w1["jobs_completed"], w1["jobs_failed"]) == (6, 21, 6)
+    assert Decimal(w1["cpu_percent_max"]) == 60 and _raw(driver) == 0
