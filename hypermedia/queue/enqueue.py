@@ -38,12 +38,15 @@ class Enqueuing:
         try:
             with self.db.tx() as tx:
                 return self.enqueue_in(tx, [job])[0]
-        except Conflict:
+        except (Conflict, Refused):
             if job.idempotency_key is None:
                 raise
             # Fix: a concurrent enqueue with the same key committed between our
-            # lookup and our insert (the unique key refused ours).  Its job is
-            # the answer, exactly as if it had been found up front.
+            # lookup and our insert (the unique key refused ours), or while we
+            # waited for the project's budget lock (the budget, counting its
+            # job, refused ours: "credit budget exceeded" to a repeat of a
+            # request that had been accepted).  Its job is the answer, exactly
+            # as if it had been found up front.
             with self.db.read() as tx:
                 found = tx.job_by_idempotency_key(job.project_id, job.idempotency_key)
                 if found is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import uuid
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from hypermedia.db.driver import Driver
 from hypermedia.errors import InvalidRequest
+from hypermedia.queue import enqueue as enqueue_module
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 from hypermedia.queue.profiles import Credits, Prices, Profiles
@@ -331,3 +333,47 @@ def test_a_project_with_only_free_or_failed_jobs_is_known(engine):
     assert not credits.is_known("free-only")
     engine.enqueue(NewJob("debug.noop", project_id="free-only"))
     assert credits.is_known("free-only")
+
+
+def test_a_repeat_that_waited_for_the_budget_gets_the_first_job(
+    engine, database_url, settings, clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sends of one request (one Idempotency-Key) at once, the budget
+    room for one job: the second looked its key up before the first had
+    committed, then waited for the budget's lock, and the budget, counting the
+    first's job, refused it: "credit budget exceeded" to a repeat."""
+    key = _profile(engine, base=3)
+    Credits(engine).set_budget("idem", 3)
+    inside, go = threading.Event(), threading.Event()
+    real = enqueue_module.check_budgets
+
+    def held_open(*args: Any, **kw: Any) -> None:
+        real(*args, **kw)  # the budget row locked, the job not yet committed
+        if threading.current_thread().name == "first":
+            inside.set()
+            go.wait(30)
+
+    monkeypatch.setattr(enqueue_module, "check_budgets", held_open)
+    got: dict[str, Any] = {}
+
+    def send(name: str) -> None:
+        drv = Driver(database_url)
+        try:
+            job = NewJob("debug.sleep", profile=key, project_id="idem", idempotency_key="k1")
+            got[name] = Engine(drv, settings, clock=clock).enqueue(job)
+        except Exception as exc:
+            got[name] = exc
+        finally:
+            drv.dispose()
+
+    first = threading.Thread(target=send, args=("first",), name="first")
+    first.start()
+    assert inside.wait(30)
+    second = threading.Thread(target=send, args=("second",), name="second")
+    second.start()
+    second.join(1)  # past its lookup, waiting for the lock (SQLite: for the transaction)
+    go.set()
+    first.join(30)
+    second.join(30)
+    assert isinstance(got["first"], int) and got["second"] == got["first"], got
+    assert len(engine.list(project_id="idem")) == 1
