@@ -96,7 +96,7 @@ class LocalBackend:
                     size += len(chunk)
                 out.flush()
                 os.fsync(out.fileno())
-            os.replace(tmp, path)
+            new_dirs += _replace(tmp, path, self.root)
             for d in {path.parent, *new_dirs}:
                 _fsync_dir(d)
         except OSError as exc:
@@ -129,7 +129,7 @@ class LocalBackend:
                     size, digest = _take_hashing(path, tmp, durable=durable)
                 else:
                     size, digest = _copy_hashing(path, tmp, durable=durable)
-                os.replace(tmp, dst)
+                new_dirs += _replace(tmp, dst, self.root)
                 if durable:
                     for d in {dst.parent, *new_dirs}:
                         _fsync_dir(d)
@@ -336,6 +336,24 @@ def _parents(path: str, root: str) -> list[str]:
         out.append(d)
         d = os.path.dirname(d)
     return out
+
+
+def _replace(tmp: Path, dst: Path, root: Path) -> list[Path]:
+    """Rename ``tmp`` to ``dst``; the directories made again on the way, if
+    any.  An upload GC swept as stale while its bytes were still being written
+    had its empty ``objects/{id}/`` removed by the sweep's delete: the rename
+    failed, "could not write to local storage (No such file or directory)",
+    sending operators to a disk that was fine.  Made again, the blob lands and
+    the ledger, finding its row gone, deletes it and says "swept"."""
+    try:
+        os.replace(tmp, dst)
+        return []
+    except FileNotFoundError:
+        if not tmp.exists():
+            raise
+    made = _make_parents(dst, root)
+    os.replace(tmp, dst)
+    return made
 
 
 def _make_parents(path: Path, root: Path) -> list[Path]:

@@ -361,3 +361,35 @@ def test_an_upload_swept_while_on_its_way_leaves_no_blob(
     # The first file of the batch is a ready object (GC's, unreferenced); no
     # blob without a row.
     assert [p.read_bytes() for p in left] == [b"first"]
+
+
+def test_an_upload_swept_while_its_bytes_are_written_says_swept(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """GC's sweep deletes the stale row's key, and with it the empty
+    objects/{id}/ the upload had made: its rename then failed, "could not
+    write to local storage (No such file or directory)", blaming a disk that
+    was fine."""
+    from hypermedia.db.schema_storage import objects
+    from hypermedia.storage import local
+    from hypermedia.storage.base import StorageUnavailable
+
+    backend = storage.backend(storage.pool()["pool_id"])
+    real = local._copy_hashing
+
+    def swept_meanwhile(*args, **kw):  # type: ignore[no-untyped-def]
+        copied = real(*args, **kw)
+        (row,) = storage.list(state="pending", reserved=True)
+        with storage.db.tx() as tx:  # what GC's sweep does: the row, then its key
+            tx.conn.execute(objects.delete().where(objects.c.object_id == row["object_id"]))
+        backend.delete(row["storage_key"])
+        assert not (storage.settings.home / "storage" / row["storage_key"]).parent.exists()
+        return copied
+
+    monkeypatch.setattr(local, "_copy_hashing", swept_meanwhile)
+    path = tmp_path / "big.bin"
+    path.write_bytes(b"x" * 100_000)
+    with pytest.raises(StorageUnavailable, match="took too long and was swept"):
+        storage.put_file(path)
+    blobs = (storage.settings.home / "storage" / "objects").rglob("*")
+    assert [b for b in blobs if b.is_file()] == []
