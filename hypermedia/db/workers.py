@@ -43,6 +43,9 @@ class WorkerQueries:
             values["status"] = sa.case(
                 (W.c.status == "draining", W.c.status), else_=values["status"]
             )
+            # Back from the dead (given up as gone, then woken: SIGCONT, a VM
+            # resumed), it is not terminated: "active" beside a terminated_at.
+            values["terminated_at"] = None
         q = sa.update(W).where(W.c.worker_id == worker_id).values(values)
         return self.conn.execute(q).rowcount == 1
 

@@ -247,6 +247,11 @@ def test_a_worker_silent_for_worker_gone_seconds_is_terminated(engine, driver, s
     clock.advance(10)
     assert engine.reap()["terminated_workers"] == 2
     assert {_worker_status(driver, w) for w in ("stopped", "silent")} == {"terminated"}
+    with driver.tx() as tx:  # only frozen, it comes back: alive, not "active, terminated at"
+        tx.update_worker("killed", {"status": "idle", "last_heartbeat": clock.now})
+    with driver.read() as tx:
+        back = tx.worker("killed")
+    assert (back["status"], back["terminated_at"]) == ("idle", None)
 
 
 def test_worker_heartbeat_exactly_at_the_limit_is_not_stale(engine, driver, settings, clock):
