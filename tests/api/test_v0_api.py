@@ -116,6 +116,9 @@ def test_seed_types_map_to_ours_and_others_are_refused(
         r = client.post(URL, json=body, headers=h)
         assert r.status_code == 422, (body, r.text)
         assert r.json()["code"] == "invalid_request"
+        assert "video.thumbnail" not in r.text  # the seed's name, not ours
+    said = client.post(URL, json={"file_id": file_id, "job_type": "video_thumbnail"}, headers=h)
+    assert "job_type 'video_thumbnail' is not served here" in said.json()["message"]
 
 
 def test_status_follows_the_job_through_its_life(

@@ -44,7 +44,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from hypermedia.api.deps import Whole, scoped, services, shown
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.auth.tokens import Principal
-from hypermedia.errors import StaleTransition
+from hypermedia.errors import InvalidRequest, StaleTransition
+from hypermedia.pipelines import registry
 from hypermedia.queue.legacy import our_job_type, processing_job, to_priority
 from hypermedia.queue.models import NewJob
 from hypermedia.queue.states import LEGACY_STATUS, legacy_status
@@ -95,6 +96,12 @@ def create(
     principal: Principal = scoped("jobs:write"),
 ) -> Row:
     svc = services(request)
+    if our_job_type(body.job_type) not in registry.known():
+        # Said in the seed's words: "unknown job type 'video.thumbnail'"
+        # named a type this client never sent.
+        raise InvalidRequest(
+            f"job_type {body.job_type!r} is not served here: no pipeline for it is installed"
+        )
     job_id = svc.engine.enqueue(
         NewJob(
             job_type=our_job_type(body.job_type),
