@@ -16,7 +16,12 @@ from tests.harness import hypermedia, start_serve, stop
 
 @contextmanager
 def _upload(
-    tmp_path: Path, declared: int, path: str = "/v1/objects", extra: str = "", **env: str
+    tmp_path: Path,
+    declared: int,
+    path: str = "/v1/objects",
+    extra: str = "",
+    kind: str = "application/json",
+    **env: str,
 ) -> Iterator[tuple[socket.socket, Path]]:
     """A ``serve`` with ``env``, and a socket that sent the head of a POST to
     ``path`` of ``declared`` bytes, with ``extra`` header lines (the body is
@@ -27,7 +32,7 @@ def _upload(
         token = (home / "admin-token").read_text().strip()
         port = int(base.rsplit(":", 1)[1])
         head = (
-            f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: {kind}\r\n"
             f"Authorization: Bearer {token}\r\nContent-Length: {declared}\r\n{extra}\r\n"
         )
         with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
@@ -268,3 +273,18 @@ def test_an_upload_cut_by_the_servers_stop_is_a_503_to_try_again(tmp_path: Path)
     said = (tmp_path / "serve.log").read_text()
     assert "Traceback" not in said and "Exception in ASGI application" not in said, said[-3000:]
     assert list((home / "tmp").glob("upload-*.part")) == []
+
+
+def test_a_form_refused_part_way_is_not_read_on(tmp_path: Path) -> None:
+    """A form refused at its first field (one the route does not take) was
+    answered 422 at once, but the connection stayed open: the rest of the
+    body, gigabytes maybe, was read and thrown away."""
+    head = '--b0undary\r\nContent-Disposition: form-data; name="nope"\r\n\r\nx\r\n'
+    kind = "multipart/form-data; boundary=b0undary"
+    with _upload(tmp_path, 50_000_000, kind=kind) as (s, home):
+        s.sendall(head.encode())
+        answer = _answer(s, b"}")
+        assert answer.startswith(b"HTTP/1.1 422"), answer[:300]
+        assert b"unexpected or repeated form field" in answer
+        _closed_after(answer, s)
+        _nothing_made(home)

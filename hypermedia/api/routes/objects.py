@@ -157,6 +157,8 @@ async def receive_upload(
                     await _receive_raw(chunks, out, upload, limit)
         except ClientDisconnect:
             raise ApiError(400, "the upload was interrupted") from None
+        except InvalidRequest as exc:  # a form refused part-way: the rest goes unread
+            raise ApiError(422, str(exc), headers=_CLOSE) from None
         except OSError as exc:
             raise _disk_error(exc) from None
         yield upload
