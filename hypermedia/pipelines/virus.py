@@ -291,7 +291,9 @@ def verdict(reply: str, sent: int, size: int, max_bytes: int) -> tuple[str, str 
         return "infected", found[0], None
     # Said only of the profile's cut: clamd may stop reading sooner (its own limit).
     cut = (
-        f"larger than max_bytes: only its first {sent} bytes were sent" if size > max_bytes else ""
+        f"larger than max_bytes: only its first {max_bytes} bytes were to be sent"
+        if size > max_bytes
+        else ""
     )
     if limits:
         if limits[0].startswith(ENCRYPTED_HEURISTIC):
@@ -309,12 +311,17 @@ def verdict(reply: str, sent: int, size: int, max_bytes: int) -> tuple[str, str 
         raise JobError("PROVIDER_UNAVAILABLE", "clamd gave an unexpected answer")
     if cut:
         return "not_fully_scanned", None, cut
+    if sent < size:
+        # It answered OK before it had taken the whole file (no clamd does;
+        # something else on its address may): what it did not read is unscanned.
+        return "not_fully_scanned", None, f"clamd answered after {sent} of its {size} bytes"
     return "clean", None, None
 
 
 def _clean(text: str, limit: int = 200) -> str:
-    """Printable ASCII only, and short: clamd's words end up in results."""
-    return "".join(c for c in text if " " <= c <= "~")[:limit]
+    """Printable ASCII only, short, and redacted: clamd's words end up in
+    results shown to people (its errors name paths on its host)."""
+    return redact("".join(c for c in text if " " <= c <= "~"), limit)
 
 
 # -- the pipeline ----------------------------------------------------------------------
@@ -345,7 +352,7 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     result, signature, reason = verdict(reply, sent, size, max_bytes)
     if result == "clean":
         limit = int(params.get("clamd_max_file_size", SCHEMA["clamd_max_file_size"].default))
-        reason = _zip_reason(zipsizes.survey(ctx.input_path), limit)
+        reason = _zip_reason(zipsizes.survey_nested(ctx.input_path, ctx.scratch, limit), limit)
         if reason is not None:
             result = "not_fully_scanned"
     ctx.progress(100, result)
@@ -377,6 +384,11 @@ def _zip_reason(zip_: zipsizes.Survey, limit: int) -> str | None:
         return (
             "a ZIP member is not listed in a central directory clamd can read: "
             "clamd does not unpack such members"
+        )
+    if zip_.unchecked:
+        return (
+            "ZIPs inside it are too many, too large or nested too deep to check "
+            "that clamd read all of their members"
         )
     return None
 

@@ -24,7 +24,7 @@ import pytest
 
 from hypermedia.db.driver import Driver
 from hypermedia.errors import ERROR_POLICY, JobError
-from hypermedia.pipelines import registry, virus
+from hypermedia.pipelines import registry, virus, zipsizes
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 from hypermedia.storage.ledger import Storage
@@ -171,6 +171,40 @@ def test_a_zip_member_over_clamds_max_file_size_is_never_clean(
     assert _scan(tmp_path, b"PK\x05\x06" + os.urandom(40), settings)[0]["verdict"] == "clean"
 
 
+def test_a_zip_in_a_compressed_member_is_surveyed_too(tmp_path: Path, clamd: Clamd) -> None:
+    """clamd unpacks a ZIP inside a ZIP and reads only MaxFileSize of its
+    members as well, yet only the outer ZIP was surveyed: 248 bytes hid a
+    signature behind MaxFileSize of padding, called clean."""
+    inner = _zip(b"\0" * (MAX_FILE + 4096) + MARKER)
+    nested = _zip(inner)  # deflated: the inner local headers are not in the file's bytes
+    assert nested.count(zipsizes.LOCAL) == 1
+    settings = {"clamd": clamd.unix_url, "clamd_max_file_size": MAX_FILE}
+    result, _ = _scan(tmp_path, nested, settings)
+    assert (result["verdict"], result["signature"]) == ("not_fully_scanned", None)
+    assert f"over clamd's MaxFileSize ({MAX_FILE})" in result["reason"]
+    assert _scan(tmp_path, _zip(_zip(CLEAN)), settings)[0]["verdict"] == "clean"
+    assert not list(tmp_path.glob("tmp*.zip"))  # what was unpacked to look is gone
+
+
+@pytest.mark.parametrize(
+    ("reply", "sent", "size", "max_bytes", "said"),
+    [
+        # Something on clamd's address said OK before it had the whole file.
+        ("stream: OK\0", 100_000, 2_000_000, 10**9, "clamd answered after 100000 of its"),
+        # clamd's words name paths on its host: redacted, as every reason is.
+        ("/var/lib/x: Can't open file /home/u/x ERROR\0", 10, 10, 10, "[path]: Can't open"),
+        # clamd's cut (1 MiB) is not the profile's: the reason names max_bytes.
+        ("stream: OK\0", 1 << 20, 5 << 20, 4 << 20, "only its first 4194304 bytes were to be"),
+    ],
+)
+def test_what_clamd_did_not_read_or_said_is_never_clean_or_shown_raw(
+    reply: str, sent: int, size: int, max_bytes: int, said: str
+) -> None:
+    verdict, _, reason = virus.verdict(reply, sent, size, max_bytes)
+    assert verdict == "not_fully_scanned" and reason is not None and said in reason, reason
+    assert "/home/u" not in reason and "/var/lib" not in reason
+
+
 @pytest.mark.parametrize(
     "spoil",
     [
@@ -286,7 +320,7 @@ def test_zip_members_clamd_does_not_read_are_never_clean(tmp_path: Path, clamd: 
                 "not_fully_scanned",
                 None,
                 "clamd stopped at its scan limit (MaxFileSize); larger than max_bytes: "
-                "only its first 100 bytes were sent",
+                "only its first 100 bytes were to be sent",
             ),
         ),
         (
