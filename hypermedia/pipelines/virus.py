@@ -375,7 +375,7 @@ def _zip_reason(zip_: zipsizes.Survey, limit: int) -> str | None:
             f"a ZIP member of {zip_.largest} bytes is over clamd's MaxFileSize ({limit}): "
             "clamd scanned only its first MaxFileSize bytes"
         )
-    if zip_.largest == zipsizes.UNKNOWN:
+    if zip_.largest == zipsizes.UNKNOWN or zip_.unsized:
         return (
             "a ZIP member's size is declared by neither its header nor a readable "
             "directory: clamd may have scanned only its first MaxFileSize bytes"

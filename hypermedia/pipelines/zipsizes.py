@@ -45,13 +45,13 @@ class Survey:
     encrypted: bool = False  # a member is encrypted: nothing can read it
     hidden: bool = False  # a ZIP whose members no readable central directory lists
     unchecked: bool = False  # ZIPs inside it too many, too large or too deep to survey
+    unsized: bool = False  # a ZIP inside it has a member of UNKNOWN size
 
     def add(self, inner: Survey) -> None:
-        """What a ZIP inside this one declares, counted as this one's."""
-        if UNKNOWN in (self.largest, inner.largest):
-            self.largest = UNKNOWN
-        else:
-            self.largest = max(self.largest, inner.largest)
+        """What a ZIP inside this one declares, counted as this one's (the
+        largest known size kept: UNKNOWN is -1)."""
+        self.largest = max(self.largest, inner.largest)
+        self.unsized |= inner.unsized or inner.largest == UNKNOWN
         self.encrypted |= inner.encrypted
         self.hidden |= inner.hidden
         self.unchecked |= inner.unchecked

@@ -172,3 +172,27 @@ def test_headers_are_placed_among_members_in_logarithmic_time(tmp_path: Path) ->
     found = zipsizes.survey(str(path))
     assert time.monotonic() - started < 15  # ~1 s; the linear search took minutes
     assert not found.hidden  # every fake header lies inside a listed member
+
+
+def test_a_zip_inside_a_compressed_member_adds_what_it_declares(tmp_path: Path) -> None:
+    inner = _zip({"big": BIG})
+    outer = _zip({"inner.zip": inner, "small": b"x"})
+    assert _survey(tmp_path, outer).largest == len(inner)  # the outer alone
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    path = tmp_path / "outer.zip"
+    path.write_bytes(outer)
+    found = zipsizes.survey_nested(str(path), str(scratch), 10**9)
+    assert found.largest == len(BIG) and not found.unsized and list(scratch.iterdir()) == []
+    # A nested member of unknown size keeps the known sizes and says it.
+    cut = _streamed({"s": b"y" * 10})
+    cut = cut[: cut.find(b"PK\x01\x02")]
+    path.write_bytes(_zip({"cut.zip": cut}))
+    found = zipsizes.survey_nested(str(path), str(scratch), 10**9)
+    assert found.unsized and found.largest == len(cut)
+    # Too deep to follow: unchecked, said.
+    deep = b"core"
+    for _ in range(zipsizes.NESTED_DEPTH + 2):
+        deep = _zip({"d.zip": deep})
+    path.write_bytes(deep)
+    assert zipsizes.survey_nested(str(path), str(scratch), 10**9).unchecked
