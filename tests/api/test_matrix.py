@@ -16,6 +16,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from hypermedia.auth.tokens import SCOPES
+from hypermedia.db.queries import Tx
 from hypermedia.queue.models import NewJob
 from hypermedia.services import Services
 from tests.api.conftest import Project, bearer
@@ -124,10 +125,24 @@ def test_scope_matrix(client: TestClient, a: Project, owned_by_a: Owned) -> None
 
 
 def test_isolation_matrix(
-    client: TestClient, svc: Services, a: Project, b: Project, owned_by_a: Owned
+    client: TestClient,
+    svc: Services,
+    a: Project,
+    b: Project,
+    owned_by_a: Owned,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     own = {"job_id", "object_id", "photo_id", "id", "job_uuid"}
     before = svc.engine.get(int(owned_by_a.values["job_id"]))
+    # What only an owner's answer needs is never read for B: a 404 that read
+    # A's job's attempts and events, or A's photo's bindings, first took
+    # measurably longer than a missing id's (the time told it existed).
+    read: list[str] = []
+    for name in ("attempts", "events", "outputs", "bindings_of"):
+        real = getattr(Tx, name)
+        monkeypatch.setattr(
+            Tx, name, lambda *args, _n=name, _f=real, **kw: read.append(_n) or _f(*args, **kw)
+        )
     for route in api_routes(client):
         params = set(re.findall(r"\{(\w+)\}", route.path))
         if route.scope is None:
@@ -135,10 +150,12 @@ def test_isolation_matrix(
         if route.scope == "admin" and not params & own:
             continue  # operator endpoints over shared resources (queues, workers, profiles)
         url = owned_by_a.fill(route.path)
+        read.clear()
         r = _call(client, route, url, b.admin)
         if params & own:
             assert r.status_code == 404, f"{route}: B got {r.status_code} {r.text[:200]}"
             assert r.json()["code"] == "not_found"
+            assert read == [], f"{route}: B's 404 read {read} of A's first"
         elif route.method == "GET":
             assert r.status_code == 200, f"{route}: {r.status_code}"
             for key in ("job_uuid", "object_id", "photo_id", "job_id"):

@@ -20,8 +20,7 @@ from hypermedia.api.deps import NO_CONTROLS, Whole, scoped, services
 from hypermedia.api.openapi import upload_body
 from hypermedia.api.routes.objects import Upload, receive_upload
 from hypermedia.auth.tokens import Principal
-from hypermedia.errors import InvalidRequest, NotFound
-from hypermedia.photos.service import project_of
+from hypermedia.errors import InvalidRequest
 from hypermedia.services import Services
 
 router = APIRouter(prefix="/v1/photos", tags=["photos"])
@@ -60,10 +59,7 @@ def owned_photo(svc: Services, photo_id: str, principal: Principal, url: str = "
     (the base) and a caller who may read objects.  A write-only token gets
     none: a PATCH of ``{}`` handed it links to photos it may not see."""
     urls = bool(url) and principal.allows("objects:read")
-    photo = svc.photos.get(photo_id, base_url=url, urls=urls)
-    if project_of(photo) != principal.project_id:
-        raise NotFound(f"photo {photo_id} not found")
-    return photo
+    return svc.photos.get(photo_id, base_url=url, urls=urls, project_id=principal.project_id)
 
 
 # Photos.list's cursor (a timestamp and an id) wrapped to be opaque and URL-safe.
