@@ -200,11 +200,12 @@ class LoginRequired(Exception):
 def origin_refusal(request: Request) -> str | None:
     """Why a POST's Origin is not this dashboard's (None: it is).
 
-    A request without Origin passes (SameSite=Strict keeps the cookie off
-    cross-site POSTs); with one, it must name this very host and scheme: a
-    page on http://host (one a network attacker can write) is another origin
-    than the dashboard on https://host."""
-    origin = request.headers.get("origin")
+    A request without Origin is judged by its Referer (browsers older than
+    Origin on every POST still send that), and passes with neither
+    (SameSite=Strict keeps the cookie off cross-site POSTs); either must
+    name this very host and scheme: a page on http://host (one a network
+    attacker can write) is another origin than the dashboard on https://host."""
+    origin = request.headers.get("origin") or request.headers.get("referer")
     if origin is None:
         return None
     host = request.headers.get("host", "")
