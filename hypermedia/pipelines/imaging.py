@@ -318,11 +318,13 @@ def fit(vips: Any, path: str, header: Header, width: int, height: int, mode: str
     shrink = jpeg_shrink(header, width, height, mode) if header.loader == "jpegload" else 1
     if header.extra_bands:
         image = _colour_and_alpha(vips, path, header).thumbnail_image(width, **options)
-    elif shrink > 1:
+    elif header.loader == "jpegload":
         # libvips' thumbnail leaves a factor of two for its own resize after a
         # JPEG's shrink-on-load; decoding straight to the smallest DCT scale
         # still at least the box (as sharp does by default) saves ~10% of the
-        # work for the same result.
+        # work for the same result.  And where no scale keeps the shape
+        # (shrink 1), thumbnail would shrink on load all the same: a 2974 x 59
+        # strip inside 1000 x 10 came out 513 wide, not 504.
         loaded = vips.Image.jpegload(path, shrink=shrink, access="sequential", fail_on="error")
         image = loaded.thumbnail_image(width, **options)
     else:
@@ -390,19 +392,33 @@ def jpeg_shrink(header: Header, width: int, height: int, mode: str) -> int:
     # libjpeg refuses a scale that leaves a side under one pixel (a 3 x 20000 strip).
     short = min(header.width, header.height)
     return next(
-        (s for s in (8, 4, 2) if factor >= s and short >= s and _true_to_shape(w, h, s, factor)),
+        (
+            s
+            for s in (8, 4, 2)
+            if factor >= s and short >= s and _true_to_shape(w, h, s, width, height, mode)
+        ),
         1,
     )
 
 
-def _true_to_shape(w: int, h: int, shrink: int, factor: float) -> bool:
+def _true_to_shape(w: int, h: int, shrink: int, width: int, height: int, mode: str) -> bool:
     """Whether shrinking on load by ``shrink`` keeps the output's shape within
     a pixel.  The shrunk sides are rounded down, and the resize after takes its
-    aspect ratio from them: a side's remainder moves the other side's output
-    by that fraction of it (a 5000 x 3 strip shrunk by 2 is 2500 x 1, and came
-    out 2500 wide instead of 1667)."""
-    out_w, out_h = w / factor, h / factor  # before a cover's crop
-    return out_w * (h % shrink) / h < 1 and out_h * (w % shrink) / w < 1
+    aspect ratio from them (a 5000 x 3 strip shrunk by 2 is 2500 x 1, and came
+    out 2500 wide instead of 1667): the image is fitted to the box from both
+    sizes, and each side of the two must be within a pixel (before a cover's
+    crop).  A fill stretches to the box whatever the shape."""
+    if mode == "fill":
+        return True
+    true = _fitted(w, h, width, height, mode)
+    loaded = _fitted(w // shrink, h // shrink, width, height, mode)
+    return all(abs(a - b) < 1 for a, b in zip(true, loaded, strict=True))
+
+
+def _fitted(w: int, h: int, width: int, height: int, mode: str) -> tuple[float, float]:
+    """The size of a w x h image scaled to the box (cover: to fill it; else to fit in it)."""
+    scale = (max if mode == "cover" else min)(width / w, height / h)
+    return w * scale, h * scale
 
 
 def srgb(image: Any) -> Any:

@@ -982,8 +982,8 @@ def test_animated_input_gives_the_first_frame(scratch: Path, suffix: str) -> Non
         # The box is checked against the upright image: turned, 1000x4000 has
         # nothing to spare for a 1000x250 cover; unturned it has 4x.
         ((4000, 1000), 1, {"width": 1000, "height": 250}, ("jpegload", 4), (1000, 250)),
-        ((4000, 1000), 6, {"width": 1000, "height": 250}, ("thumbnail", 1), (1000, 250)),
-        ((300, 200), 1, {}, ("thumbnail", 1), (200, 200)),
+        ((4000, 1000), 6, {"width": 1000, "height": 250}, ("jpegload", 1), (1000, 250)),
+        ((300, 200), 1, {}, ("jpegload", 1), (200, 200)),
     ],
 )
 def test_jpeg_shrinks_on_load(
@@ -995,8 +995,9 @@ def test_jpeg_shrinks_on_load(
     opened: tuple[str, int],
     size: tuple[int, int],
 ) -> None:
-    """A JPEG is decoded at 1/2, 1/4 or 1/8 scale when the box allows; other
-    formats go to libvips' thumbnail, which shrinks WebP and HEIF on load."""
+    """A JPEG is decoded at 1/2, 1/4 or 1/8 scale when the box allows, else
+    whole (libvips' thumbnail would shrink it on load regardless of its shape);
+    other formats go to libvips' thumbnail, which shrinks WebP and HEIF on load."""
     src = write(scratch, "input.jpg", with_metadata(photo(*stored), orientation))
     calls: list[tuple[str, int]] = []
     for name in ("jpegload", "thumbnail"):
@@ -1352,16 +1353,32 @@ def test_a_turned_print_file_with_extra_channels_is_read_whole(
     assert all(abs(a - b) <= 3 for a, b in zip(pixel[:3], (200, 60, 30), strict=True)), pixel
 
 
-@pytest.mark.parametrize(("name", "options"), [("strip.jpg", {}), ("strip.png", {})])
+@pytest.mark.parametrize("name", ["strip.jpg", "strip.png"])
+@pytest.mark.parametrize(
+    ("stored", "box", "size"),
+    [
+        # Shrunk by 2 on load, 2500 x 1: the resize after took that shape.
+        ((5000, 3), (8192, 1), (1667, 1)),
+        # No scale keeps the shape, and libvips' thumbnail shrank it on load
+        # all the same (513 wide; 10 x 59; 1 x 250; 1 x 3).
+        ((2974, 59), (1000, 10), (504, 10)),
+        ((23, 945), (10, 1000), (10, 411)),
+        ((17, 4000), (1, 500), (1, 235)),
+        ((7, 13), (1, 500), (1, 2)),
+    ],
+)
 def test_a_thin_jpeg_keeps_its_shape_when_shrunk_on_load(
-    scratch: Path, name: str, options: dict[str, Any]
+    scratch: Path,
+    name: str,
+    stored: tuple[int, int],
+    box: tuple[int, int],
+    size: tuple[int, int],
 ) -> None:
-    """A 5000 x 3 strip shrunk by 2 on load is 2500 x 1: the resize after
-    took that shape and gave 2500 x 1 where a PNG of it gives 1667 x 1."""
-    strip = pyvips.Image.xyz(5000, 3)[0].cast("uchar").copy(interpretation="b-w")
-    src = write(scratch, name, strip, **options)
-    params = {"fit": "inside", "width": 8192, "height": 1}
-    assert run(THUMB, scratch, src, params).size == (1667, 1)
+    """The JPEG comes out as the PNG of the same pixels does."""
+    strip = pyvips.Image.xyz(*stored)[0].cast("uchar").copy(interpretation="b-w")
+    src = write(scratch, name, strip)
+    params = {"fit": "inside", "width": box[0], "height": box[1]}
+    assert run(THUMB, scratch, src, params).size == size
 
 
 def test_the_usual_photos_still_shrink_by_eight_on_load() -> None:
