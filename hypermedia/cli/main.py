@@ -125,7 +125,7 @@ def db_upgrade(
 
 
 @db_app.command("stamp")
-def db_stamp(revision: str = typer.Argument(..., help="e.g. 0014")) -> None:
+def db_stamp(revision: str = typer.Argument(..., help="e.g. 0015")) -> None:
     """Record REVISION as the database's, running nothing: for tables whose
     record of it was lost (`db upgrade` says when)."""
     with user_errors():

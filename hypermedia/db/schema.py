@@ -197,7 +197,7 @@ job_attempts = sa.Table(
     sa.UniqueConstraint("job_id", "attempt_number", name="uk_job_attempt"),
     sa.Index("idx_attempt_job", "job_id"),
     sa.Index("idx_attempt_worker", "worker_id"),
-    sa.Index("idx_attempt_status", "status"),
+    sa.Index("idx_attempt_status", "status", "attempt_id"),
     sqlite_autoincrement=True,  # see processing_jobs
 )
 
