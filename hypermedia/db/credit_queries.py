@@ -96,6 +96,14 @@ class CreditQueries:
 
     def credit_use_by_project(self) -> dict[str, int]:
         q = sa.select(J.c.project_id, _USED).where(UNFOLDED).group_by(J.c.project_id)
+        if self.dialect == "mysql":
+            # MariaDB grouped by walking a whole index in project order and
+            # reading every job's row (50 s at a million jobs, 7% unfolded):
+            # here each project's unfolded jobs are found through idx_project
+            # (5 s cold, against 3 ms per project).
+            projects = sa.select(J.c.project_id).distinct().subquery("projects")
+            joined = projects.join(J, sa.and_(J.c.project_id == projects.c.project_id, UNFOLDED))
+            q = sa.select(J.c.project_id, _USED).select_from(joined).group_by(J.c.project_id)
         used = {r[0]: int(r[1]) for r in self.conn.execute(q)}
         settled = sa.select(PC.c.project_id, PC.c.settled_credits).where(PC.c.settled_credits > 0)
         for project_id, credits in self.conn.execute(settled):
