@@ -221,6 +221,7 @@ NEEDS_A_DATABASE = [
     ["tokens", "ls"],
     ["projects", "ls"],
     ["db", "current"],
+    ["db", "stamp", "0015"],
     ["pools", "ls"],
     ["jobs", "prune", "--older-than-days", "30"],
     ["pools", "rm", "more"],
