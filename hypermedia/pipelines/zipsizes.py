@@ -102,64 +102,75 @@ class _Cover:
 # surveyed, within these bounds (past them: ``unchecked``).
 NESTED_DEPTH = 8
 NESTED_BYTES = 512 * 1024 * 1024
+NESTED_MEMBERS = 2000  # compressed members looked into, in all
 
 
 def survey_nested(path: str, scratch: str, limit: int) -> Survey:
     """``survey``, and that of every ZIP inside a compressed member (stored
     ones are read in place by ``survey``'s scan of local headers), down to
-    NESTED_DEPTH and unpacking at most NESTED_BYTES in all.  Members over
-    ``limit`` (clamd's MaxFileSize) are not unpacked: they are reported already."""
-    budget = [NESTED_BYTES]
-    return _nested(path, scratch, limit, 0, budget)
+    NESTED_DEPTH, unpacking at most NESTED_BYTES and looking into at most
+    NESTED_MEMBERS members in all.  Members over ``limit`` (clamd's
+    MaxFileSize) are not unpacked: they are reported already.  A compressed
+    member that cannot be read whole (a bad CRC, a size that lies, a method
+    Python lacks) is ``unchecked``: clamd may have read it all the same."""
+    return _nested(path, scratch, limit, 0, [NESTED_BYTES, NESTED_MEMBERS])
 
 
 def _nested(path: str, scratch: str, limit: int, depth: int, budget: list[int]) -> Survey:
     out = survey(path)
-    for member in _compressed_members(path, limit):
-        if depth >= NESTED_DEPTH or member.file_size > budget[0]:
-            out.unchecked = True
-            return out
-        budget[0] -= member.file_size
-        inner = _unpacked(path, member, scratch)
-        if inner is None:
-            continue
-        try:
-            out.add(_nested(inner, scratch, limit, depth + 1, budget))
-        finally:
-            os.unlink(inner)
+    try:
+        z = zipfile.ZipFile(path) if zipfile.is_zipfile(path) else None
+    except Exception:  # no directory Python reads: what survey saw stands
+        return out
+    if z is None:
+        return out
+    with z:  # opened once: its directory read once
+        for member in z.infolist():
+            if member.compress_type == zipfile.ZIP_STORED or member.flag_bits & _ENCRYPTED:
+                continue  # seen in place by survey / said encrypted already
+            if not 0 < member.file_size <= limit:
+                continue
+            budget[1] -= 1
+            if depth >= NESTED_DEPTH or budget[1] < 0 or member.file_size > budget[0]:
+                out.unchecked = True
+                return out
+            try:
+                out.add(_member(z, member, scratch, limit, depth, budget))
+            except Exception:  # not read whole (a bad CRC, a size that lies, a method
+                out.unchecked = True  # Python lacks): clamd may have read it all the same
     return out
 
 
-def _compressed_members(path: str, limit: int) -> list[zipfile.ZipInfo]:
-    """Compressed, unencrypted members of at most ``limit`` bytes that hold a ZIP."""
-    found = []
+def _member(
+    z: zipfile.ZipFile,
+    member: zipfile.ZipInfo,
+    scratch: str,
+    limit: int,
+    depth: int,
+    budget: list[int],
+) -> Survey:
+    """What a ZIP in ``member`` declares (nothing if it holds no ZIP)."""
+    with z.open(member) as head:
+        if head.read(4) != LOCAL:
+            return Survey()
+    budget[0] -= member.file_size
+    inner = _unpacked(z, member, scratch)
     try:
-        if not zipfile.is_zipfile(path):
-            return []
-        with zipfile.ZipFile(path) as z:
-            for i in z.infolist():
-                if i.compress_type == zipfile.ZIP_STORED or i.flag_bits & _ENCRYPTED:
-                    continue
-                if not 0 < i.file_size <= limit:
-                    continue
-                with z.open(i) as member:
-                    if member.read(4) == LOCAL:
-                        found.append(i)
-    except Exception:  # a hostile or unreadable archive: what survey saw stands
-        return found
-    return found
+        return _nested(inner, scratch, limit, depth + 1, budget)
+    finally:
+        os.unlink(inner)
 
 
-def _unpacked(path: str, member: zipfile.ZipInfo, scratch: str) -> str | None:
+def _unpacked(z: zipfile.ZipFile, member: zipfile.ZipInfo, scratch: str) -> str:
     """The member unpacked to a file in ``scratch`` (no more than its declared
-    size: zipfile stops there); None if it cannot be."""
+    size: zipfile stops there, and checks the CRC at the end)."""
     fd, inner = tempfile.mkstemp(dir=scratch, suffix=".zip")
     try:
-        with zipfile.ZipFile(path) as z, z.open(member) as src, os.fdopen(fd, "wb") as dst:
+        with z.open(member) as src, os.fdopen(fd, "wb") as dst:
             shutil.copyfileobj(src, dst, _CHUNK)
-    except Exception:
+    except BaseException:
         os.unlink(inner)
-        return None
+        raise
     return inner
 
 
