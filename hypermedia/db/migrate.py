@@ -59,15 +59,21 @@ def _refuse_unstamped(url: str) -> None:
     dropped or emptied): the first step failed on PostgreSQL and SQLite with
     "relation job_attempts already exists", and nothing said what to do;
     MariaDB, whose steps skip what is already there, ran the whole history
-    again over the tables and brought back a column a later step had dropped."""
+    again over the tables and brought back a column a later step had dropped.
+
+    On MariaDB 0001's tables without a record are also what a first `db
+    upgrade` leaves when it stops inside 0001 (or is still in it): that one
+    is run again, as MariaDB's steps are written to be.  Only a table of a
+    later step (0003's ``objects``) says a record was lost there."""
     import sqlalchemy as sa
 
     from hypermedia.db.driver import Driver
 
     drv = Driver(url)
     try:
+        later = "objects" if drv.name == "mysql" else "processing_jobs"
         with drv.engine.connect() as conn:
-            tables = sa.inspect(conn).has_table("processing_jobs")
+            tables = sa.inspect(conn).has_table(later)
     finally:
         drv.dispose()
     if tables:

@@ -98,6 +98,29 @@ def test_tables_whose_revision_record_was_lost_are_named_and_stamped(
         drop_database(backend, url)
 
 
+def test_mariadb_goes_on_with_a_first_step_that_stopped_part_way(
+    database_url: str, tmp_path
+) -> None:
+    """A first `db upgrade` killed inside 0001 leaves some of its tables and no
+    record: taken for a lost record, it was refused ("db stamp …", which would
+    have skipped every later step); it is run again, as MariaDB's steps are."""
+    if Driver(database_url).name != "mysql":
+        pytest.skip("MariaDB only: PostgreSQL and SQLite roll a failed step back")
+    url = make_database("mariadb", tmp_path)
+    drv = Driver(url)
+    try:
+        upgrade(url, "0001")
+        with drv.engine.begin() as conn:  # as if killed before the record, two tables short
+            conn.exec_driver_sql("DROP TABLE alembic_version")
+            conn.exec_driver_sql("DROP TABLE worker_metrics_hourly")
+            conn.exec_driver_sql("DROP TABLE leader_leases")
+        upgrade(url)
+        assert current(url) == head() and _diff(url) == []
+    finally:
+        drv.dispose()
+        drop_database("mariadb", url)
+
+
 def test_0008_down_gives_folded_counts_back_to_the_rows(database_url: str, tmp_path) -> None:
     """Below 0008 credit use is the rows' sum plus pruned_credits, and the
     duration histogram the attempts' plus pruned_attempt_durations: what the
