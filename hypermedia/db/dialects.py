@@ -414,6 +414,17 @@ def is_deadlock(exc: BaseException) -> bool:
     return sqlstate in _DEADLOCK_PG or first in _DEADLOCK_MYSQL
 
 
+# A row another transaction holds, asked for with NOWAIT.
+_BUSY_PG = {"55P03"}
+_BUSY_MYSQL = {1205, 3572}
+
+
+def is_lock_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` says rows asked for with NOWAIT were held by another transaction."""
+    sqlstate, first = _said_by_driver(exc)
+    return sqlstate in _BUSY_PG or first in _BUSY_MYSQL
+
+
 # Undefined table or column: a schema older than the code (no `db upgrade` yet).
 _NO_SCHEMA_PG = {"42P01", "42703"}
 _NO_SCHEMA_MYSQL = {1146, 1054}

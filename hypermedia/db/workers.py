@@ -149,10 +149,11 @@ class WorkerQueries:
 
     def metrics_between(self, start: datetime, end: datetime, *, lock: bool = False) -> list[Row]:
         """The raw samples of [start, end); ``lock``: held until the
-        transaction ends (SQLite's write lock holds everything already)."""
+        transaction ends, or an error at once if another holds them (NOWAIT:
+        see dialects.is_lock_busy; SQLite's write lock holds everything already)."""
         q = sa.select(M).where(M.c.recorded_at >= start, M.c.recorded_at < end)
         if lock and self.dialect != "sqlite":
-            q = q.with_for_update()
+            q = q.with_for_update(nowait=True)
         return [dict(r._mapping) for r in self.conn.execute(q)]
 
     def delete_metrics_between(self, start: datetime, end: datetime) -> int:

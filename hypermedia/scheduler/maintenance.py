@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Protocol
 
+from hypermedia.db.dialects import is_lock_busy
 from hypermedia.queue.engine import Engine
 from hypermedia.scheduler.budget import BUDGET_SECONDS, Backlog, Backlogged
 
@@ -92,6 +93,13 @@ class MetricsRetention(Backlogged):
                     folded = self._fold_hour(tx, oldest.replace(minute=0, second=0, microsecond=0))
             except _Raced:
                 continue  # rolled back: the hour is read again as it is now
+            except Exception as exc:
+                if not is_lock_busy(exc):
+                    raise
+                # Another run holds the hour: a leader frozen mid-fold.  Waited
+                # for, it held this leader's loop (the reaper, the promoter, its
+                # lease's renewal) until that transaction ended, minutes maybe.
+                return hours
             hours += folded
         return hours
 

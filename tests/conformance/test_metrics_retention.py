@@ -4,6 +4,7 @@ than ``metrics_raw_days`` become one hourly row per worker and hour."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -159,3 +160,19 @@ def test_two_leaders_folding_one_hour_count_it_once(
     w1 = _hourly(driver)[("w1", hour.hour)]
     assert (w1["samples"], w1["jobs_completed"], w1["jobs_failed"]) == (6, 21, 6)
     assert Decimal(w1["cpu_percent_max"]) == 60 and _raw(driver) == 0
+
+
+def test_a_fold_held_by_a_frozen_leader_does_not_hold_the_next(engine, driver, clock) -> None:
+    """Waiting for the samples a frozen leader had locked held the next
+    leader's whole loop (its reaper, promoter and lease) until that
+    transaction ended: the next run leaves the hour for later at once."""
+    if driver.name == "sqlite":
+        pytest.skip("SQLite: one writer at a time, the write lock itself is waited for")
+    hour = _at(clock, 0) - timedelta(hours=3)
+    _sample(engine, "w1", hour + timedelta(minutes=5), 10, done=1)
+    with driver.tx() as tx:  # the frozen leader, its fold begun
+        assert len(tx.metrics_between(hour, hour + timedelta(hours=1), lock=True)) == 1
+        started = time.monotonic()
+        assert MetricsRetention(engine).run_once() == 0
+        assert time.monotonic() - started < 5
+    assert MetricsRetention(engine).run_once() == 1 and _raw(driver) == 0
