@@ -97,10 +97,11 @@ class WorkerQueries:
             )
         return ids
 
-    def mark_dead_workers(self, worker_ids: Sequence[str]) -> list[str]:
-        """Flip these live workers (their process died) to unhealthy; their ids."""
+    def mark_dead_workers(self, worker_ids: Sequence[str], hostname: str) -> list[str]:
+        """Flip these live workers of ``hostname`` (their process died) to
+        unhealthy; their ids."""
         q = sa.select(W.c.worker_id).where(
-            W.c.worker_id.in_(list(worker_ids)), W.c.status.in_(LIVE)
+            W.c.worker_id.in_(list(worker_ids)), W.c.status.in_(LIVE), W.c.hostname == hostname
         )
         if self.dialect != "sqlite":
             q = q.with_for_update()

@@ -663,12 +663,12 @@ class Engine(Enqueuing, UserActions):
             tx.notify({r["queue_name"] for r in moved.values()})
         return len(moved)
 
-    def release_dead(self, worker_ids: Sequence[str]) -> int:
-        """Workers whose process is known to have died marked unhealthy and
-        their jobs released at once, as the reaper does with silent ones;
-        how many jobs."""
+    def release_dead(self, worker_ids: Sequence[str], hostname: str) -> int:
+        """Workers of ``hostname`` whose process is known to have died marked
+        unhealthy and their jobs released at once, as the reaper does with
+        silent ones; how many jobs."""
         with self.db.tx() as tx:
-            dead = tx.mark_dead_workers(worker_ids)
+            dead = tx.mark_dead_workers(worker_ids, hostname)
             orphans = tx.held_by(dead)
             released = self._settle(tx, None, _orphaned(orphans, "its worker's process died"))
         return len(released)

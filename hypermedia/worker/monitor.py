@@ -174,11 +174,13 @@ def release_dead(engine: Engine, worker_ids: list[str]) -> None:
     take: leftovers.py) released now, not once their leases expire or their
     heartbeats go stale: a `process` run killed with -9 left its jobs
     `processing` past the end of the next, short, run.  A worker id is
-    made fresh at each start, so one from another database matches nothing."""
+    made fresh at each start, so one from another database matches nothing;
+    only this machine's workers are judged (an flock on a network file system
+    may hold on one machine only: another's live workers would look dead)."""
     if not worker_ids:
         return
     try:
-        released = engine.release_dead(worker_ids)
+        released = engine.release_dead(worker_ids, socket.gethostname()[:255])
     except Exception as exc:  # the reaper gets them later
         log.warning("could not release the jobs of stopped workers (%s)", brief(exc))
         return

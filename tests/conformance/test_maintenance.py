@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from hypermedia.db.driver import Driver
+from hypermedia.db.schema import workers
 from tests.conftest import BACKENDS
 
 from ._helpers import (
@@ -252,6 +253,21 @@ def test_a_worker_silent_for_worker_gone_seconds_is_terminated(engine, driver, s
     with driver.read() as tx:
         back = tx.worker("killed")
     assert (back["status"], back["terminated_at"]) == ("idle", None)
+
+
+def test_only_this_machines_dead_workers_are_released(engine, driver, settings, clock):
+    """A worker whose scratch folder another worker found unheld is released at
+    once, but only on the same machine: over a network file system an flock
+    may hold on one machine only, and another's live worker would look dead."""
+    _worker(driver, W1, clock.now)
+    with driver.tx() as tx:
+        tx.conn.execute(workers.update().values(hostname="here"))
+    job_id, _ = _running(engine, W1)
+    assert engine.release_dead([W1], "elsewhere") == 0
+    assert (_worker_status(driver, W1), status_of(driver, job_id)) == ("active", "processing")
+    assert engine.release_dead([W1], "here") == 1
+    assert (_worker_status(driver, W1), status_of(driver, job_id)) == ("unhealthy", "retry_wait")
+    assert engine.release_dead([W1], "here") == 0  # taken once
 
 
 def test_worker_heartbeat_exactly_at_the_limit_is_not_stale(engine, driver, settings, clock):
