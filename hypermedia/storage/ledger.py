@@ -571,6 +571,9 @@ class Storage:
         object_id = ticket.call_off()
         if object_id is not None:
             self._abandon(object_id)
+            # Made ready in the moment before (its request cut between the
+            # commit and its answer): not kept either, as the client is told.
+            self.discard([object_id])
 
     def discard(self, object_ids: list[int]) -> int:
         """Hand uploads nothing came to use to GC at once (``process`` whose

@@ -131,6 +131,13 @@ def test_an_upload_called_off_keeps_nothing(storage: Storage, tmp_path) -> None:
     assert [r["state"] for r in storage.list(reserved=True)] == ["deleting"] * 2
     blobs = (storage.settings.home / "storage" / "objects").rglob("*")
     assert [b for b in blobs if b.is_file()] == []
+    # Called off just after it was made ready (before its answer): not kept either.
+    local.put_file = copy  # type: ignore[attr-defined]
+    done = Ticket()
+    kept = storage.put_file(path, ticket=done)
+    storage.call_off(done)
+    assert [r["state"] for r in storage.list(reserved=True)] == ["deleting"] * 3
+    assert kept["object_id"] not in {r["object_id"] for r in storage.list()}
 
 
 def test_an_upload_interrupted_by_ctrl_c_goes_to_gc_at_once(storage: Storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
