@@ -36,7 +36,6 @@ from sqlalchemy.engine import url as sa_url
 
 from hypermedia import leftovers
 from hypermedia.config import Settings, load_settings
-from hypermedia.db import revisions
 from hypermedia.db.dialects import is_schema_missing, is_transient
 from hypermedia.db.driver import connect, normalise_url
 from hypermedia.db.ready import not_ready, wait_until_ready
@@ -201,7 +200,7 @@ def wait_for_schema(db: Any, deadline: float) -> None:
 
     def check() -> None:
         with db.read() as tx:
-            why = revisions.behind(tx.schema_revision())
+            why = tx.schema_behind()
         if why is not None:
             raise NotMigrated(why)
 
@@ -220,7 +219,7 @@ def require_schema(db: Any) -> None:
     is away is left to the command: `jobs tail` waits for it to come back."""
     try:
         with db.read() as tx:
-            why = revisions.behind(tx.schema_revision())
+            why = tx.schema_behind()
     except Exception as exc:
         if not is_transient(exc):
             raise

@@ -145,7 +145,13 @@ def db_current() -> None:
 
         url = settings().url
         require_database(url)  # looking makes no database
-        console.print(migrate.current(url) or "empty")
+        at = migrate.current(url)
+        if at is None and migrate.has_job_tables(url):
+            console.print(
+                "none recorded, though hypermedia's tables are there: see `hypermedia db upgrade`"
+            )
+        else:
+            console.print(at or "empty")
 
 
 def _queues(value: str) -> list[str]:

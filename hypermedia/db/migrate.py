@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -35,8 +36,6 @@ def upgrade(url: str, revision: str = "head") -> None:
     wrong), InvalidRequest for a revision below the database's (Alembic did
     nothing and said nothing: this is no downgrade)."""
     at = current(url)
-    if at is None and revision != "base":
-        _refuse_unstamped(url)
     if revisions.newer(at):
         raise NewerSchema(
             f"the database schema (revision {at}) is newer than this hypermedia "
@@ -46,37 +45,35 @@ def upgrade(url: str, revision: str = "head") -> None:
         raise InvalidRequest(
             f"the database is at revision {at}, past {revision}: `db upgrade` does not downgrade"
         )
+    cfg = alembic_config(url)
+    # Tables without a record are judged under the migration lock (env.py):
+    # judged before it, the tables another upgrade was making that moment
+    # (MariaDB shows them as they come) were taken for a lost record.
+    cfg.attributes["refuse_unstamped"] = True
     with _steps_only():
-        command.upgrade(alembic_config(url), revision)
+        command.upgrade(cfg, revision)
 
 
 class LostStamp(Refused):
     """hypermedia's tables are there, Alembic's record of their revision is not."""
 
 
-def _refuse_unstamped(url: str) -> None:
-    """A database with our tables and no revision recorded (``alembic_version``
-    dropped or emptied): the first step failed on PostgreSQL and SQLite with
+def refuse_unstamped(conn: Any, dialect: str) -> None:
+    """Refuse a database with our tables and no revision recorded
+    (``alembic_version`` dropped or emptied), under the migration lock with
+    no revision read: the first step failed on PostgreSQL and SQLite with
     "relation job_attempts already exists", and nothing said what to do;
     MariaDB, whose steps skip what is already there, ran the whole history
     again over the tables and brought back a column a later step had dropped.
 
     On MariaDB 0001's tables without a record are also what a first `db
-    upgrade` leaves when it stops inside 0001 (or is still in it): that one
-    is run again, as MariaDB's steps are written to be.  Only a table of a
-    later step (0003's ``objects``) says a record was lost there."""
+    upgrade` leaves when it stops inside 0001: that one is run again, as
+    MariaDB's steps are written to be.  Only a table of a later step (0003's
+    ``objects``) says a record was lost there."""
     import sqlalchemy as sa
 
-    from hypermedia.db.driver import Driver
-
-    drv = Driver(url)
-    try:
-        later = "objects" if drv.name == "mysql" else "processing_jobs"
-        with drv.engine.connect() as conn:
-            tables = sa.inspect(conn).has_table(later)
-    finally:
-        drv.dispose()
-    if tables:
+    later = "objects" if dialect == "mysql" else "processing_jobs"
+    if sa.inspect(conn).has_table(later):
         raise LostStamp(
             "the database has hypermedia's tables but no record of their revision "
             "(its alembic_version table is missing or empty); nothing was changed. "
@@ -85,10 +82,28 @@ def _refuse_unstamped(url: str) -> None:
         )
 
 
+def has_job_tables(url: str) -> bool:
+    """Whether hypermedia's tables are in the database at ``url``."""
+    from hypermedia.db.driver import Driver
+
+    drv = Driver(url)
+    try:
+        with drv.read() as tx:
+            return bool(tx.has_job_tables())
+    finally:
+        drv.dispose()
+
+
 def stamp(url: str, revision: str) -> None:
-    """Record ``revision`` as the database's without running any step."""
+    """Record ``revision`` as the database's without running any step: for
+    hypermedia's tables only (stamped, a database without them answered every
+    command "run db upgrade", which then found nothing to do)."""
     if revision not in revisions.known():
         raise InvalidRequest(f"no revision {revision!r}: one of {', '.join(revisions.known())}")
+    if not has_job_tables(url):
+        raise InvalidRequest(
+            "the database has no hypermedia tables to stamp: run `hypermedia db upgrade`"
+        )
     with _steps_only():
         command.stamp(alembic_config(url), revision, purge=True)
 

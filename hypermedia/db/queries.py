@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from hypermedia.db import dialects, fast, pg_batch
+from hypermedia.db import dialects, fast, pg_batch, revisions
 from hypermedia.db.auth_queries import AuthQueries
 from hypermedia.db.bulk import update_many
 from hypermedia.db.credit_queries import CreditQueries
@@ -100,6 +100,16 @@ class Tx(
             return None
         q = sa.text("SELECT version_num FROM alembic_version")
         return self.conn.execute(q).scalar()
+
+    def has_job_tables(self) -> bool:
+        """Whether hypermedia's tables are here (whatever revision is recorded)."""
+        return sa.inspect(self.conn).has_table("processing_jobs")
+
+    def schema_behind(self) -> str | None:
+        """revisions.behind of this database (its tables looked at only
+        when no revision is recorded)."""
+        current = self.schema_revision()
+        return revisions.behind(current, current is None and self.has_job_tables())
 
     def server_now(self) -> datetime:
         return dialects.server_now(self.conn, self.dialect)

@@ -42,6 +42,7 @@ def not_ready(db: Driver, *, schema: bool = True) -> tuple[str, str] | None:
         with db.read() as tx:
             tx.ping()
             current = tx.schema_revision() if schema else None
+            lost = schema and current is None and tx.has_job_tables()
     except Exception as exc:
         if not is_transient(exc):
             raise
@@ -61,7 +62,7 @@ def not_ready(db: Driver, *, schema: bool = True) -> tuple[str, str] | None:
             f"the database schema (revision {current}) is newer than this hypermedia "
             f"(revision {revisions.head()}): upgrade hypermedia",
         )
-    why = revisions.behind(current)
+    why = revisions.behind(current, lost)
     return None if why is None else ("schema", why)
 
 

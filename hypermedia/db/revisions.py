@@ -25,13 +25,23 @@ def head() -> str:
     return known()[-1]
 
 
-def behind(current: str | None) -> str | None:
-    """Why a database at ``current`` cannot serve this code yet, or None.
+LOST = (
+    "the database has hypermedia's tables but no record of their revision "
+    "(its alembic_version table is missing or empty): see `hypermedia db upgrade`"
+)
+
+
+def behind(current: str | None, tables: bool = False) -> str | None:
+    """Why a database at ``current`` cannot serve this code yet, or None;
+    ``tables``: hypermedia's tables are there (read only when ``current`` is
+    None: "run db upgrade" then sent people to a command that refuses).
 
     A revision this code does not know was made by a newer hypermedia (an
     upgrade that migrated before this process was replaced): waiting would
     not change it, so it is for ``newer`` to tell, not a reason to wait."""
     if current is None:
+        if tables:
+            return LOST
         return "the database has no hypermedia schema: run `hypermedia db upgrade`"
     if current in known() and current < head():
         return (

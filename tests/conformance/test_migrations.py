@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+from hypermedia.db import revisions
 from hypermedia.db.driver import Driver
 from hypermedia.db.migrate import LostStamp, current, downgrade, head, stamp, upgrade
 from hypermedia.db.schema import job_attempts as attempts_table
@@ -77,12 +78,18 @@ def test_tables_whose_revision_record_was_lost_are_named_and_stamped(
     backend = "mariadb" if backend == "mysql" else backend
     url = make_database(backend, tmp_path)
     try:
+        # Nothing to stamp yet: stamped, every command said "run db upgrade",
+        # which then found nothing to do.
+        with pytest.raises(InvalidRequest, match="no hypermedia tables to stamp"):
+            stamp(url, head())
         upgrade(url)
         for lose in ("DELETE FROM alembic_version", "DROP TABLE alembic_version"):
             drv = Driver(url)
             try:
                 with drv.engine.begin() as conn:
                     conn.execute(sa.text(lose))
+                with drv.read() as tx:  # what every other command says: not "run db upgrade"
+                    assert tx.schema_behind() == revisions.LOST
             finally:
                 drv.dispose()
             with pytest.raises(LostStamp, match="hypermedia db stamp REVISION"):

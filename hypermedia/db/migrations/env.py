@@ -7,7 +7,7 @@ from collections import Counter
 from alembic import context
 from sqlalchemy import Connection
 
-from hypermedia.db import dialects
+from hypermedia.db import dialects, migrate
 from hypermedia.db.driver import Driver
 from hypermedia.db.migrations import redone
 from hypermedia.db.schema import metadata
@@ -44,6 +44,9 @@ try:
             )
             if driver.name == "mysql":
                 redone.install(context.get_context().impl)
+            unstamped = context.get_context().get_current_revision() is None
+            if unstamped and context.config.attributes.get("refuse_unstamped"):
+                migrate.refuse_unstamped(connection, driver.name)
             # Rows that broke a foreign key before (a legacy producer writing
             # with foreign keys off, as sqlite3 does by default) are not the
             # migration's doing: only new breakage stops it.
