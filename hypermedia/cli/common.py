@@ -586,8 +586,18 @@ def sigterm_as_ctrl_c() -> None:
     """SIGTERM (timeout(1), systemd, CI) does what Ctrl-C does: a command that
     moves files then cleans up after itself.  Left at its default, `objects
     get -o` left its ".part" file and `objects put` its row `pending` (and its
-    bytes in the pool's .tmp) for GC's pending sweep, hours later."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    bytes in the pool's .tmp) for GC's pending sweep, hours later.  Either
+    signal is taken once: the next is ignored from that moment, so the
+    clean-up is never cut short (a second press 20 ms after the first, on a
+    busy machine, came before the clean-up had ignored it, and 250 uploads
+    stayed `pending`)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _interrupted)
+
+
+def _interrupted(_signum: int, _frame: Any) -> None:
+    ignore_stop_signals()
+    raise KeyboardInterrupt
 
 
 class OutputFailed(OSError):

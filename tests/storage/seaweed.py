@@ -196,6 +196,9 @@ class SeaweedServer:
         by the kernel and never answered, as a store that hangs; SIGCONT after."""
         assert self._proc is not None
         os.killpg(self._proc.pid, signal.SIGSTOP)
+        # kill() returns before every thread has stopped: a request sent at
+        # once was answered in 0.00 s by one still running (seen in CI).
+        _wait_stopped(self._proc.pid)
         try:
             yield
         finally:
@@ -250,3 +253,34 @@ class SeaweedServer:
 
 # The bench's name for it.
 s3_client = _client
+
+
+def _wait_stopped(group: int, timeout: float = 10.0) -> None:
+    """Until every thread of every process in process group ``group`` is
+    stopped (state T in /proc)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = [s for pid in _members(group) for s in _thread_states(pid)]
+        if states and all(s in ("T", "t") for s in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process group {group} did not stop within {timeout} s")
+
+
+def _members(group: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry.name)) == group:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def _thread_states(pid: int) -> list[str]:
+    states = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, IndexError):  # a thread that ended meanwhile
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+    return states
