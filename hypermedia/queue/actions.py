@@ -131,10 +131,13 @@ class UserActions:
 
     # -- reading -----------------------------------------------------------------
 
-    def get(self, job_id: int) -> Row:
+    def get(self, job_id: int, *, project_id: str | None = None) -> Row:
+        """The job with its attempts, events and outputs.  ``project_id``:
+        another project's job is not found, and found out before anything else
+        is read (its whole read took longer than a missing job's 404)."""
         with self.db.read() as tx:
             job = tx.job(job_id)
-            if job is None:
+            if job is None or project_id not in (None, job["project_id"]):
                 raise NotFound(f"job {job_id} not found")
             job["attempts"] = tx.attempts(job_id)
             job["events"] = tx.events(job_id)
