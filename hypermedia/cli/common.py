@@ -595,6 +595,19 @@ def sigterm_as_ctrl_c() -> None:
         signal.signal(sig, _interrupted)
 
 
+@contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT wait (blocked, pending) until the block is left: for
+    a file made and named in one step, so that a signal never lands between
+    the making and the try that removes it.  Enclose this in that try: the
+    held signal is raised as the block is left."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 def _interrupted(_signum: int, _frame: Any) -> None:
     ignore_stop_signals()
     raise KeyboardInterrupt

@@ -27,6 +27,7 @@ from hypermedia.cli.common import (
     print_json,
     settings,
     sigterm_as_ctrl_c,
+    stop_signals_held,
     user_errors,
     write_whole,
 )
@@ -115,20 +116,29 @@ def get(
         # is held (flock) while written, and the next get here removes those
         # nobody holds.
         leftovers.sweep_files(target.parent, f"{PART_PREFIX}*.part")
+        tmp: Path | None = None
         try:
-            fd, name = tempfile.mkstemp(".part", PART_PREFIX, target.parent)
-        except OSError as exc:  # a folder we may not write in (/proc, read-only): -o's to fix
-            raise InvalidRequest(f"-o cannot be written to: {exc.strerror}") from None
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new and ours: never refused
-        tmp = Path(name)
-        try:
+            # A SIGTERM just after the part was made (before its name was
+            # kept) left it behind: held until it is named.
+            with stop_signals_held():
+                fd, tmp = _part_file(target.parent)
             with os.fdopen(fd, "wb", buffering=0) as out, st.open(object_id) as src:
                 os.fchmod(out.fileno(), 0o666 & ~_umask())  # as open() would have made it
                 while chunk := src.read(1024 * 1024):
                     write_whole(out.fileno(), chunk, "-o")
             tmp.replace(target)  # never leave a half or unverified file under the name
         finally:
-            tmp.unlink(missing_ok=True)
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+
+
+def _part_file(folder: Path) -> tuple[int, Path]:
+    try:
+        fd, name = tempfile.mkstemp(".part", PART_PREFIX, folder)
+    except OSError as exc:  # a folder we may not write in (/proc, read-only): -o's to fix
+        raise InvalidRequest(f"-o cannot be written to: {exc.strerror}") from None
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new and ours: never refused
+    return fd, Path(name)
 
 
 PART_PREFIX = ".hypermedia-get-"
