@@ -7,6 +7,7 @@ BIGINT.  One check for both, so a stray byte is "not a number", never a 500.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -38,3 +39,27 @@ def storable(value: Any) -> bool:
     if isinstance(value, list):
         return all(storable(v) for v in value)
     return True
+
+
+class DuplicateKey(ValueError):
+    """A JSON object that names one key twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"the key {json.dumps(key[:100])} appears twice in one object")
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise DuplicateKey(key)
+        found[key] = value
+    return found
+
+
+def json_unique(text: str | bytes) -> Any:
+    """``json.loads``, refusing an object that names a key twice
+    (``DuplicateKey``).  Python keeps the last of them, other readers the
+    first: ``{"priority": 1, "priority": 10}`` would be one job to a proxy or
+    a log reader and another to us."""
+    return json.loads(text, object_pairs_hook=_unique)

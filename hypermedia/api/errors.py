@@ -137,10 +137,18 @@ def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
         {
             # A field's name is the sender's too (an extra one can be a token).
             "loc": [redact(str(p), 200) for p in e.get("loc", ())],
-            "msg": redact(str(e.get("msg", "")), 200),
+            "msg": redact(_message(e), 200),
         }
         for e in exc.errors()[:20]
     ]
+
+
+def _message(error: dict[str, Any]) -> str:
+    """Pydantic's message; for a body that is not JSON, also the parser's
+    reason (a position, or a key named twice: api/strict_json.py)."""
+    msg = str(error.get("msg", ""))
+    why = (error.get("ctx") or {}).get("error") if error.get("type") == "json_invalid" else None
+    return f"{msg}: {why}" if why else msg
 
 
 def _api(request: Request, exc: ApiError) -> Response:

@@ -47,6 +47,7 @@ from hypermedia.errors import (
     ReadOnlyDatabase,
     Refused,
 )
+from hypermedia.parse import DuplicateKey, json_unique
 from hypermedia.queue.clock import clock_for
 from hypermedia.queue.engine import Engine
 from hypermedia.redact import brief, redact
@@ -352,9 +353,11 @@ def print_json(data: Any) -> None:
 def json_object(text: str, option: str) -> dict[str, Any]:
     """``text`` (the value of ``option``, say ``--params``) as a JSON object."""
     try:
-        parsed = json.loads(text)
+        parsed = json_unique(text)
     except json.JSONDecodeError:
         raise InvalidRequest(f"{option} is not valid JSON") from None
+    except DuplicateKey as exc:
+        raise InvalidRequest(f"{option}: {exc}") from None
     except (ValueError, RecursionError):  # an integer of 4,300+ digits; nesting past the stack
         raise InvalidRequest(f"{option} nests too deep or holds too long a number") from None
     if not isinstance(parsed, dict):

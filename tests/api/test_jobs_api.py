@@ -378,6 +378,26 @@ def test_a_body_that_cannot_be_decoded_is_422_like_bad_json(client: TestClient, 
     assert client.get("/v1/jobs", headers=h).json()["items"] == []
 
 
+def test_a_key_named_twice_is_422_naming_it(client: TestClient, a: Project) -> None:
+    """``{"priority": 1, "priority": 10}`` was a job of priority 10 here and of
+    priority 1 to a reader that keeps the first: one body, two requests."""
+    h = {**bearer(a.admin), "Content-Type": "application/json"}
+    for body in (
+        b'{"job_type": "debug.noop", "priority": 1, "priority": 10}',
+        b'{"job_type": "debug.noop", "params": {"ms": 1, "ms": 2}}',
+    ):
+        r = client.post("/v1/jobs", content=body, headers=h)
+        assert r.status_code == 422, r.text
+        assert r.json()["code"] == "invalid_request"
+        assert "appears twice" in str(r.json()["details"]), r.text
+    r = client.post("/v0/processing-jobs", content=b'{"a": 1, "a": 1}', headers=h)
+    assert r.status_code == 422 and "appears twice" in r.text, r.text
+    assert client.get("/v1/jobs", headers=h).json()["items"] == []
+    # Equal keys in different objects are no twice-named key.
+    body = b'{"job_type": "debug.sleep", "params": {"ms": 1}, "queue": "ms"}'
+    assert client.post("/v1/jobs", content=body, headers=h).status_code == 201
+
+
 def test_a_field_name_that_is_a_token_is_not_echoed(client: TestClient, a: Project) -> None:
     """Extra fields are a 422 naming them: a token sent as a field's name came back whole."""
     r = client.post("/v1/jobs", json={**NOOP, a.admin: 1}, headers=bearer(a.admin))

@@ -70,6 +70,19 @@ def _case(args: list[str], code: int, said: str, **env: str) -> object:
         _case(["worker", "--burst", "--queues", "Bad Q"], USAGE, "queue name"),
         _case(["queues", "pause", "Bad Q"], USAGE, "queue name"),
         _case(["jobs", "submit", "debug.noop", "--params", "[1]"], USAGE, "JSON object"),
+        _case(
+            [
+                "profiles",
+                "create",
+                "t",
+                "--type",
+                "image.thumbnail",
+                "--settings",
+                '{"width": 1, "width": 2}',
+            ],
+            USAGE,
+            '--settings: the key "width" appears twice in one object',
+        ),
         _case(["jobs", "submit", "debug.noop", "--priority", "11"], USAGE, "--priority"),
         _case(
             ["jobs", "submit", "debug.noop", "--object", "99999"],

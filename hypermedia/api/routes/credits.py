@@ -8,10 +8,11 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from hypermedia.api.deps import scoped, services
+from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.auth.tokens import Principal
 from hypermedia.queue.profiles import MAX_BUDGET
 
-router = APIRouter(prefix="/v1/credits", tags=["credits"])
+router = APIRouter(prefix="/v1/credits", tags=["credits"], route_class=StrictJSONRoute)
 
 Row = dict[str, Any]
 

@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from hypermedia.api.deps import Id, Whole, check_may_run, owned, scoped, services, shown
 from hypermedia.api.paging import decode_cursor, page
+from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.auth.tokens import Principal
 from hypermedia.db.dialects import is_transient
 from hypermedia.errors import InvalidRequest, NotFound
@@ -28,7 +29,7 @@ from hypermedia.queue.states import STATUSES, TERMINAL
 from hypermedia.redact import brief
 from hypermedia.services import Services
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=StrictJSONRoute)
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]

@@ -16,10 +16,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from hypermedia.api.deps import scoped, services
+from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.auth.tokens import Principal
 from hypermedia.queue import durations
 
-router = APIRouter(tags=["ops"])
+router = APIRouter(tags=["ops"], route_class=StrictJSONRoute)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 BUCKETS = durations.BUCKETS_S

@@ -35,6 +35,7 @@ from hypermedia.api.errors import ApiError
 from hypermedia.api.openapi import upload_body
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.api.ranges import RangeNotSatisfiable, byte_range, etag
+from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.auth.tokens import Principal
 from hypermedia.config import Settings
 from hypermedia.db.schema_storage import OBJECT_STATES
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix="/v1/objects", tags=["objects"])
+router = APIRouter(prefix="/v1/objects", tags=["objects"], route_class=StrictJSONRoute)
 
 Row = dict[str, Any]
 PUBLIC_FIELDS = (

@@ -12,10 +12,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from hypermedia.api.deps import services
+from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.db import ready
 from hypermedia.db.driver import Driver
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], route_class=StrictJSONRoute)
 T = TypeVar("T")
 
 

@@ -19,11 +19,12 @@ from starlette.concurrency import run_in_threadpool
 from hypermedia.api.deps import NO_CONTROLS, Whole, scoped, services
 from hypermedia.api.openapi import upload_body
 from hypermedia.api.routes.objects import Upload, receive_upload
+from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import InvalidRequest
 from hypermedia.services import Services
 
-router = APIRouter(prefix="/v1/photos", tags=["photos"])
+router = APIRouter(prefix="/v1/photos", tags=["photos"], route_class=StrictJSONRoute)
 
 Row = dict[str, Any]
 # Ids are UUIDs; any unreserved URL text up to the column's width is looked up

@@ -15,10 +15,11 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
 from hypermedia.api.deps import scoped, services, shown
+from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.auth.tokens import Principal
 from hypermedia.queue.profiles import parse_ref
 
-router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
+router = APIRouter(prefix="/v1/profiles", tags=["profiles"], route_class=StrictJSONRoute)
 
 Row = dict[str, Any]
 Ref = PathParam(min_length=1, max_length=120, description="`key` (newest active) or `key:vN`")

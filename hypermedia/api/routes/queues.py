@@ -11,9 +11,10 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 
 from hypermedia.api.deps import scoped, services
+from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.auth.tokens import Principal
 
-router = APIRouter(prefix="/v1/queues", tags=["queues"])
+router = APIRouter(prefix="/v1/queues", tags=["queues"], route_class=StrictJSONRoute)
 
 Row = dict[str, Any]
 

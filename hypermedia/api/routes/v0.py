@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hypermedia.api.deps import Whole, scoped, services, shown
 from hypermedia.api.paging import decode_cursor, page
+from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import InvalidRequest, StaleTransition
 from hypermedia.pipelines import registry
@@ -50,7 +51,9 @@ from hypermedia.queue.legacy import our_job_type, processing_job, to_priority
 from hypermedia.queue.models import NewJob
 from hypermedia.queue.states import LEGACY_STATUS, legacy_status
 
-router = APIRouter(prefix="/v0/processing-jobs", tags=["v0 (seed 001)"])
+router = APIRouter(
+    prefix="/v0/processing-jobs", tags=["v0 (seed 001)"], route_class=StrictJSONRoute
+)
 
 Row = dict[str, Any]
 SeedJobType = Literal[

@@ -7,9 +7,10 @@ from typing import Any
 from fastapi import APIRouter, Path, Query, Request
 
 from hypermedia.api.deps import NO_CONTROLS, scoped, services
+from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.auth.tokens import Principal
 
-router = APIRouter(prefix="/v1/workers", tags=["workers"])
+router = APIRouter(prefix="/v1/workers", tags=["workers"], route_class=StrictJSONRoute)
 
 Row = dict[str, Any]
 WorkerId = Path(..., min_length=1, max_length=100, pattern=NO_CONTROLS)
