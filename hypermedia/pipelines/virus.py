@@ -22,7 +22,9 @@ Verdicts:
   ``clamd_max_file_size`` (clamd's MaxFileSize: its ZIP reader scans only
   that much of a member and says OK even with AlertExceedsMax), or for a
   ZIP with an encrypted member or members its central directory does not
-  list (clamd reads neither), or clamd named a ``Heuristics.Encrypted.*``
+  list (clamd reads neither) — ZIPs inside other ZIPs, tars and gzip, bzip2
+  or xz streams included —, or a compressed stream that unpacks past
+  MaxFileSize, or clamd named a ``Heuristics.Encrypted.*``
   (``AlertEncryptedArchive``/``AlertEncryptedDoc``: unread, not a virus).
   ``reason`` says which.
 
@@ -374,6 +376,11 @@ def _zip_reason(zip_: zipsizes.Survey, limit: int) -> str | None:
         return (
             f"a ZIP member of {zip_.largest} bytes is over clamd's MaxFileSize ({limit}): "
             "clamd scanned only its first MaxFileSize bytes"
+        )
+    if zip_.overflowed:
+        return (
+            f"a gzip, bzip2 or xz stream in it unpacks to more than clamd's MaxFileSize "
+            f"({limit}): clamd scanned only its first MaxFileSize bytes"
         )
     if zip_.largest == zipsizes.UNKNOWN or zip_.unsized:
         return (

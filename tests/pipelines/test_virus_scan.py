@@ -9,9 +9,11 @@ waits out in retry_wait.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import os
 import socket
+import tarfile
 import threading
 import time
 import uuid
@@ -184,6 +186,36 @@ def test_a_zip_in_a_compressed_member_is_surveyed_too(tmp_path: Path, clamd: Cla
     assert f"over clamd's MaxFileSize ({MAX_FILE})" in result["reason"]
     assert _scan(tmp_path, _zip(_zip(CLEAN)), settings)[0]["verdict"] == "clean"
     assert not list(tmp_path.glob("tmp*.zip"))  # what was unpacked to look is gone
+
+
+def test_a_zip_in_a_gzip_a_tar_or_a_stored_zip_is_surveyed_too(
+    tmp_path: Path, clamd: Clamd
+) -> None:
+    """clamd unpacks gzip and tar as well and reads the ZIP inside with the
+    same ZIP reader: the padded ZIP above, gzipped, in a .tar.gz, or deflated
+    in a ZIP stored in a ZIP, was called clean."""
+    padded = _zip(b"\0" * (MAX_FILE + 4096) + MARKER)
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w:gz") as t:
+        info = tarfile.TarInfo("p.zip")
+        info.size = len(padded)
+        t.addfile(info, io.BytesIO(padded))
+    stored = io.BytesIO()
+    with zipfile.ZipFile(stored, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("inner.zip", _zip(padded))
+    settings = {"clamd": clamd.unix_url, "clamd_max_file_size": MAX_FILE}
+    for data in (gzip.compress(padded), tar.getvalue(), stored.getvalue()):
+        result, _ = _scan(tmp_path, data, settings)
+        assert (result["verdict"], result["signature"]) == ("not_fully_scanned", None)
+        assert f"over clamd's MaxFileSize ({MAX_FILE})" in result["reason"]
+    # A gzip stream past MaxFileSize: clamd read only its start.
+    result, _ = _scan(tmp_path, gzip.compress(b"\0" * (MAX_FILE + 4096) + MARKER), settings)
+    assert result["verdict"] == "not_fully_scanned", result
+    # Small enough to be read whole: clamd's answer stands, either way.
+    assert _scan(tmp_path, gzip.compress(_zip(CLEAN)), settings)[0]["verdict"] == "clean"
+    result, _ = _scan(tmp_path, gzip.compress(_zip(MARKER)), settings)
+    assert (result["verdict"], result["signature"]) == ("infected", f"{MARKER_NAME}.UNOFFICIAL")
+    assert not list(tmp_path.glob("tmp*.layer"))  # what was unpacked to look is gone
 
 
 @pytest.mark.parametrize(

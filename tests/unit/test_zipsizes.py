@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import io
+import lzma
 import os
+import tarfile
 import time
 import zipfile
 from pathlib import Path
@@ -235,3 +239,78 @@ def test_many_nested_zips_are_bounded_in_count_and_time(tmp_path: Path) -> None:
     started = time.monotonic()
     found = zipsizes.survey_nested(str(path), str(tmp_path), 10**9)
     assert found.unchecked and time.monotonic() - started < 15  # ~0.3 s
+
+
+def _tar(members: dict[str, bytes], mode: str = "w") -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode) as t:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _stored(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        pytest.param(gzip.compress, id="zip.gz"),
+        pytest.param(bz2.compress, id="zip.bz2"),
+        pytest.param(lzma.compress, id="zip.xz"),
+        pytest.param(lambda z: _tar({"a.txt": b"x", "p.zip": z}), id="tar"),
+        pytest.param(lambda z: _tar({"p.zip": z}, "w:gz"), id="tar.gz"),
+        pytest.param(lambda z: gzip.compress(gzip.compress(z)), id="zip.gz.gz"),
+        # A deflated ZIP in a ZIP stored whole in a ZIP: only the stored one's
+        # headers lie in the file's bytes.
+        pytest.param(lambda z: _stored({"i.zip": _zip({"deep.zip": z})}), id="zip-stored-zip"),
+        pytest.param(lambda z: _zip({"x.gz": gzip.compress(z)}), id="zip-gz-zip"),
+    ],
+)
+def test_a_zip_inside_any_layer_clamd_unpacks_is_surveyed(tmp_path: Path, wrap) -> None:  # type: ignore[no-untyped-def]
+    """clamd unpacks gzip, bzip2, xz and tar too, and reads a ZIP in them with
+    the same ZIP reader: 30 kB of .tar.gz hid a member of 26 MB (a signature
+    behind MaxFileSize of padding), called clean."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    path = tmp_path / "input"
+    path.write_bytes(wrap(_zip({"big": BIG})))
+    found = zipsizes.survey_nested(str(path), str(scratch), 10**6)
+    assert found.largest == len(BIG) and not found.unchecked and not found.overflowed
+    assert list(scratch.iterdir()) == []
+    # What holds no ZIP declares nothing more than its own (outer) members.
+    path.write_bytes(wrap(b"plain text " * 100))
+    plain = zipsizes.survey_nested(str(path), str(scratch), 10**6)
+    assert plain.largest <= 1100 and not (plain.unchecked or plain.overflowed)
+
+
+def test_a_stream_past_max_file_size_or_cut_is_not_surveyed_whole(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    path = tmp_path / "input"
+    path.write_bytes(gzip.compress(b"\0" * 2000))
+    assert zipsizes.survey_nested(str(path), str(scratch), 2000) == zipsizes.Survey()
+    assert zipsizes.survey_nested(str(path), str(scratch), 1999).overflowed  # clamd stops there
+    cut = gzip.compress(os.urandom(5000))[:-100]
+    path.write_bytes(cut)
+    assert zipsizes.survey_nested(str(path), str(scratch), 10**6).unchecked
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_tar_of_many_members_is_read_as_it_goes(tmp_path: Path) -> None:
+    """Each member's header read in turn and dropped: a tar of many empty
+    members is no memory of them, and a ZIP after them is still found."""
+    members = {f"e{i}": b"" for i in range(20_000)}
+    path = tmp_path / "many.tar"
+    path.write_bytes(_tar({**members, "z.zip": _zip({"big": BIG})}))
+    started = time.monotonic()
+    found = zipsizes.survey_nested(str(path), str(tmp_path), 10**6)
+    assert found.largest == len(BIG) and not found.unchecked
+    assert time.monotonic() - started < 15  # ~1 s
