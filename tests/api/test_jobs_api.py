@@ -378,6 +378,29 @@ def test_a_body_that_cannot_be_decoded_is_422_like_bad_json(client: TestClient, 
     assert client.get("/v1/jobs", headers=h).json()["items"] == []
 
 
+@pytest.mark.parametrize("depth", [350, 600, 980])
+def test_params_nested_deep_enough_to_pass_the_parser_are_never_a_500(
+    client: TestClient, a: Project, depth: int
+) -> None:
+    """JSON nested 330 to 980 deep passed the parser, then ran a check of its
+    strings out of stack: a 500 and a traceback of 4,000 lines per request."""
+    h = {**bearer(a.admin), "Content-Type": "application/json"}
+    nested = '{"a": ' * depth + "1" + "}" * depth
+    for path, body in (
+        ("/v1/jobs", '{"job_type": "debug.noop", "params": ' + nested + "}"),
+        (
+            "/v1/jobs",
+            '{"job_type": "debug.noop", "params": {"a": ' + "[" * depth + "]" * depth + "}}",
+        ),
+        (
+            "/v1/profiles",
+            '{"key": "deep", "job_type": "image.thumbnail", "settings": ' + nested + "}",
+        ),
+    ):
+        r = client.post(path, content=body.encode(), headers=h)
+        assert r.status_code == 422, (path, r.status_code, r.text[:300])
+
+
 def test_a_key_named_twice_is_422_naming_it(client: TestClient, a: Project) -> None:
     """``{"priority": 1, "priority": 10}`` was a job of priority 10 here and of
     priority 1 to a reader that keeps the first: one body, two requests."""
