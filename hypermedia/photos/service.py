@@ -367,11 +367,14 @@ class Photos:
                 raise NotFound(f"photo {photo_id} not found")
             pending = tx.variant_job(photo_id)
             bindings = tx.bindings_of([photo_id])
-            jobs = [
-                j
+            by_role = {
+                role: j
                 for role in VARIANTS
                 if (j := tx.job_by_idempotency_key(project_of(photo), variant_key(photo_id, role)))
-            ]
+            }
+            jobs = list(by_role.values())
+            # Those that completed since the look above reach its copies too.
+            self._share_late(tx, photo_id, bindings, by_role)
             # Only work still coming is handed over: variant jobs that all
             # ended (failed for good, say on a corrupt original) ran again
             # for the copy, charged again, to fail the same way.
@@ -382,6 +385,19 @@ class Photos:
             tx.retire_outputs([j["job_id"] for j in jobs], now)
             if pending is not None and coming:
                 self._hand_over(tx, photo, bindings, now)
+
+    def _share_late(self, tx: Any, photo_id: str, bindings: Rows, jobs: dict[str, Row]) -> None:
+        """Share with the copies the variants that completed after delete's
+        ``_attach`` looked and before its lock: every job had ended, so none
+        was handed over, and their outputs were retired with the photo."""
+        bound = {b["role"]: b["object_id"] for b in bindings}
+        original = bound.get("original")
+        for role, job in jobs.items():
+            if original is None or job["status"] != "completed":
+                continue
+            made = tx.output_object(job["job_id"])
+            if made is not None and bound.get(role) != made:
+                self._share(tx, photo_id, original, role, made)
 
     def _stop(self, tx: Any, jobs: Rows) -> None:
         """Variants nobody will see: stop them (they also pin the original).

@@ -378,6 +378,33 @@ def test_a_copy_does_not_take_over_variants_that_failed_for_good(
     assert set(photos.get(copy["id"])["objects"]) == {"original"}
 
 
+def test_variants_finished_as_the_source_is_deleted_still_reach_its_copy(
+    photos: Photos,
+    storage: Storage,
+    engine: Engine,
+    driver: Driver,
+    image_jobs: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The variants completed after delete's first look at them (its bind of
+    finished ones) and before its lock: every job had ended, so nothing was
+    handed over, and their outputs were retired: the copy had no thumbnail
+    for good."""
+    src = _add(photos)
+    copy = photos.copy(src["id"])
+    real = photos._attach
+    # Delete's own look comes before the jobs complete: as if they ended just after it.
+    monkeypatch.setattr(photos, "_attach", lambda photo_id: None)
+    made = _complete(engine, storage, tmp_path)
+    photos.delete(src["id"])
+    monkeypatch.setattr(photos, "_attach", real)
+    objects = photos.get(copy["id"])["objects"]
+    assert {objects["thumb"]["object_id"], objects["preview"]["object_id"]} == set(made.values())
+    _gc(storage).run_once()
+    assert all(_state(driver, o) == "ready" for o in made.values())
+
+
 def test_delete_without_copies_frees_everything(
     photos: Photos, storage: Storage, driver: Driver, no_image_jobs: None
 ) -> None:
