@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import importlib.util
+import math
 import os
 import re
 import struct
@@ -412,7 +413,16 @@ def _true_to_shape(w: int, h: int, shrink: int, width: int, height: int, mode: s
         return True
     true = _fitted(w, h, width, height, mode)
     loaded = _fitted(w // shrink, h // shrink, width, height, mode)
-    return all(abs(a - b) < 1 for a, b in zip(true, loaded, strict=True))
+    if mode == "cover":  # cropped to the box after: its aspect within a pixel is enough
+        return all(abs(a - b) < 1 for a, b in zip(true, loaded, strict=True))
+    # inside and contain: these are the output's sides, rounded as libvips
+    # rounds them (988 x 13 inside 288 x 468 is 288 x 3.79, so 4 high; shrunk
+    # by 2 on load, 494 x 6 made it 288 x 3.50, so 3).
+    return all(_whole(a) == _whole(b) for a, b in zip(true, loaded, strict=True))
+
+
+def _whole(side: float) -> int:
+    return math.floor(side + 0.5)
 
 
 def _fitted(w: int, h: int, width: int, height: int, mode: str) -> tuple[float, float]:

@@ -1365,6 +1365,10 @@ def test_a_turned_print_file_with_extra_channels_is_read_whole(
         ((23, 945), (10, 1000), (10, 411)),
         ((17, 4000), (1, 500), (1, 235)),
         ((7, 13), (1, 500), (1, 2)),
+        # Within a pixel as fractions, a pixel apart once rounded: 288 x 3.79
+        # is 4 high, 494 x 6 (shrunk by 2) made it 3.50, so 3.
+        ((988, 13), (288, 468), (288, 4)),
+        ((1448, 535), (167, 385), (167, 62)),
     ],
 )
 def test_a_thin_jpeg_keeps_its_shape_when_shrunk_on_load(
