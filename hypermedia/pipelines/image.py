@@ -145,8 +145,9 @@ class Progress:
 # Formats whose size the ledger reads from their header as they are stored
 # (storage/sniff.py; a JPEG's EXIF orientation too): reported again, the
 # completion would leave the fast path (a result with input facts writes the
-# input object too) for nothing.  A JPEG is checked (_sniffed_as_shown): its
-# frame header can lie past the head the ledger reads.
+# input object too) for nothing.  Each is checked (_sniffed_as_shown): a
+# JPEG's frame header can lie past the head the ledger reads, a GIF's screen
+# can say another size than its frames.
 SNIFFED = frozenset({"jpegload", "pngload", "webpload", "gifload"})
 
 
@@ -183,10 +184,8 @@ def _runner(job_type: str, schema: Schema, output_type: str) -> Runner:
             raise imaging.failure(exc, header) from None
         meta = {"width": width, "height": height, "format": fmt, "bytes": os.path.getsize(path)}
         ctx.output(output_type, mime, dict(meta), path=name)
-        if header.loader == "jpegload":
-            if _sniffed_as_shown(ctx.input_path, header):
-                return meta
-        elif header.loader in SNIFFED and not header.turned:
+        sniffed = header.loader == "jpegload" or (header.loader in SNIFFED and not header.turned)
+        if sniffed and _sniffed_as_shown(ctx.input_path, header):
             return meta
         # Only a decoder knows a TIFF's or a HEIF's size, or that a PNG or a
         # WebP is turned (their EXIF may lie past the head the ledger
@@ -198,20 +197,22 @@ def _runner(job_type: str, schema: Schema, output_type: str) -> Runner:
 
 
 def _sniffed_as_shown(path: str, header: imaging.Header) -> bool:
-    """Whether the ledger read this JPEG's size as shown from its head when it
-    was stored.  Not when the frame header lies past the head it reads (a
-    press profile or a large XMP block before it), nor when libvips turns the
-    image by an orientation the sniffer does not read.  Usually the first
+    """Whether the ledger read this image's size as shown from its head when
+    it was stored.  Not when a JPEG's frame header lies past the head it
+    reads (a press profile or a large XMP block before it), nor when libvips
+    turns the image by an orientation the sniffer does not read, nor when a
+    GIF's screen says another size than its frames (libvips shows a 120 x 80
+    GIF whose screen says 10 x 10 or 0 x 0 at 120 x 80).  Usually the first
     16 kB tell."""
     try:
         with open(path, "rb") as f:
             head = f.read(16 * 1024)
-            if sniff.dimensions(head, "image/jpeg") == header.upright:
+            if sniff.dimensions(head, header.mime) == header.upright:
                 return True
             head += f.read(sniff.HEAD_BYTES - len(head))
     except OSError:
         return False
-    return sniff.dimensions(head, "image/jpeg") == header.upright
+    return sniff.dimensions(head, header.mime) == header.upright
 
 
 def _work_pixels(header: imaging.Header, p: dict[str, Any], box: bool) -> int:

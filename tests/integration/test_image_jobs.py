@@ -169,17 +169,24 @@ def test_an_input_learns_its_shown_size_from_its_first_job(
     deep = storage.put(io.BytesIO(photo[:2] + junk + photo[2:]), filename="press.jpg")
     assert (deep["mime_type"], deep["width"], deep["height"]) == ("image/jpeg", 0, 0)
     jpeg = storage.put(io.BytesIO(photo), filename="a.jpg")
-    inputs = (src, png, deep, jpeg)
+    # A GIF whose logical screen says 10 x 10 over frames of 120 x 80: the
+    # ledger kept 10 x 10 for good, though libvips shows 120 x 80.
+    gif = bytearray((pyvips.Image.black(120, 80, bands=3) + 90).cast("uchar").gifsave_buffer())
+    gif[6:10] = (10).to_bytes(2, "little") * 2
+    screen = storage.put(io.BytesIO(bytes(gif)), filename="screen.gif")
+    assert (screen["width"], screen["height"]) == (10, 10)
+    inputs = (src, png, deep, screen, jpeg)
     jobs = [live.enqueue(NewJob("image.thumbnail", object_id=o["object_id"])) for o in inputs]
     _burst(procs)
     for job_id in jobs:
         assert wait_job(driver, job_id, timeout=5)["status"] == "completed"
-    for job_id, obj, shown in zip(jobs, inputs, ((300, 200), (200, 300), (40, 30)), strict=False):
+    shown_sizes = ((300, 200), (200, 300), (40, 30), (120, 80))
+    for job_id, obj, shown in zip(jobs, inputs, shown_sizes, strict=False):
         facts = {"width": shown[0], "height": shown[1]}
         assert live.get(job_id)["result"]["input_facts"] == facts
         stored = storage.get(obj["object_id"])
         assert (stored["width"], stored["height"]) == shown
-    assert "input_facts" not in live.get(jobs[3])["result"]  # sniffed already
+    assert "input_facts" not in live.get(jobs[4])["result"]  # sniffed already
 
 
 def test_hostile_files_fail_cleanly_and_the_worker_carries_on(
