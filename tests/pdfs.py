@@ -99,22 +99,28 @@ def _page_content(n: int, width: float, height: float) -> bytes:
 
 
 def document(
-    pages: int | Sequence[tuple[float, float]] = 1, *, rotate: int = 0, version: bytes = b"1.7"
+    pages: int | Sequence[tuple[float, float]] = 1,
+    *,
+    rotate: int = 0,
+    version: bytes = b"1.7",
+    crop: tuple[float, float, float, float] | None = None,
 ) -> bytes:
     """A PDF of ``pages`` pages (a count, of Letter size, or a list of (width, height));
-    ``rotate``: every page's /Rotate (a multiple of 90).  ``document(0)`` has no pages."""
+    ``rotate``: every page's /Rotate (a multiple of 90); ``crop``: every page's
+    /CropBox.  ``document(0)`` has no pages."""
     sizes = [LETTER] * pages if isinstance(pages, int) else list(pages)
     w = Writer()
     catalog, tree = w.reserve(), w.reserve()
     font = w.add(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
     kids = []
+    cropbox = b" /CropBox [%s]" % b" ".join(_num(v) for v in crop) if crop else b""
     for n, (width, height) in enumerate(sizes, start=1):
         content = w.add(Writer.stream(_page_content(n, width, height)))
         kids.append(
             w.add(
                 b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 %s %s] /Contents %d 0 R "
-                b"/Rotate %d /Resources << /Font << /F1 %d 0 R >> >> >>"
-                % (tree, _num(width), _num(height), content, rotate, font)
+                b"/Rotate %d /Resources << /Font << /F1 %d 0 R >> >>%s >>"
+                % (tree, _num(width), _num(height), content, rotate, font, cropbox)
             )
         )
     w.set(catalog, b"<< /Type /Catalog /Pages %d 0 R >>" % tree)

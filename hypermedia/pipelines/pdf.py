@@ -234,6 +234,27 @@ def _open(pdfium: Any, path: str) -> Any:
     return doc
 
 
+def _page_points(pdfium: Any, doc: Any, index: int) -> tuple[float, float]:
+    """Page ``index``'s size as shown, in points.  A CropBox that misses its
+    MediaBox leaves pdfium no area to draw (the page failed CORRUPT_INPUT
+    for good): the page is shown whole instead, as pdf.js and Ghostscript
+    show it, by setting its CropBox (in memory) to its own MediaBox."""
+    points = doc.get_page_size(index)
+    if all(math.isfinite(v) and v > 0 for v in points):
+        return points
+    raw = pdfium.raw
+    page = raw.FPDF_LoadPage(doc.raw, index)
+    if not page:
+        return points
+    try:
+        box = [ctypes.c_float() for _ in range(4)]
+        if raw.FPDFPage_GetMediaBox(page, *(ctypes.byref(v) for v in box)):
+            raw.FPDFPage_SetCropBox(page, *(v.value for v in box))
+    finally:
+        raw.FPDF_ClosePage(page)
+    return doc.get_page_size(index)  # pdfium reads the page's dictionary again
+
+
 def _target_size(page: int, points: tuple[float, float], params: dict[str, Any]) -> tuple[int, int]:
     """The pixel size page ``page`` renders at, refused if over a limit; nothing rendered yet."""
     pw, ph = points
@@ -415,7 +436,7 @@ def run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         sizes = {}
         for n in range(first, last + 1):
             try:
-                points = doc.get_page_size(n - 1)
+                points = _page_points(pdfium, doc, n - 1)
             except pdfium.PdfiumError:
                 raise JobError("CORRUPT_INPUT", f"page {n} is damaged or unreadable") from None
             sizes[n] = _target_size(n, points, p)

@@ -287,6 +287,27 @@ def test_a_rotated_page_renders_upright(scratch: Path) -> None:
     assert (r.result["rendered"][0]["width"], r.result["rendered"][0]["height"]) == (792, 612)
 
 
+@pytest.mark.parametrize(
+    ("crop", "rotate", "size"),
+    [
+        ((500, 500, 700, 900), 0, (200, 100)),  # nowhere near the MediaBox
+        ((200, 0, 400, 100), 0, (200, 100)),  # touching its edge: no area
+        ((500, 500, 700, 900), 90, (100, 200)),  # turned, as a viewer turns it
+        ((50, 25, 150, 75), 0, (100, 50)),  # inside it: the CropBox, as before
+    ],
+)
+def test_a_crop_box_that_misses_the_media_box_shows_the_whole_page(
+    scratch: Path, crop: tuple[float, float, float, float], rotate: int, size: tuple[int, int]
+) -> None:
+    """pdfium found no area to draw, and the page failed CORRUPT_INPUT for
+    good; pdf.js and Ghostscript show the MediaBox."""
+    src = put(scratch, pdfs.document([(200, 100)], rotate=rotate, crop=crop))
+    (out,) = run(scratch, src, {"dpi": 72, "format": "png"}).ctx.outputs
+    assert (out["metadata"]["width"], out["metadata"]["height"]) == size
+    img = decoded(scratch, out)
+    assert (img.width, img.height) == size and img.min() < 200, "the page is drawn"
+
+
 @pytest.mark.parametrize("appearance", [True, False])
 def test_filled_form_fields_are_drawn(scratch: Path, appearance: bool) -> None:
     """A filled invoice or tax form shows its values, as in any viewer: pdfium
