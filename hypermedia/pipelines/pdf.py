@@ -18,9 +18,9 @@ be larger is refused before anything is rendered: a 200,000-point MediaBox at
 range a job may ask for).  WebP and JPEG also cap a side (16,383 and 65,500
 pixels).
 
-Hostile input (DESIGN §10): the content must say PDF (``%PDF-`` within the
-first 1024 bytes; the name is never trusted); an empty file is corrupt; a PDF
-that needs a password is UNSUPPORTED_FORMAT ("encrypted PDFs are not
+Hostile input (DESIGN §10): the content must say PDF (``%PDF`` starting in
+the first 1025 bytes, where pdfium looks; the name is never trusted); an
+empty file is corrupt; a PDF that needs a password is UNSUPPORTED_FORMAT ("encrypted PDFs are not
 supported"; one encrypted with an owner password only opens without one and
 renders); a damaged one is CORRUPT_INPUT.  The page count and every chosen
 page's size are read from the page tree before any content stream is parsed.
@@ -50,9 +50,8 @@ from hypermedia.errors import SCRATCH_FULL, JobError
 from hypermedia.pipelines import imaging
 from hypermedia.pipelines.registry import Context, Pipeline, register
 from hypermedia.pipelines.schema import Field, validator
+from hypermedia.storage import sniff
 
-MAGIC = b"%PDF-"
-MAGIC_WINDOW = 1024  # readers accept junk before the header; so do we, this far
 MIN_PYPDFIUM2 = (4, 30)
 # Output format -> (file extension, media type).
 FORMATS = {f: imaging.FORMATS[f] for f in ("webp", "png", "jpeg")}
@@ -191,12 +190,12 @@ def available() -> str | None:
 def _check_magic(path: str) -> None:
     try:
         with open(path, "rb") as f:
-            head = f.read(MAGIC_WINDOW)
+            head = f.read(sniff.PDF_HEADER_LAST + 4)
     except OSError:
         raise JobError("CORRUPT_INPUT", "the input file could not be read") from None
     if not head:
         raise JobError("CORRUPT_INPUT", "the input file is empty")
-    if MAGIC not in head:
+    if not sniff.is_pdf(head):
         raise JobError("UNSUPPORTED_FORMAT", "not a PDF document")
 
 

@@ -10,6 +10,18 @@ import struct
 HEAD_BYTES = 256 * 1024
 
 
+# Where pdfium looks for a PDF's header: "%PDF" starting at any of the first
+# 1,025 offsets (readers take junk before it: a mail gateway's, a server's).
+# The ledger and the PDF pipeline agree on it: a PDF with junk first was
+# stored as application/octet-stream, then rendered as a PDF.
+PDF_HEADER_LAST = 1024
+
+
+def is_pdf(head: bytes) -> bool:
+    """Whether a PDF reader takes a file starting with ``head`` for a PDF."""
+    return b"%PDF" in head[: PDF_HEADER_LAST + 4]
+
+
 def media_type(head: bytes) -> str:
     if head.startswith(b"\xff\xd8\xff"):
         return "image/jpeg"
@@ -36,7 +48,9 @@ def media_type(head: bytes) -> str:
     if head[:4] == b"\x1aE\xdf\xa3":
         return "video/webm"
     if head.startswith(b"PK\x03\x04"):
-        return "application/zip"
+        return "application/zip"  # one that stores a PDF first still renders as one
+    if is_pdf(head):
+        return "application/pdf"
     if _is_text(head):
         return "text/plain"
     return "application/octet-stream"

@@ -22,6 +22,7 @@ import pytest
 from hypermedia.errors import JobError
 from hypermedia.pipelines import pdf, registry
 from hypermedia.pipelines.schema import clean_settings
+from hypermedia.storage import sniff
 from tests import pdfs
 from tests.media import png
 
@@ -507,14 +508,22 @@ def test_a_pdf_named_png_is_rendered(scratch: Path) -> None:
     assert r.result["rendered"][0]["width"] == 100
 
 
-def test_the_magic_must_be_within_the_first_kilobyte(scratch: Path) -> None:
-    ok = put(scratch, b"\x00" * 1000 + pdfs.document(1))  # readers skip leading junk
-    assert run(scratch, ok, {"width": 100}).result["pages"] == 1
-    ok.unlink()
-    for f in scratch.iterdir():
-        f.unlink()
-    late = put(scratch, b"\x00" * 1024 + pdfs.document(1))
-    assert failure(scratch, late).code == "UNSUPPORTED_FORMAT"
+@pytest.mark.parametrize("junk", [1000, 1020, 1024])
+def test_the_magic_may_start_where_pdfium_looks(scratch: Path, junk: int) -> None:
+    """Readers skip leading junk: pdfium up to a header at byte 1024, which
+    was refused from byte 1020 on (the whole of "%PDF-" had to be in the
+    first 1024 bytes).  The ledger says application/pdf of them too."""
+    data = b"\x00" * junk + pdfs.document(1)
+    assert sniff.media_type(data[: sniff.HEAD_BYTES]) == "application/pdf"
+    assert run(scratch, put(scratch, data), {"width": 100}).result["pages"] == 1
+
+
+def test_the_magic_must_be_where_pdfium_looks(scratch: Path) -> None:
+    late = b"\x00" * 1025 + pdfs.document(1)
+    assert failure(scratch, put(scratch, late)).code == "UNSUPPORTED_FORMAT"
+    assert sniff.media_type(late) == "application/octet-stream"
+    # A text that names the header only past where readers look stays text.
+    assert sniff.media_type(b"x" * 1100 + b" %PDF-1.7") == "text/plain"
 
 
 # -- the module and the child's sandbox ------------------------------------------------
