@@ -128,16 +128,16 @@ def _scrub(
         for row in rows:
             try:
                 with _database(report):
-                    finding = check(storage, row, buf)
+                    finding, read = _checked(storage, row, buf)
             except StorageUnavailable as exc:  # the objects are not at fault
                 if isinstance(exc, ScrubStopped):
                     raise
                 raise ScrubStopped(str(exc), report, row) from exc
             report.checked += 1
-            if finding is None or finding.problem not in ("missing", "unreadable"):
-                # Bytes read: a blob that is not there (its bucket gone) was counted
-                # as read, 101 MB "checked" where nothing was.
-                report.bytes += int(row["size"])
+            # Bytes read, not the ledger's size: a blob that is not there (its
+            # bucket gone) counted 101 MB "checked" where nothing was, and one
+            # cut to 5 bytes counted its 50 MB.
+            report.bytes += read
             report.last_object_id = int(row["object_id"])
             if finding is not None:
                 report.findings.append(finding)
@@ -148,9 +148,18 @@ def _scrub(
 def check(storage: Storage, row: Row, buf: bytearray | None = None) -> Finding | None:
     """What is wrong with ``row``'s blob, or None.  A blob that went away
     because its object did (GC deleted it meanwhile) is not a finding."""
+    return _checked(storage, row, buf)[0]
+
+
+def _checked(storage: Storage, row: Row, buf: bytearray | None) -> tuple[Finding | None, int]:
+    """``check``, and how many bytes of the blob were read."""
     problem, detail = "", ""
     buf = buf if buf is not None else bytearray(checksum.READ_CHUNK)
     reader: Any = None
+
+    def read() -> int:
+        return int(reader.seen) if reader is not None else 0
+
     try:
         with storage.open_row(row) as reader:
             while reader.readinto(buf):
@@ -163,19 +172,21 @@ def check(storage: Storage, row: Row, buf: bytearray | None = None) -> Finding |
         # same object every time and never reached the pools after it.
         problem, detail = "missing", "its pool's bucket does not exist"
     except BlobGrown:  # refused before it was read to its end: no stored size to tell
-        return _still(storage, row, "size", f"more bytes stored than the ledger's {row['size']}")
+        grown = f"more bytes stored than the ledger's {row['size']}"
+        return _still(storage, row, "size", grown), read()
     except ChecksumMismatch:
         problem, detail = "checksum", "the bytes do not match the ledger's checksum"
     except UnsafeKey as exc:  # a symlink or a folder planted in a local pool: never followed
-        return _still(storage, row, "unreadable", str(exc))
+        return _still(storage, row, "unreadable", str(exc)), 0
     except OSError as exc:
         if exc.errno not in _BLOB_FAULTS:
             raise
-        return _still(storage, row, "unreadable", f"the blob cannot be read ({exc.strerror})")
-    size = reader.seen if reader is not None else 0
+        why = f"the blob cannot be read ({exc.strerror})"
+        return _still(storage, row, "unreadable", why), read()
+    size = read()
     if problem != "missing" and size != int(row["size"]):  # truncated
         problem, detail = "size", f"{size} bytes stored, the ledger says {row['size']}"
-    return _still(storage, row, problem, detail) if problem else None
+    return (_still(storage, row, problem, detail) if problem else None), size
 
 
 def _still(storage: Storage, row: Row, problem: str, detail: str) -> Finding | None:

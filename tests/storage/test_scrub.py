@@ -62,8 +62,10 @@ def test_damaged_blobs_are_found_and_named(storage: Storage) -> None:
         grown["object_id"]: ("size", "more bytes stored than the ledger's 4096"),
     }
     assert report.checked == 5
-    # What was read: not the missing blob's 4096 (it was counted as read).
-    assert report.bytes == 4 * 4096
+    # What was read, not the ledger's sizes: none of the missing blob (its
+    # 4096 were counted), 100 of the truncated one (4096 were), all of the
+    # grown one.
+    assert report.bytes == 4096 + 4096 + 100 + 0 + 4096 + len(b"appended behind the ledger's back")
     # Resumable and bounded: the two after the first, then the rest.
     part = scrub.scrub(storage, after=ok["object_id"], limit=2)
     assert part.checked == 2 and part.last_object_id == truncated["object_id"]
