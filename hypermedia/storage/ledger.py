@@ -130,7 +130,7 @@ class Storage:
             sample = tx.ready_objects_after(0, SET_URL_SAMPLE, found["pool_id"])
         if check:
             self.check_pool(url)
-            self._holds(url, sample)
+            self._holds(found["pool_id"], url, sample)
         with self.db.tx() as tx:
             row = tx.pool(name=name, lock=True)
             if row is None:  # removed meanwhile
@@ -140,19 +140,32 @@ class Storage:
         _close(self._backends.pop(row["pool_id"], None))
         return row
 
-    def _holds(self, url: str, sample: list[Row]) -> None:
-        """Refuse a new URL whose store lacks any of ``sample``'s blobs."""
+    def _holds(self, pool_id: int, url: str, sample: list[Row]) -> None:
+        """Refuse a new URL whose store lacks any of ``sample``'s blobs, but
+        for blobs the current URL lacks as well (lost already: one such made
+        the same store look like another, and only --no-check, which skips
+        the write probe too, got past it), as long as one blob is found."""
         backend = open_backend(url, self.settings, strict=True)
         try:
-            for row in sample:
-                if not backend.exists(row["storage_key"]):
-                    raise Refused(
-                        f"the store at the new URL lacks object {row['object_id']}'s blob "
-                        f"({len(sample)} checked): is it the same store? "
-                        "(--no-check sets the URL anyway)"
-                    )
+            missing = [r for r in sample if not backend.exists(r["storage_key"])]
         finally:
             _close(backend)
+        unexcused = [r for r in missing if not self._lost_already(pool_id, r["storage_key"])]
+        if unexcused or (sample and len(missing) == len(sample)):
+            first = (unexcused or missing)[0]
+            raise Refused(
+                f"the store at the new URL lacks object {first['object_id']}'s blob "
+                f"({len(sample)} checked): is it the same store? "
+                "(--no-check sets the URL anyway)"
+            )
+
+    def _lost_already(self, pool_id: int, key: str) -> bool:
+        """Whether the pool's current URL answers that it lacks ``key`` too
+        (False when it cannot be asked: nothing is known then)."""
+        try:
+            return not self.backend(pool_id).exists(key)
+        except (StorageError, OSError):
+            return False
 
     def remove_pool(self, name: str) -> None:
         """Delete a pool's row; refused while anything still refers to it.

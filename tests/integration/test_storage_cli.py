@@ -136,6 +136,30 @@ def test_pools_and_gc(driver: Driver, tmp_path: Path) -> None:
     assert not (archive / "objects" / str(row["object_id"])).exists()
 
 
+def test_pools_set_url_looks_past_a_blob_lost_at_both_urls(driver: Driver, tmp_path: Path) -> None:
+    """One of the pool's oldest blobs lost already (as `objects verify` says)
+    made the same store, by another URL, look like another store: only
+    --no-check, which skips the write probe too, got past it."""
+    url, home = driver.url, tmp_path / "home"
+    store = tmp_path / "store"
+    _ok("pools", "add", "archive", f"file://{store}", url=url, home=home)
+    rows = []
+    for i in range(3):
+        src = tmp_path / f"{i}.txt"
+        src.write_text(f"file {i}")
+        put = _ok("objects", "put", str(src), "--pool", "archive", "--json", url=url, home=home)
+        rows.append(json.loads(put))
+    (store / "objects" / str(rows[0]["object_id"]) / "original.txt").unlink()
+    alias = tmp_path / "alias"
+    alias.symlink_to(store)  # the same store under another name
+    _ok("pools", "set-url", "archive", f"file://{alias}", url=url, home=home)
+    # Another store still is one: it lacks blobs the current URL has.
+    elsewhere = tmp_path / "elsewhere"
+    wrong = hypermedia("pools", "set-url", "archive", f"file://{elsewhere}", url=url, home=home)
+    said = " ".join(wrong.stderr.split())
+    assert wrong.returncode == 1 and f"lacks object {rows[1]['object_id']}'s blob" in said, said
+
+
 def test_pools_set_url_moves_a_pool_with_its_objects(driver: Driver, tmp_path: Path) -> None:
     """The store moved (here: the folder): `pools set-url` points the pool at
     it, checked as `pools add` checks one, and its objects read from there."""
