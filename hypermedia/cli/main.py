@@ -186,6 +186,7 @@ def worker(
         eng = engine(create=True)
         make_home(eng.settings.home)  # for scratch folders, on any database
         w = Worker(eng, _queues(queues), concurrency=concurrency, batch=batch, burst=burst)
+        not_ready(eng.db)  # what no wait would end, said now (see scheduler)
     leader = _start_leader(eng, w.worker_id, w.stopped) if maintenance else None
     w.run()
     ignore_stop_signals()
@@ -206,10 +207,17 @@ def scheduler(verbose: bool = typer.Option(False, "--verbose", "-v")) -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     node = "scheduler-" + new_worker_id()
     with user_errors():
-        leader = _start_leader(engine(create=True), node, stop)
+        eng = engine(create=True)
+        # A database error no wait would end (an unknown connection option)
+        # said now, in one line: left to the leader's thread, it died with a
+        # traceback and the command ran on, doing no maintenance.
+        not_ready(eng.db)
+        leader = _start_leader(eng, node, stop)
     logging.getLogger("hypermedia.scheduler").info("%s started: standing for leader", node)
     while not stop.wait(0.5):
-        pass
+        if not leader.is_alive():  # a failure its loop does not survive: said above it
+            err_console.print("error: the scheduler's leader thread ended; stopping")
+            raise typer.Exit(1)
     leader.join(5)
     logging.getLogger("hypermedia.scheduler").info("%s stopped", node)
 

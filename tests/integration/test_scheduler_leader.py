@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,7 @@ from hypermedia.db.driver import Driver
 from hypermedia.queue.engine import Engine
 from hypermedia.scheduler.leader import WORKER_GRACE_SECONDS
 from tests.conftest import FakeClock
-from tests.harness import FAST
+from tests.harness import FAST, hypermedia
 from tests.integration._procs import Procs, attempts, eventually, job, submit
 
 pytestmark = pytest.mark.timeout(90)
@@ -99,3 +100,18 @@ def test_one_leader_fails_over_and_the_new_one_reaps(
     assert other.wait(15) == 0
     assert _leases(procs) == []
     assert f"{new.holder} stopped" in logs[other.pid].read_text()
+
+
+@pytest.mark.parametrize("command", [["scheduler"], ["worker", "--burst"]])
+def test_a_database_error_no_wait_ends_stops_the_command_in_one_line(
+    driver: Driver, tmp_path: Path, command: list[str]
+) -> None:
+    """An unknown connection option killed the scheduler's leader thread with
+    a traceback, and the command ran on, doing no maintenance, as if healthy."""
+    if driver.name == "sqlite":
+        pytest.skip("a SQLite URL's options are checked as the URL is read (exit 2)")
+    bad = driver.url + ("&" if "?" in driver.url else "?") + "bogus_opt=1"
+    done = hypermedia(*command, url=bad, home=tmp_path / "home", timeout=30)
+    assert done.returncode == 1, done.stderr
+    assert "bogus_opt" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
