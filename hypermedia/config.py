@@ -270,6 +270,21 @@ def connect_ports(settings: Settings) -> list[int] | None:
     return ports
 
 
+MAX_MB = 2**30  # a pebibyte: any memory or file size a machine has, in MB
+
+
+def _number(env_name: str, raw: str, kind: type) -> Any:
+    """``raw`` as an int or a float, in ASCII only: int() and float() read
+    "1_0" as 10, " 5 " as 5 and Arabic-Indic "١٢" as 12, which the API refuses."""
+    try:
+        if not raw.isascii() or "_" in raw or raw != raw.strip():
+            raise ValueError
+        return kind(raw)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise InvalidRequest(f"HYPERMEDIA_{env_name} must be {what}, in ASCII digits") from None
+
+
 def load_settings() -> Settings:
     """Build settings from the environment, converting each value to its field's type."""
     defaults = Settings()
@@ -288,13 +303,15 @@ def load_settings() -> Settings:
             values[f.name] = Path(raw)
         elif isinstance(current, bool):
             values[f.name] = _boolean(env_name, raw)
+        elif isinstance(current, int | float):
+            values[f.name] = _number(env_name, raw, type(current))
         else:
-            try:
-                values[f.name] = type(current)(raw)
-            except ValueError:
-                kind = "an integer" if isinstance(current, int) else "a number"
-                raise InvalidRequest(f"HYPERMEDIA_{env_name} must be {kind}") from None
+            values[f.name] = raw
     settings = replace(defaults, **values)
+    for name in (f.name for f in fields(Settings) if f.name.endswith("_mb")):
+        # In bytes, a C long in setrlimit: past it every attempt crashed (OverflowError).
+        if getattr(settings, name) > MAX_MB:
+            raise InvalidRequest(f"HYPERMEDIA_{_ENV_NAMES[name]} must be at most {MAX_MB} (MB)")
     _check_signed_url_seconds(settings.signed_url_seconds)
     for name in _ABOVE_ZERO:
         if not getattr(settings, name) > 0:

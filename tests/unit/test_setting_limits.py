@@ -217,3 +217,39 @@ def test_an_empty_home_is_refused_not_taken_for_the_working_folder(
         monkeypatch.setenv("HYPERMEDIA_HOME", empty)
         with pytest.raises(InvalidRequest, match="HYPERMEDIA_HOME is empty"):
             load_settings()
+
+
+@pytest.mark.parametrize("raw", ["1_0", " 5", "5 ", "\u0661\u0662", "\uff15"])
+@pytest.mark.parametrize("name", ["HYPERMEDIA_CLAIM_BATCH", "HYPERMEDIA_LEASE_SECONDS"])
+def test_numbers_are_ascii_digits_as_the_api_reads_them(
+    monkeypatch: pytest.MonkeyPatch, name: str, raw: str
+) -> None:
+    """int() and float() read "1_0" as 10, " 5" as 5 and Arabic-Indic digits
+    as 12: a setting took a value the API refuses as a number."""
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(InvalidRequest, match=f"{name} must be an? (integer|number)"):
+        load_settings()
+    monkeypatch.setenv(name, "12")
+    load_settings()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "HYPERMEDIA_CHILD_MEMORY_MB",
+        "HYPERMEDIA_CHILD_MAX_FILE_MB",
+        "HYPERMEDIA_CHILD_MAX_SCRATCH_MB",
+        "HYPERMEDIA_CHILD_MEMORY_MAX_MB",
+        "HYPERMEDIA_CHILD_RECYCLE_RSS_MB",
+    ],
+)
+def test_a_size_in_mb_past_what_setrlimit_takes_is_refused(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """99999999999999999999999 MB started, then every attempt crashed in the
+    child's setrlimit (OverflowError) until it ran out of attempts."""
+    monkeypatch.setenv(name, str(config.MAX_MB + 1))
+    with pytest.raises(InvalidRequest, match=f"{name} must be at most {config.MAX_MB}"):
+        load_settings()
+    monkeypatch.setenv(name, str(config.MAX_MB))
+    load_settings()
