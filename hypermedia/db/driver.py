@@ -115,17 +115,67 @@ SHIPPED_DRIVERS = ("pysqlite", "psycopg", "pymysql")
 NUMERIC_OPTIONS = ("connect_timeout", "read_timeout", "write_timeout")
 
 
+# libpq's options of a few values: a typo ("sslmode=requre") failed every
+# connection as an OperationalError, and every command waited for a database
+# that was there all along.
+PG_CHOICES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": (
+        "any", "read-write", "read-only", "primary", "standby", "prefer-standby",
+    ),
+}  # fmt: skip
+# What SQLAlchemy's MariaDB dialect gathers into PyMySQL's ``ssl`` itself.
+_MYSQL_SSL_OPTIONS = frozenset({"ssl_capath", "ssl_cipher", "ssl_check_hostname"})
+
+
 def _check_options(u: sa.URL) -> None:
+    """Options the driver would refuse at every connection, refused once at
+    start (exit 2) instead of as a database that is away or a traceback."""
     for name in NUMERIC_OPTIONS:
         value = u.query.get(name)
         if isinstance(value, str) and not (value.isascii() and value.isdigit()):
             raise InvalidRequest(f"the database URL's {name} must be a whole number of seconds")
-    charset = u.query.get("charset")
-    if u.get_backend_name() in ("mysql", "mariadb") and isinstance(charset, str):
-        from pymysql.charset import charset_by_name
+    backend = u.get_backend_name()
+    if backend == "postgresql":
+        _check_pg_options(u)
+    elif backend in ("mysql", "mariadb"):
+        _check_mysql_options(u)
 
-        if charset_by_name(charset) is None:  # PyMySQL then failed on None.encoding
-            raise InvalidRequest(f"the database URL's charset is not one MariaDB knows ({charset})")
+
+def _check_pg_options(u: sa.URL) -> None:
+    import psycopg.conninfo
+
+    for name, allowed in PG_CHOICES.items():
+        value = u.query.get(name)
+        if isinstance(value, str) and value not in allowed:
+            raise InvalidRequest(f"the database URL's {name} is one of {', '.join(allowed)}")
+    for name in u.query:
+        try:
+            psycopg.conninfo.make_conninfo(**{name: "1"})  # libpq's own list of options
+        except psycopg.ProgrammingError:
+            raise InvalidRequest(
+                f"the database URL's option {name[:50]!r} is not one PostgreSQL knows"
+            ) from None
+
+
+def _check_mysql_options(u: sa.URL) -> None:
+    import inspect
+
+    import pymysql
+    from pymysql.charset import charset_by_name
+
+    charset = u.query.get("charset")
+    if isinstance(charset, str) and charset_by_name(charset) is None:
+        # PyMySQL then failed on None.encoding
+        raise InvalidRequest(f"the database URL's charset is not one MariaDB knows ({charset})")
+    known = set(inspect.signature(pymysql.connections.Connection.__init__).parameters)
+    for name in u.query:
+        if name not in known | _MYSQL_SSL_OPTIONS or name == "self":
+            raise InvalidRequest(
+                f"the database URL's option {name[:50]!r} is not one MariaDB's driver knows"
+            )
 
 
 BACKENDS = "sqlite:///PATH, postgresql://USER@HOST/DB or mariadb://USER@HOST/DB"

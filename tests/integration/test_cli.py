@@ -269,6 +269,11 @@ def test_the_default_worker_serves_a_queue_a_profile_names_later(
         ("mariadb://u:s3cret@h:0/db", {}, "port must be from 1 to 65535"),
         ("mariadb://u:s3cret@h/db?connect_timeout=abc", {}, "connect_timeout must be a whole"),
         ("mariadb://u:s3cret@h/db?charset=bogus", {}, "charset is not one MariaDB knows"),
+        # Refused by the driver at every connection: a database "away" for
+        # ever (a mistyped sslmode), or a traceback.
+        ("postgresql://u:s3cret@h/db?sslmode=requre", {}, "sslmode is one of disable, allow"),
+        ("postgresql://u:s3cret@h/db?bogus_opt=1", {}, "'bogus_opt' is not one PostgreSQL"),
+        ("mariadb://u:s3cret@h/db?bogus=1", {}, "'bogus' is not one MariaDB's driver knows"),
         # Read as the host "cret@127.0.0.1", named in every connection error:
         ("postgresql://u:s3@cret@127.0.0.1/db", {}, "user name or password (write it as %40)"),
         ("", {"HYPERMEDIA_JOB_RETENTION_DAYS": "abc"}, "HYPERMEDIA_JOB_RETENTION_DAYS must be a"),

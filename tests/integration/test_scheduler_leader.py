@@ -103,15 +103,18 @@ def test_one_leader_fails_over_and_the_new_one_reaps(
 
 
 @pytest.mark.parametrize("command", [["scheduler"], ["worker", "--burst"]])
-def test_a_database_error_no_wait_ends_stops_the_command_in_one_line(
+def test_an_option_the_driver_refuses_stops_the_command_in_one_line(
     driver: Driver, tmp_path: Path, command: list[str]
 ) -> None:
     """An unknown connection option killed the scheduler's leader thread with
-    a traceback, and the command ran on, doing no maintenance, as if healthy."""
+    a traceback, and the command ran on, doing no maintenance, as if healthy;
+    a mistyped sslmode had every command wait for a database that was there."""
     if driver.name == "sqlite":
-        pytest.skip("a SQLite URL's options are checked as the URL is read (exit 2)")
-    bad = driver.url + ("&" if "?" in driver.url else "?") + "bogus_opt=1"
-    done = hypermedia(*command, url=bad, home=tmp_path / "home", timeout=30)
-    assert done.returncode == 1, done.stderr
-    assert "bogus_opt" in done.stderr and "Traceback" not in done.stderr, done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        pytest.skip("a SQLite URL's options are checked as the URL is read")
+    options = ["bogus_opt=1"] + (["sslmode=requre"] if driver.name == "postgresql" else [])
+    for option in options:
+        bad = driver.url + ("&" if "?" in driver.url else "?") + option
+        done = hypermedia(*command, url=bad, home=tmp_path / "home", timeout=30)
+        assert done.returncode == 2, done.stderr
+        assert option.split("=")[0] in done.stderr and "Traceback" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
