@@ -35,6 +35,10 @@ def upgrade(url: str, revision: str = "head") -> None:
     than (Alembic said "Can't locate revision", as if the argument were
     wrong), InvalidRequest for a revision below the database's (Alembic did
     nothing and said nothing: this is no downgrade)."""
+    if not revision.strip():  # Alembic failed on it with a bare AssertionError
+        raise InvalidRequest(
+            f"REVISION is empty: one of {', '.join(revisions.known())}, or none for the newest"
+        )
     at = current(url)
     if revisions.newer(at):
         raise NewerSchema(
@@ -98,8 +102,12 @@ def stamp(url: str, revision: str) -> None:
     """Record ``revision`` as the database's without running any step: for
     hypermedia's tables only (stamped, a database without them answered every
     command "run db upgrade", which then found nothing to do)."""
+    if revision == "head":  # as `db upgrade` takes it
+        revision = revisions.head()
     if revision not in revisions.known():
-        raise InvalidRequest(f"no revision {revision!r}: one of {', '.join(revisions.known())}")
+        raise InvalidRequest(
+            f"no revision {revision!r}: one of {', '.join(revisions.known())}, or head"
+        )
     if not has_job_tables(url):
         raise InvalidRequest(
             "the database has no hypermedia tables to stamp: run `hypermedia db upgrade`"
