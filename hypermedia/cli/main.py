@@ -353,6 +353,9 @@ def api(
     with user_errors():
         s = settings()
         server.check_port(host, port)
+        # Its URL-signing key and uploads on their way go there: a read-only
+        # one was "OSError: … Read-only file system: '[path]'", naming nothing.
+        make_home(s.home)
         svc = Services.from_settings(s)
         if (reason := not_ready(svc.engine.db)) is not None:
             log.warning("%s; /readyz answers 503 until then", reason[1])

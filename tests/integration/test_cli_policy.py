@@ -486,7 +486,11 @@ def test_a_read_only_data_folder_is_named_and_not_waited_for() -> None:
             os.chown(path, 65534, 65534)
         home.chmod(0o555)
         nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-        for args in (["jobs", "ls"], ["serve", "--port", str(free_port())]):
+        for args in (
+            ["jobs", "ls"],
+            ["serve", "--port", str(free_port())],
+            ["api", "--port", str(free_port())],
+        ):
             done = subprocess.run(
                 [*nobody, sys.executable, "-m", "hypermedia", *args],
                 env=cli_env("", home),
@@ -496,7 +500,7 @@ def test_a_read_only_data_folder_is_named_and_not_waited_for() -> None:
             )
             said = " ".join(done.stderr.split())
             assert done.returncode == FAILED, (args, said)
-            if args[0] == "serve":  # its scratch folders, first: named too
+            if args[0] in ("serve", "api"):  # scratch, uploads, its key: named first
                 assert f"HYPERMEDIA_HOME={home} is not writable" in said
             else:
                 assert f"the SQLite database {home / 'hypermedia.db'} cannot be written" in said
