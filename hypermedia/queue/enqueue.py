@@ -292,11 +292,15 @@ def _same_request(found: Row, job: NewJob) -> bool:
 
 
 def _same_attempts(found: Row, asked: int) -> bool:
-    """Whether ``found`` was made with ``asked`` attempts.  An explicit retry
-    raises a job's max_attempts to its attempt count + 1: a job retried so
-    still answers the request that made it."""
+    """Whether ``found`` was made with ``asked`` attempts.  Its max_attempts
+    only ever grows with attempts made: an explicit retry raises it to the
+    attempt count + 1, and the reaper by one for each attempt it gives back
+    unstarted (settle.py), each of which was claimed, so counted.  A job
+    grown so still answers the request that made it (one given back was
+    refused as "a different request"); one asking for more than it holds,
+    or for fewer than its growth allows, is another request."""
     kept = int(found["max_attempts"])
-    return kept == asked or (kept > asked and int(found["attempt_count"]) >= asked)
+    return kept == asked or (asked < kept <= asked + int(found["attempt_count"]))
 
 
 def check_budgets(

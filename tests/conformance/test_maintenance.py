@@ -8,6 +8,7 @@ import pytest
 
 from hypermedia.db.driver import Driver
 from hypermedia.db.schema import workers
+from hypermedia.errors import IdempotencyConflict
 from tests.conftest import BACKENDS
 
 from ._helpers import (
@@ -98,6 +99,21 @@ def test_claimed_but_never_started_job_is_reaped_too(engine, driver, settings, c
     clock.advance(settings.lease_seconds + 1)
     assert engine.reap()["released_jobs"] == 1
     assert transitions(driver, job_id)[-1] == ("claimed", "retry_wait")
+
+
+def test_a_repeat_still_finds_a_job_whose_unstarted_attempt_was_given_back(
+    engine, driver, settings, clock
+):
+    """The attempt given back raised max_attempts from 3 to 4: the very
+    request that made the job was refused as a different one (422
+    idempotency_conflict), and one asking for 4, never sent, was taken."""
+    job_id, _ = _running(engine, start=False, idempotency_key="given-back")
+    clock.advance(settings.lease_seconds + 1)
+    assert engine.reap()["released_jobs"] == 1
+    assert job_row(driver, job_id)["max_attempts"] == 4
+    assert new_job(engine, idempotency_key="given-back") == job_id
+    with pytest.raises(IdempotencyConflict):  # more than were ever made or given back
+        new_job(engine, idempotency_key="given-back", max_attempts=6)
 
 
 def test_an_attempt_never_started_is_not_charged(engine, driver, settings, clock):
