@@ -66,8 +66,10 @@ class Monitor(threading.Thread):
         stats: Stats,
         home: Path,
         stop: threading.Event,
+        unstarted_cancelled: Callable[[list[Running]], None] | None = None,
     ) -> None:
         super().__init__(name="monitor", daemon=True)
+        self.unstarted_cancelled = unstarted_cancelled
         self.engine = engine
         self.worker_id = worker_id
         self.running = running
@@ -110,12 +112,19 @@ class Monitor(threading.Thread):
     def _apply(self, asked: list[Running], statuses: dict[int, str]) -> None:
         # Only judge the jobs we asked about: one claimed since then is simply
         # not in the answer yet, and must not be taken for a lost lease.
+        waiting = []
         for rj in asked:
             status = statuses.get(rj.job.job_id)
             if status is None:
                 rj.lost.set()
             elif status == "cancel_requested":
                 rj.cancel.set()
+                if not rj.started:
+                    waiting.append(rj)
+        if waiting and self.unstarted_cancelled is not None:
+            # Claimed ahead, waiting for a slot: ended now, not when a slot
+            # frees up (behind long attempts, minutes later).
+            self.unstarted_cancelled(waiting)
 
     def sweep_scratch(self) -> None:
         """Scratch folders of workers here that were killed since this one

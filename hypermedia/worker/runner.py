@@ -8,6 +8,7 @@ thread that wakes the claim loop as soon as a job is enqueued.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -148,7 +149,13 @@ class Worker:
             for s in slots
         ]
         monitor = Monitor(
-            self.engine, self.worker_id, self.running, self.stats, self.settings.home, self.stopped
+            self.engine,
+            self.worker_id,
+            self.running,
+            self.stats,
+            self.settings.home,
+            self.stopped,
+            self._drop_cancelled,
         )
         listener = threading.Thread(
             target=self._listen,
@@ -275,6 +282,9 @@ class Worker:
             # claim was tried may all have finished since (more are queued).
             if self.burst and tried and self._idle():
                 return
+            if not tried and not self.buffer.empty():
+                with contextlib.suppress(Exception):  # the next claim says why, and retries
+                    self._read_queues()
             self.wake.wait(self.settings.poll_interval_seconds)
             self.wake.clear()
 
@@ -308,13 +318,19 @@ class Worker:
 
     def _claimable(self) -> list[str]:
         """Our queues but the paused ones; both read at most once per poll interval."""
+        self._read_queues()
+        return [q for q in self.queues if q not in self._paused]
+
+    def _read_queues(self) -> None:
+        """The paused queues (and, serving every queue, the queues there are),
+        read again once a poll interval has passed: while no claim is made
+        too, for slots to hand back jobs claimed ahead of a pause."""
         if time.monotonic() - self._paused_at > self.settings.poll_interval_seconds:
             with self.engine.db.read() as tx:
                 self._paused = tx.paused_queues()
                 if self.every_queue:
                     self.queues = sorted(registry.queues() | tx.named_queues())
             self._paused_at = time.monotonic()
-        return [q for q in self.queues if q not in self._paused]
 
     def _drain_requested(self) -> bool:
         """Whether an operator marked our row draining (``Fleet.drain``); read at
@@ -371,8 +387,15 @@ class Worker:
                 continue
             if self.buffer.qsize() <= self.batch // 2:
                 self.wake.set()
+            with self._lock:
+                if rj.dropped:  # cancelled while it waited: ended already
+                    continue
+                rj.taken = True
             if self.stop_claiming.is_set():  # draining or stopping: never start new work
                 self._hand_back([rj])
+                continue
+            if rj.job.queue_name in self._paused:  # paused since it was claimed ahead
+                self._hand_back([rj], "handed back unstarted: its queue was paused")
                 continue
             # A reported job stays ours until its result is written (see
             # _on_result): the monitor keeps renewing its lease meanwhile.
@@ -413,9 +436,24 @@ class Worker:
                 return
             delay = min(delay * 2, 60.0)
 
-    def _hand_back(self, items: list[Running]) -> None:
+    def _drop_cancelled(self, items: list[Running]) -> None:
+        """Jobs cancelled while they waited in the buffer for a slot: their
+        attempts end "cancelled before start" now (a slot that takes one
+        later passes it by), as a slot would have ended them."""
+        with self._lock:
+            dropped = [rj for rj in items if not rj.taken and not rj.dropped]
+            for rj in dropped:
+                rj.dropped = True
+        for rj in dropped:
+            if self.stager is not None:
+                self.stager.drop(rj.job, rj.staging)
+            self.flusher.finished(Slot.cancelled_before_start(rj))
+
+    def _hand_back(
+        self, items: list[Running], why: str = "handed back unstarted by a draining worker"
+    ) -> None:
         try:
-            back = self.engine.hand_back(self.worker_id, [rj.key for rj in items])
+            back = self.engine.hand_back(self.worker_id, [rj.key for rj in items], why)
             # Not handed back: cancelled meanwhile (or lost, which this ignores).
             rest = [rj.key for rj in items if rj.job.job_id not in back]
             if rest:

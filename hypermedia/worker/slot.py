@@ -86,6 +86,10 @@ class Running:
     staging: Staging | None = None  # its input, when the stager fetches it ahead
     input_name: str | None = None  # its input's file name in the slot's inbox, once there
     started: bool = False  # a slot took it (else it waits, claimed ahead)
+    # Decided under the worker's lock, once: a slot took it from the buffer,
+    # or it left the buffer unrun (cancelled while it waited, see runner.py).
+    taken: bool = False
+    dropped: bool = False
     ended: bool = False  # its child is done (its result may wait to be stored or written)
 
     @property
@@ -189,9 +193,7 @@ class Slot:
         if rj.cancel.is_set():
             if self.stager is not None:
                 self.stager.drop(job, rj.staging)
-            self.flusher.finished(
-                self._result(rj, "cancelled", None, "cancelled before start", 0, None, None)
-            )
+            self.flusher.finished(self.cancelled_before_start(rj))
             return True
         scratch = self.scratch
         if not self._scratch_made:
@@ -490,6 +492,10 @@ class Slot:
             peak_memory_mb=peak_mb,
             cpu_time_ms=cpu_ms,
         )
+
+    @classmethod
+    def cancelled_before_start(cls, rj: Running) -> AttemptResult:
+        return cls._result(rj, "cancelled", None, "cancelled before start", 0, None, None)
 
     def close(self) -> None:
         for child in (self.child, self._parked):

@@ -94,3 +94,60 @@ def test_queues_and_workers_cli(driver: Driver, live: Engine, procs: Procs) -> N
     assert again.returncode == 0 and again.stderr == ""  # known now: its switch
     documents = hypermedia("queues", "pause", "documents", url=procs.url, home=procs.home)
     assert documents.stderr == ""  # a built-in pipeline's queue, no job in it yet
+
+
+def _claimed_ahead(driver: Driver, live: Engine, procs: Procs) -> tuple[int, list[int]]:
+    """A worker of one slot running a long job, with more claimed ahead in
+    its buffer: a run of short jobs first makes it claim whole batches."""
+    procs.cli("queues", "pause", "bulk")
+    long = live.enqueue_many([NewJob("debug.sleep", {"ms": 30_000}, priority=9)] * 3)
+    live.enqueue_many([NewJob("debug.noop", priority=1)] * 40)
+    procs.worker("--concurrency", "1", "--batch", "10", "--no-maintenance")
+    procs.cli("queues", "resume", "bulk")
+
+    def placed() -> tuple[int, list[int]] | None:
+        status = {j: job(driver, j)["status"] for j in long}
+        running = [j for j, s in status.items() if s == "processing"]
+        ahead = [j for j, s in status.items() if s == "claimed"]
+        return (running[0], ahead) if running and len(ahead) == 2 else None
+
+    return eventually(placed, 30, "one long job running, two claimed ahead")
+
+
+@sqlite_only
+def test_a_job_cancelled_while_claimed_ahead_ends_at_once(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """It waited in the worker's buffer, cancel_requested, until the slot
+    ahead of it was free: behind long attempts, minutes."""
+    running, (first, second) = _claimed_ahead(driver, live, procs)
+    live.cancel(first)
+    row = wait_job(driver, first, timeout=5)
+    assert row["status"] == "cancelled"
+    assert [(a["status"], a["error_message"]) for a in attempts(driver, first)] == [
+        ("cancelled", "cancelled before start")
+    ]
+    assert job(driver, running)["status"] == "processing"  # the slot ran on
+    assert job(driver, second)["status"] == "claimed"
+    for j in (running, second):
+        live.cancel(j)
+
+
+@sqlite_only
+def test_jobs_claimed_ahead_of_a_pause_go_back_to_their_queue(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """A pause answered, and the jobs a worker had claimed ahead still
+    started after it: they are handed back as the slot comes to them."""
+    running, ahead = _claimed_ahead(driver, live, procs)
+    procs.cli("queues", "pause", "bulk")
+    live.cancel(running)  # the slot comes to the jobs claimed ahead
+    wait_job(driver, running, timeout=10)
+    for j in ahead:
+        row = wait_job(driver, j, {"queued"}, timeout=10)
+        assert (row["status"], row["attempt_count"]) == ("queued", 0)
+        assert attempts(driver, j) == []
+    procs.cli("queues", "resume", "bulk")
+    for j in ahead:
+        wait_job(driver, j, {"processing"}, timeout=10)
+        live.cancel(j)
