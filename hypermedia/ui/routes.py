@@ -451,16 +451,18 @@ async def upload_form(request: Request, created: str | None = None) -> Response:
 
 
 def _created(svc: Services, raw: str | None, principal: Principal) -> int | None:
-    """The job an upload just made, when it is this project's: what the
-    form confirms to a token that may not open the job's page."""
+    """The job an upload just made, when this token made it: what the form
+    confirms to a token that may not open the job's page.  Any job of the
+    project was confirmed, so a token without jobs:read could walk
+    ``?created=1,2,3…`` to learn which job ids exist."""
     job_id = ascii_int(raw)
     if job_id is None:
         return None
     try:
-        check_owner(svc, job_id, principal)
+        job = check_owner(svc, job_id, principal)
     except NotFound:
         return None
-    return job_id
+    return job_id if job.get("created_by") == principal.actor else None
 
 
 @router.post("/upload")

@@ -585,9 +585,11 @@ def test_a_token_without_jobs_read_never_meets_a_dead_end(
     assert done.status_code == 200
     assert f'id="created">Uploaded: job\n<b>#{job_id}</b> was created.' in done.text
     assert 'id="file"' in done.text  # and the form, for the next file
-    # Only this project's jobs are confirmed; junk is ignored.
+    # Only jobs this token made are confirmed (any of the project's were: a
+    # token without jobs:read learned which ids exist); junk is ignored.
     other = svc.engine.enqueue(NewJob("debug.noop", project_id="proj-other"))
-    for junk in (str(other), "abc", "99999999999999999999"):
+    mine_not = svc.engine.enqueue(NewJob("debug.noop", project_id=a.id, created_by="someone"))
+    for junk in (str(other), str(mine_not), "abc", "99999999999999999999"):
         assert 'id="created"' not in client.get(f"/ui/upload?created={junk}").text, junk
     # Only the objects:write scope: Profiles is all it can open, and where it lands.
     r = client.post(
