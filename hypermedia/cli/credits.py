@@ -58,7 +58,7 @@ def set_budget(
         credits_ = Credits(engine())
         if not credits_.is_known(project):
             err_console.print(
-                f"warning: no token, job or budget names project {project} (a typo?); "
+                f"warning: no token, job, budget or object names project {project} (a typo?); "
                 "`hypermedia projects ls` lists those with tokens",
                 markup=False,
                 highlight=False,

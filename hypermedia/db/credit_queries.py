@@ -18,6 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from hypermedia.db.schema import processing_jobs as J
+from hypermedia.db.schema_storage import objects as OB
 from hypermedia.db.schema_storage import project_credits as PC
 from hypermedia.queue.states import STATUSES, TERMINAL
 
@@ -92,6 +93,13 @@ class CreditQueries:
 
     def project_has_jobs(self, project_id: str) -> bool:
         q = sa.select(J.c.job_id).where(J.c.project_id == project_id).limit(1)
+        return self.conn.execute(q).first() is not None
+
+    def project_has_objects(self, project_id: str) -> bool:
+        """Whether the project stored anything.  No index leads with the
+        project: the first match ends the scan, a project with none reads
+        every row (an admin's one-off check, asked last)."""
+        q = sa.select(OB.c.object_id).where(OB.c.project_id == project_id).limit(1)
         return self.conn.execute(q).first() is not None
 
     def credit_use_by_project(self) -> dict[str, int]:

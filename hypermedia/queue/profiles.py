@@ -338,8 +338,9 @@ class Credits:
         return [_usage(p, budgets.get(p), used.get(p, 0)) for p in sorted({*budgets, *used})]
 
     def is_known(self, project_id: str) -> bool:
-        """Whether a token, a budget or a job names the project already: a
-        budget set for none of these is most likely a typo of one that is."""
+        """Whether a token, a budget, a job or a stored object names the
+        project already: a budget set for none of these is most likely a
+        typo of one that is."""
         check_project_id(project_id)
         with self.db.read() as tx:
             return (
@@ -348,6 +349,8 @@ class Credits:
                 # Any job, a free or failed one too: credit use said "unknown".
                 or tx.project_has_jobs(project_id)
                 or tx.credit_use(project_id) > 0  # jobs folded and deleted
+                # Uploaded first, budgeted next, submitted last: no typo.
+                or tx.project_has_objects(project_id)
             )
 
     def set_budget(self, project_id: str, credits: int | None) -> Row:

@@ -335,6 +335,15 @@ def test_a_project_with_only_free_or_failed_jobs_is_known(engine):
     assert credits.is_known("free-only")
 
 
+def test_a_project_with_only_stored_objects_is_known(engine, storage):
+    """Uploaded first, budgeted next: `credits set-budget` warned "a typo?"
+    of a project holding the objects just uploaded."""
+    credits = Credits(engine)
+    assert not credits.is_known("uploads-only")
+    storage.put(io.BytesIO(b"bytes"), filename="a.txt", project_id="uploads-only")
+    assert credits.is_known("uploads-only")
+
+
 def test_a_repeat_that_waited_for_the_budget_gets_the_first_job(
     engine, database_url, settings, clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

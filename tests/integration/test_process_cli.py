@@ -580,7 +580,7 @@ def test_profiles_and_credits_commands(procs: Procs) -> None:
 
     # A project nothing names yet is most likely a typo: said, and done.
     first = hypermedia("credits", "set-budget", "acme", "100", url=procs.url, home=procs.home)
-    assert first.returncode == 0 and "no token, job or budget names project acme" in first.stderr
+    assert first.returncode == 0 and "no token, job, budget or object names project acme" in first.stderr
     again = hypermedia("credits", "set-budget", "acme", "100", url=procs.url, home=procs.home)
     assert again.returncode == 0 and "warning" not in again.stderr
     assert js("credits", "set-budget", "acme", "100") == {
