@@ -269,7 +269,7 @@ def _local_worker(
     chosen = queues if run_here else unserved
     if not chosen:
         return None
-    local = LocalWorker(eng, sorted(chosen), concurrency)
+    local = LocalWorker(eng, sorted(chosen), concurrency, ids)
     local.start()
     return local
 

@@ -452,6 +452,14 @@ class Tx(
         )
         return [(r.job_id, r.attempt_count) for r in self.conn.execute(q)]
 
+    def queued_among(self, job_ids: Sequence[int]) -> int:
+        """How many of ``job_ids`` are queued (by primary key, in chunks)."""
+        ids, n = sorted(set(job_ids)), 0
+        for i in range(0, len(ids), 1000):
+            q = sa.select(J.c.status).where(J.c.job_id.in_(ids[i : i + 1000]))
+            n += sum(1 for r in self.conn.execute(q) if r.status == "queued")
+        return n
+
     def statuses_of(self, worker_id: str, items: Sequence[tuple[int, int]]) -> dict[int, str]:
         """Current status of the jobs a worker runs, or absent if no longer its attempt."""
         if not items:

@@ -571,6 +571,10 @@ class Engine(Enqueuing, UserActions):
             tx.trim_history([r["_id"] for r in rows], DIAGNOSTIC_HISTORY)
         return len(rows)
 
+    def queued_among(self, job_ids: Sequence[int]) -> int:
+        with self.db.read() as tx:
+            return int(tx.queued_among(job_ids))
+
     def poll_statuses(self, worker_id: str, items: Sequence[tuple[int, int]]) -> dict[int, str]:
         """Read-only variant of ``renew`` used for the frequent cancel check."""
         with self.db.read() as tx:

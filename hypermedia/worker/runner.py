@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hypermedia import said
@@ -60,6 +60,7 @@ class Worker:
         burst: bool = False,
         worker_id: str | None = None,
         job_types: Sequence[str] | None = None,
+        claim_limit: Callable[[], int] | None = None,
     ) -> None:
         self.engine = engine
         self.settings = engine.settings
@@ -72,6 +73,9 @@ class Worker:
         # Those whose availability it reports at start (default: its queues').
         self.job_types = list(job_types) if job_types is not None else None
         self.worker_id = worker_id or new_worker_id()
+        # At most this many jobs a claim (worker/local.py: those of its
+        # command still queued), asked before each claim.
+        self.claim_limit = claim_limit
         self.sandbox, self.connect_ports = sandbox_settings(self.settings)
         self.stats = Stats()
         self.flusher = Flusher(
@@ -289,6 +293,10 @@ class Worker:
             self.wake.clear()
 
     def _claim(self, n: int) -> int:
+        if self.claim_limit is not None:
+            n = min(n, self.claim_limit())
+            if n <= 0:
+                return 0
         queues = self._claimable()
         if not queues:
             jobs = []

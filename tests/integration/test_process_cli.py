@@ -359,6 +359,30 @@ def test_a_second_process_does_not_wait_on_the_first_ones_worker(tmp_path: Path)
     assert first.returncode == 0, first_err
 
 
+def test_process_starts_no_other_job_once_its_own_are_claimed(tmp_path: Path) -> None:
+    """A lane freed as the command's job ended took another job of the queue
+    (2 ms later), which the command's stop then cut short at 30 s and charged:
+    three `process` runs failed a stranger's long job for good."""
+    home, a = tmp_path / "home", tmp_path / "a.bin"
+    a.write_bytes(b"x")
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    sub = hypermedia(
+        "jobs", "submit", "debug.sleep", "--params", '{"ms": 60000}', "--json",
+        url="", home=home,
+    )  # fmt: skip
+    (stranger,) = json.loads(sub.stdout)["job_ids"]
+    for lanes in ("1", "2"):  # its job first in the queue (priority 1), then the stranger's
+        done = hypermedia(
+            "process", str(a), "--profile", "debug-noop", "-c", lanes, "--priority", "1",
+            "--out", str(tmp_path / f"o{lanes}"), url="", home=home, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        shown = json.loads(
+            hypermedia("jobs", "show", str(stranger), "--json", url="", home=home).stdout
+        )
+        assert (shown["status"], shown["attempt_count"]) == ("queued", 0), shown
+
+
 def test_a_data_only_job_shows_its_result(tmp_path: Path) -> None:
     """A duplicate check writes no file: what it found is the record's result."""
     home, a, b = tmp_path / "home", tmp_path / "a.png", tmp_path / "b.png"
@@ -580,7 +604,10 @@ def test_profiles_and_credits_commands(procs: Procs) -> None:
 
     # A project nothing names yet is most likely a typo: said, and done.
     first = hypermedia("credits", "set-budget", "acme", "100", url=procs.url, home=procs.home)
-    assert first.returncode == 0 and "no token, job, budget or object names project acme" in first.stderr
+    assert (
+        first.returncode == 0
+        and "no token, job, budget or object names project acme" in first.stderr
+    )
     again = hypermedia("credits", "set-budget", "acme", "100", url=procs.url, home=procs.home)
     assert again.returncode == 0 and "warning" not in again.stderr
     assert js("credits", "set-budget", "acme", "100") == {
