@@ -66,7 +66,7 @@ class PhotoBridge:
                     return
             except Exception as exc:  # a database error on this row: defer it, go on
                 if not current:
-                    log.warning("photo-bridge: adoption failed (%s)", redact(exc))
+                    log.warning("photo-bridge: adoption failed (%s)", brief(exc))
                     return
                 if is_transient(exc):
                     log.warning(
@@ -120,13 +120,13 @@ class PhotoBridge:
             return
         except Exception as exc:
             if is_transient(exc):  # the database is away: the next run tries again
-                log.warning("photo-bridge: could not defer a row (%s)", redact(exc))
+                log.warning("photo-bridge: could not defer a row (%s)", brief(exc))
                 return
         try:  # a row that cannot be read is still written: pushed back the longest
             with engine.db.tx() as tx:
                 tx.variant_failed(photo_id, reason, now + backoff(UNREADABLE_ATTEMPTS))
         except Exception as exc:
-            log.warning("photo-bridge: could not defer a row (%s)", redact(exc))
+            log.warning("photo-bridge: could not defer a row (%s)", brief(exc))
 
 
 def _hit(job_id: int | None, photo_id: str, now: Any, *, done: bool) -> dict[str, Any]:

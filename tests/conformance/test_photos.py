@@ -1134,3 +1134,26 @@ def test_a_copy_leaves_out_a_binding_of_a_role_the_schema_refuses(
     with driver.read() as tx:
         roles = {b["role"] for b in tx.bindings_of([copy["id"]])}
     assert roles == {"original"}
+
+
+def test_the_bridge_logs_a_database_error_without_its_sql(
+    photos: Photos, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dropped connection logged SQLAlchemy's whole text: the statement,
+    and with it any parameters ("[SQL: SELECT variant_jobs.photo_id …")."""
+    import sqlalchemy as sa
+
+    def dropped(*_: Any) -> bool:
+        raise sa.exc.OperationalError(
+            "SELECT variant_jobs.photo_id FROM variant_jobs WHERE secret = %(p)s",
+            {"p": "hm_secretparam1234"},
+            Exception("terminating connection due to administrator command"),
+        )
+
+    bridge = PhotoBridge(photos)
+    monkeypatch.setattr(bridge, "_adopt_one", dropped)
+    with caplog.at_level("WARNING", logger="hypermedia.photos.bridge"):
+        bridge.run_once()
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "terminating connection due to administrator command" in said, said
+    assert "SELECT" not in said and "secretparam" not in said, said
