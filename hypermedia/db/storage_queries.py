@@ -357,14 +357,27 @@ class StorageQueries:
         )
         return int(self.conn.execute(q).rowcount)
 
-    def deleting_objects(self, limit: int) -> list[Row]:
+    def deleting_objects(
+        self, limit: int, after: int = 0, exclude_pools: Sequence[int] = ()
+    ) -> list[Row]:
+        """The next ``deleting`` rows after object id ``after`` (a sweep reads
+        each row once a run), leaving out the pools ``exclude_pools``."""
         q = (
             sa.select(OB.c.object_id, OB.c.pool_id, OB.c.storage_key)
-            .where(OB.c.state == "deleting")
+            .where(OB.c.state == "deleting", OB.c.object_id > after)
             .order_by(OB.c.object_id)
             .limit(limit)
         )
+        if exclude_pools:
+            q = q.where(OB.c.pool_id.not_in(sorted(exclude_pools)))
         return [dict(r._mapping) for r in self.conn.execute(q)]
+
+    def deleting_count(self, pool_id: int, after: int) -> int:
+        """How many ``deleting`` rows of ``pool_id`` lie after object id ``after``."""
+        q = sa.select(sa.func.count()).where(
+            OB.c.state == "deleting", OB.c.pool_id == pool_id, OB.c.object_id > after
+        )
+        return int(self.conn.execute(q).scalar() or 0)
 
     def delete_unused_reservations(self, ids: Sequence[int]) -> int:
         """Reserved output rows no output took (storage/reserve.py): no blob, no reference."""

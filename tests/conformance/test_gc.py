@@ -96,6 +96,41 @@ def test_a_pool_whose_folder_is_broken_does_not_stop_the_run(
     assert report.deleted == 1 and _state(storage, orphan["object_id"]) is None
 
 
+def test_a_pool_given_up_is_read_no_more_and_the_others_are_swept(
+    storage: Storage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool whose store fails is given up after three failures; its other
+    rows were still read, batch after batch from the lowest id (40,000 took
+    a run 20 s, and the leader's budget never reached the healthy pools)."""
+    from hypermedia.db import storage_queries
+    from hypermedia.storage import gc
+
+    (broken := tmp_path / "not-a-folder").write_text("x")
+    pool = storage.add_pool(f"broken-{uuid.uuid4().hex[:6]}", f"file://{broken}", check=False)
+    now, n = storage.clock(), 3 * gc.BATCH + 17
+    dead = [
+        {"pool_id": pool["pool_id"], "storage_key": f"objects/x{i}/original.bin",
+         "project_id": "default", "filename": "x", "mime_type": "application/octet-stream",
+         "width": 0, "height": 0, "state": "deleting", "created_at": now, "updated_at": now}
+        for i in range(n)
+    ]  # fmt: skip
+    with storage.db.tx() as tx:
+        tx.insert_objects(dead)
+    orphan = storage.put(io.BytesIO(b"unreferenced, after them all"))
+    reads = []
+    real = storage_queries.StorageQueries.deleting_objects
+
+    def counted(self, *args, **kw):  # type: ignore[no-untyped-def]
+        reads.append(args)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(storage_queries.StorageQueries, "deleting_objects", counted)
+    report = _gc(storage).run_once()
+    assert report.deleted == 1 and _state(storage, orphan["object_id"]) is None
+    assert report.failed == n and sum(report.failures.values()) == n
+    assert len(reads) <= 3, reads  # the given-up pool's rows read once, in the first batch
+
+
 def test_discarded_uploads_are_marked_unless_something_uses_them(storage: Storage, engine) -> None:  # type: ignore[no-untyped-def]
     """Storage.discard (process, refused after its upload): the unused ones
     are handed to GC now; one a job took meanwhile stays ready."""
