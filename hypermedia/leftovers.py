@@ -25,7 +25,10 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 OWNER = ".owner"  # the lock file inside an owned folder
-YOUNG_SECONDS = 10.0  # never swept younger: its owner may not have locked it yet
+# Never swept younger: its owner may not have locked it yet (the lock is
+# taken right after the file is made).  It was 10 s, and a `process` killed
+# in its first ten seconds was judged by nobody until a sweep a minute later.
+YOUNG_SECONDS = 2.0
 
 
 def hold(path: Path) -> int:

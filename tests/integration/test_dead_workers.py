@@ -71,3 +71,25 @@ def test_a_running_worker_here_releases_them_when_it_sweeps(
     # Its sweep runs every HYPERMEDIA_METRICS_SECONDS (1 s in the tests).
     wait_job(driver, job_id, {"retry_wait", "queued"}, timeout=15)
     _released(procs, dead, job_id)
+
+
+def test_a_worker_killed_seconds_after_its_start_is_judged_by_the_next(
+    driver: Driver, live: Engine, procs: Procs, tmp_path: Path
+) -> None:
+    """A `process` killed -9 in its first ten seconds: its folder was too young
+    to judge, the next sweep came a minute later, and a next `process` of a
+    few seconds ended with the dead one's jobs still `processing`."""
+    w = procs.worker("--concurrency", "1", "--no-maintenance", **SLOW_REAPING)
+    job_id = submit(live, {"ms": 60_000})
+    wait_job(procs.driver, job_id, {"processing"})
+    procs.note_children(w)
+    os.killpg(w.pid, signal.SIGKILL)
+    eventually(lambda: gone(w.pid), 10, "the worker died")
+    young = time.time() - 3  # killed 3 s after it made its folder
+    os.utime(procs.home / "scratch" / w.worker_id / ".owner", (young, young))
+    procs.worker(
+        "--concurrency", "1", "--no-maintenance", queues="idle",
+        HYPERMEDIA_METRICS_SECONDS="120", **SLOW_REAPING,
+    )  # fmt: skip
+    wait_job(driver, job_id, {"retry_wait", "queued"}, timeout=8)
+    _released(procs, w, job_id)
