@@ -209,7 +209,10 @@ class LocalBackend:
             _remove(dst)
             if isinstance(exc, FileNotFoundError) and not os.path.lexists(src):
                 raise BlobMissing("no blob under this key") from exc
-            if exc.errno in _WRITE_ERRORS:  # a read fails no such way: the copy's disk
+            # A read fails no such way: the copy's disk.  Nor does the copy's
+            # own name come with a read's error (a folder made unwritable
+            # meanwhile: "could not read local storage" sent the user to the pool).
+            if exc.errno in _WRITE_ERRORS or str(dst) in (exc.filename, exc.filename2):
                 raise StorageUnavailable(f"could not write the copy ({exc.strerror})") from exc
             raise StorageUnavailable(f"could not read local storage ({exc.strerror})") from exc
         except BaseException:

@@ -46,3 +46,28 @@ def test_a_download_to_a_full_disk_names_the_copy_not_the_store(tmp_path: Path) 
             pool.get_file("objects/1/original.bin", dst, stored.checksum)
         assert str(caught.value) == "could not write the copy (No space left on device)"
         assert not dst.exists()  # nothing unverified left behind
+
+
+def test_a_copy_refused_its_folder_names_the_copy_not_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`process --out DIR` made unwritable during the run (EACCES, EPERM):
+    "could not read local storage (Operation not permitted)" blamed the pool."""
+    import errno
+
+    pool = LocalBackend(tmp_path / "pool")
+    stored = pool.put("objects/1/original.bin", io.BytesIO(os.urandom(4096)))
+    dst = tmp_path / "out" / "copy.bin"
+    dst.parent.mkdir()
+    real = os.open
+
+    def refused(path, *args, **kw):  # type: ignore[no-untyped-def]
+        if str(path) == str(dst):  # as the kernel says it of a folder it refuses
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(os, "open", refused)
+    with pytest.raises(StorageUnavailable) as caught:
+        pool.get_file("objects/1/original.bin", dst, stored.checksum)
+    assert str(caught.value) == "could not write the copy (Operation not permitted)"
+    assert not dst.exists()
