@@ -475,10 +475,11 @@ def _writable(out: Path) -> list[Path]:
 def _unmade_if_refused(made: list[Path]) -> Iterator[None]:
     """Remove the --out folders this run made when it is refused before
     anything runs (exit 2 is "nothing was done"; they were left behind), or
-    its jobs are (a credit budget: exit 1, the uploads handed to GC)."""
+    its jobs are (a credit budget: exit 1, the uploads handed to GC), or it
+    is interrupted before its jobs exist (Ctrl-C, SIGTERM: exit 130)."""
     try:
         yield
-    except HypermediaError:
+    except (HypermediaError, KeyboardInterrupt):
         for folder in made:
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only if still empty

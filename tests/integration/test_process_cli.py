@@ -664,9 +664,10 @@ def test_a_double_ctrl_c_while_uploading_hands_every_upload_to_gc(
     files = [tmp_path / f"{n:03d}.bin" for n in range(250)]
     for f in files:
         f.write_bytes(os.urandom(256 << 10))
-    for _ in range(5):  # a run whose upload ended between two looks: again
+    for attempt in range(5):  # a run whose upload ended between two looks: again
         top = procs.query("SELECT COALESCE(MAX(object_id), 0) FROM objects")[0][0]
-        run = Run(procs, *map(str, files), "--profile", "debug-noop", "--json")
+        out = tmp_path / f"made-{attempt}" / "out"
+        run = Run(procs, *map(str, files), "--profile", "debug-noop", "--json", "--out", str(out))
 
         def uploading(run: Run = run) -> bool:
             if run.proc.poll() is not None:
@@ -691,6 +692,8 @@ def test_a_double_ctrl_c_while_uploading_hands_every_upload_to_gc(
         top=top,
     )
     assert jobs == [(0,)]
+    # Nothing was done: the --out folders it made are gone (they were left, empty).
+    assert not out.parent.exists()
 
 
 @sqlite_only
