@@ -529,6 +529,10 @@ class Worker:
                 leftovers.append(self.buffer.get_nowait())
             except queue.Empty:
                 break
+        with self._lock:  # those cancelled while they waited are ended already
+            leftovers = [rj for rj in leftovers if not rj.dropped]
+            for rj in leftovers:
+                rj.taken = True
         if leftovers:
             self._hand_back(leftovers)
         for t in threads:
