@@ -27,16 +27,19 @@ SLOW_REAPING = {
 }
 
 
-def _killed_running(procs: Procs, live: Engine, home: Path) -> tuple[WorkerProc, int]:
-    """A worker killed with -9 while a job of its runs; its folder aged past
-    the moments when a folder is too young to judge."""
+def _killed_running(
+    procs: Procs, live: Engine, home: Path, age: float = 60
+) -> tuple[WorkerProc, int]:
+    """A worker killed with -9 while a job of its runs; its folder aged
+    ``age`` seconds (by default past the moments when a folder is too young
+    to judge)."""
     w = procs.worker("--concurrency", "1", "--no-maintenance", **SLOW_REAPING)
     job_id = submit(live, {"ms": 60_000})
     wait_job(procs.driver, job_id, {"processing"})
     procs.note_children(w)
     os.killpg(w.pid, signal.SIGKILL)
     eventually(lambda: gone(w.pid), 10, "the worker died")
-    old = time.time() - 60
+    old = time.time() - age
     os.utime(home / "scratch" / w.worker_id / ".owner", (old, old))
     return w, job_id
 
@@ -79,14 +82,7 @@ def test_a_worker_killed_seconds_after_its_start_is_judged_by_the_next(
     """A `process` killed -9 in its first ten seconds: its folder was too young
     to judge, the next sweep came a minute later, and a next `process` of a
     few seconds ended with the dead one's jobs still `processing`."""
-    w = procs.worker("--concurrency", "1", "--no-maintenance", **SLOW_REAPING)
-    job_id = submit(live, {"ms": 60_000})
-    wait_job(procs.driver, job_id, {"processing"})
-    procs.note_children(w)
-    os.killpg(w.pid, signal.SIGKILL)
-    eventually(lambda: gone(w.pid), 10, "the worker died")
-    young = time.time() - 3  # killed 3 s after it made its folder
-    os.utime(procs.home / "scratch" / w.worker_id / ".owner", (young, young))
+    w, job_id = _killed_running(procs, live, procs.home, age=3)  # 3 s after its start
     procs.worker(
         "--concurrency", "1", "--no-maintenance", queues="idle",
         HYPERMEDIA_METRICS_SECONDS="120", **SLOW_REAPING,
