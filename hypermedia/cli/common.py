@@ -620,6 +620,18 @@ class OutputFailed(OSError):
     """stdout refused what was written to it: a full disk, a quota, EIO."""
 
 
+@contextmanager
+def saying_done(done: str) -> Iterator[None]:
+    """The output of a command that changed something: if stdout refuses it,
+    the error still says what was done ("job 12 queued"): it said only that
+    the output could not be written, and a user who ran the command again,
+    as exit 1 invites, queued the jobs twice."""
+    try:
+        yield
+    except OutputFailed as exc:
+        raise OutputFailed(exc.errno, f"{exc.strerror} ({done})") from None
+
+
 class _WholeWrites(io.RawIOBase):
     """stdout's descriptor, every write whole or an error.
 

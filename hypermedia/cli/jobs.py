@@ -25,6 +25,7 @@ from hypermedia.cli.common import (
     flush_stdout,
     json_object,
     print_json,
+    saying_done,
     through_outages,
     user_errors,
 )
@@ -100,10 +101,11 @@ def submit(
         ids = [eng.enqueue(job)] if idempotency_key else eng.enqueue_many([job] * count)
         queued = f"job {ids[0]}" if count == 1 else f"{len(ids)} jobs: {ids[0]} … {ids[-1]}"
         if not wait:
-            if as_json:
-                print_json({"job_ids": ids})
-            else:
-                console.print(f"{queued} queued")
+            with saying_done(f"{queued} queued"):
+                if as_json:
+                    print_json({"job_ids": ids})
+                else:
+                    console.print(f"{queued} queued")
             return
         # Said before the wait: a Ctrl-C leaves the jobs running, and their ids known.
         err_console.print(f"{queued} queued; waiting until they end", highlight=False)

@@ -25,6 +25,7 @@ from hypermedia.cli.common import (
     existing_inputs,
     media_type,
     print_json,
+    saying_done,
     settings,
     sigterm_as_ctrl_c,
     stop_signals_held,
@@ -79,12 +80,14 @@ def put(
             if mime:
                 raise InvalidRequest("--mime applies to a single file")
             rows = st.put_files(files, pool=pool, project_id=project)
-        if as_json:
-            print_json(public(rows[0]) if len(rows) == 1 else [public(r) for r in rows])
-            return
-        for row in rows:
-            oid, mime_type, size = row["object_id"], row["mime_type"], row["size"]
-            console.print(f"object {oid} ready: {mime_type}, {size} bytes")
+        ids = ", ".join(str(r["object_id"]) for r in rows)
+        with saying_done(f"object{'s' if len(rows) > 1 else ''} {ids} stored"):
+            if as_json:
+                print_json(public(rows[0]) if len(rows) == 1 else [public(r) for r in rows])
+                return
+            for row in rows:
+                oid, mime_type, size = row["object_id"], row["mime_type"], row["size"]
+                console.print(f"object {oid} ready: {mime_type}, {size} bytes")
 
 
 @objects_app.command("get")

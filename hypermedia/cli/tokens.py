@@ -13,7 +13,15 @@ import typer
 from rich.table import Table
 
 from hypermedia.auth.tokens import SCOPES, Tokens
-from hypermedia.cli.common import MAX_ID, console, engine, print_json, user_errors
+from hypermedia.cli.common import (
+    MAX_ID,
+    OutputFailed,
+    console,
+    engine,
+    err_console,
+    print_json,
+    user_errors,
+)
 
 app = typer.Typer(help="API tokens: create (shown once), list, revoke.", no_args_is_help=True)
 projects_app = typer.Typer(
@@ -90,18 +98,31 @@ def create(
         t = tokens()
         expires_in = timedelta(days=expires_days) if expires_days else None
         row, token = t.create(project, scopes, name=name, expires_in=expires_in, created_by="cli")
-        public = _public(row, t.clock())
-        if as_json:
-            print_json({**public, "token": token})
-            return
-        console.print(
-            f"token {row['token_id']} for project {row['project_id']} "
-            f"({', '.join(row['scopes'])}), shown only this once:",
-            highlight=False,
-        )
-        console.print(token, soft_wrap=True, highlight=False, markup=False)
-        if row["expires_at"] is not None:
-            console.print(f"expires {_cell(row['expires_at'])} UTC", highlight=False)
+        try:
+            _show_new(row, token, _public(row, t.clock()), as_json)
+        except (OutputFailed, BrokenPipeError):
+            # Shown only this once, and not shown: nobody holds its secret,
+            # yet it stayed active (an admin token, say).  Revoked, and said.
+            t.revoke(row["token_id"])
+            err_console.print(
+                f"token {row['token_id']} revoked: its secret could not be shown",
+                highlight=False,
+            )
+            raise
+
+
+def _show_new(row: dict[str, Any], token: str, public: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print_json({**public, "token": token})
+        return
+    console.print(
+        f"token {row['token_id']} for project {row['project_id']} "
+        f"({', '.join(row['scopes'])}), shown only this once:",
+        highlight=False,
+    )
+    console.print(token, soft_wrap=True, highlight=False, markup=False)
+    if row["expires_at"] is not None:
+        console.print(f"expires {_cell(row['expires_at'])} UTC", highlight=False)
 
 
 @app.command("ls")

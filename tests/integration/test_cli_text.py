@@ -325,3 +325,21 @@ def test_a_part_file_left_by_a_killed_download_is_removed_by_the_next(tmp_path: 
     assert again.returncode == 0, again.stderr
     assert [p.name for p in out.iterdir() if p.suffix == ".part"] == []
     assert (out / "c").read_bytes() == blob.read_bytes()
+
+
+def test_a_change_whose_output_cannot_be_written_is_said_or_undone(tmp_path: Path) -> None:
+    """`tokens create > /dev/full` left an active admin token nobody ever saw;
+    `jobs submit` and `objects put` said only that the output failed, and a
+    user who ran them again (exit 1 invites it) queued and stored twice."""
+    home, blob, _ = _stored(tmp_path, 64)
+    with open("/dev/full", "wb") as full:
+        made = _run_into(full, home, "tokens", "create", "-p", "p1", "-s", "admin", "--name", "x")
+        queued = _run_into(full, home, "jobs", "submit", "debug.noop")
+        stored = _run_into(full, home, "objects", "put", str(blob))
+    for done in (made, queued, stored):
+        assert done.returncode == 1 and "No space left on device" in done.stderr, done.stderr
+    assert "token 1 revoked: its secret could not be shown" in made.stderr, made.stderr
+    tokens = json.loads(hypermedia("tokens", "ls", "--json", url="", home=home).stdout)
+    assert [t["status"] for t in tokens] == ["revoked"], tokens
+    assert "(job 1 queued)" in queued.stderr, queued.stderr
+    assert "(object 2 stored)" in stored.stderr, stored.stderr
