@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hypermedia.cli.common import console, engine, json_object, print_json, user_errors
-from hypermedia.errors import JobError
+from hypermedia.errors import InvalidRequest, JobError, NotFound
 from hypermedia.pipelines import registry, schema
 from hypermedia.queue.profiles import Profiles, price_text
 
@@ -109,10 +109,20 @@ def show(
             console.print(table)
 
 
+def _type_of(key: str) -> str:
+    """KEY's job type, carried over like every option left out (a key keeps its type)."""
+    try:
+        return str(profiles().show(key)["job_type"])
+    except NotFound:
+        raise InvalidRequest(f"give --type: no active version of {key!r} names one") from None
+
+
 @app.command("create")
 def create(
     key: str = typer.Argument(..., help="e.g. image-thumbnail"),
-    job_type: str = typer.Option(..., "--type", help="the job type, e.g. image.thumbnail"),
+    job_type: str | None = typer.Option(
+        None, "--type", help="the job type, e.g. image.thumbnail (default: KEY's own)"
+    ),
     settings: str | None = typer.Option(
         None, "--settings", help="JSON object of settings (default: KEY's newest version's)"
     ),
@@ -136,7 +146,7 @@ def create(
         parsed = None if settings is None else json_object(settings, "--settings")
         p = profiles().create(
             key,
-            job_type,
+            job_type or _type_of(key),
             parsed,
             queue=queue,
             credits={

@@ -566,8 +566,8 @@ def test_profiles_and_credits_commands(procs: Procs) -> None:
 
     v1 = js("profiles", "create", key, "--type", "debug.sleep", "--settings", '{"max_ms": 50}')
     assert (v1["ref"], v1["settings"], v1["queue_name"]) == (f"{key}:v1", {"max_ms": 50}, "bulk")
-    v2 = js(
-        "profiles", "create", key, "--type", "debug.sleep", "--settings", '{"max_ms": 80}',
+    v2 = js(  # --type left out: it carries over, as every option does
+        "profiles", "create", key, "--settings", '{"max_ms": 80}',
         "--queue", "images", "--credits-base", "2", "--credits-per-mb", "1",
         "--credits-per-page", "3", "--credits-per-minute", "4", "--timeout", "30",
     )  # fmt: skip
@@ -598,6 +598,8 @@ def test_profiles_and_credits_commands(procs: Procs) -> None:
         url=procs.url, home=procs.home,
     )  # fmt: skip
     assert refused.returncode == 2 and "settings refused" in refused.stderr
+    new_key = hypermedia("profiles", "create", "no-such-key", url=procs.url, home=procs.home)
+    assert new_key.returncode == 2 and "give --type" in new_key.stderr, new_key.stderr
     nothing = hypermedia("jobs", "submit", "debug.sleep", "--profile", key, url=procs.url,
                          home=procs.home)  # fmt: skip
     assert nothing.returncode == 2 and "has no active version" in nothing.stderr
