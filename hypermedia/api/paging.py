@@ -19,17 +19,20 @@ from hypermedia.parse import ascii_int
 Row = dict[str, Any]
 
 
-TAGS = {"job_id": "j", "object_id": "o"}
+# /v0's job list is a list of its own (other jobs, other statuses): "l",
+# so that neither list takes the other's cursor.
+TAGS = {"job_id": "j", "object_id": "o", "v0": "l"}
 
 
-def encode_cursor(last_id: int, key: str = "job_id") -> str:
-    return base64.urlsafe_b64encode(f"{TAGS[key]}{last_id}".encode()).decode().rstrip("=")
+def encode_cursor(last_id: int, key: str = "job_id", tag: str | None = None) -> str:
+    text = f"{TAGS[tag or key]}{last_id}"
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str, key: str = "job_id") -> int:
+def decode_cursor(cursor: str, key: str = "job_id", tag: str | None = None) -> int:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        last_id = ascii_int(raw[1:]) if raw.startswith(TAGS[key]) else None
+        last_id = ascii_int(raw[1:]) if raw.startswith(TAGS[tag or key]) else None
         if last_id is not None:
             return last_id
     except (binascii.Error, UnicodeDecodeError, ValueError):
@@ -37,11 +40,13 @@ def decode_cursor(cursor: str, key: str = "job_id") -> int:
     raise InvalidRequest("cursor is not valid; use next_cursor from a previous page")
 
 
-def page(rows: list[Row], limit: int, key: str, shape: Callable[[Row], Row]) -> Row:
+def page(
+    rows: list[Row], limit: int, key: str, shape: Callable[[Row], Row], tag: str | None = None
+) -> Row:
     """``rows`` were read with ``limit + 1``: show ``limit``, and a cursor if more follow."""
     more = len(rows) > limit
     rows = rows[:limit]
     return {
         "items": [shape(r) for r in rows],
-        "next_cursor": encode_cursor(rows[-1][key], key) if more else None,
+        "next_cursor": encode_cursor(rows[-1][key], key, tag) if more else None,
     }

@@ -229,6 +229,11 @@ def test_list_filters_pages_and_hides_other_job_types(
         if not cursor:
             break
     assert seen == [other, *reversed(first)]
+    # Each list's cursor is its own: /v1's and /v0's were the same, taken by either.
+    v0 = client.get(URL, params={"limit": 1}, headers=h).json()["next_cursor"]
+    v1 = client.get("/v1/jobs", params={"limit": 1}, headers=h).json()["next_cursor"]
+    assert client.get(URL, params={"cursor": v1}, headers=h).status_code == 422
+    assert client.get("/v1/jobs", params={"cursor": v0}, headers=h).status_code == 422
 
     def ids(**params: Any) -> list[str]:
         r = client.get(URL, params=params, headers=h)

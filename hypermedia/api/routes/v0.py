@@ -136,10 +136,10 @@ def list_jobs(
         status=status,
         job_type=job_type,
         file_id=file_id,
-        before_id=decode_cursor(cursor) if cursor else None,
+        before_id=decode_cursor(cursor, tag="v0") if cursor else None,
         limit=limit + 1,
     )
-    return page(rows, limit, "job_id", lambda row: _seed_job(row, principal))
+    return page(rows, limit, "job_id", lambda row: _seed_job(row, principal), tag="v0")
 
 
 @router.get("/{job_id}", summary="One processing job")
