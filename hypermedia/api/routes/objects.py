@@ -256,8 +256,7 @@ async def _receive_form(
             # A file name of 4,000-odd characters: "malformed" sent the
             # client looking for a bug in its encoder.
             raise InvalidRequest(
-                "a multipart part's headers are too long (a file name of thousands of "
-                "characters?)"
+                "a multipart part's headers are too long (a file name of thousands of characters?)"
             ) from None
         raise InvalidRequest("the multipart body is malformed") from None
     if not form.ended:
