@@ -460,6 +460,9 @@ class Slot:
         else:
             code, status = "CRASHED", "crashed"
             why = f"the processing child died ({_signame(ex.signal)})"
+        # One line in the worker's log too: a child killed on the spot prints
+        # nothing of its own, and the log said nothing at all of it.
+        log.warning("job %s attempt %s: %s", rj.job.job_id, rj.job.attempt, why)
         return self._result(rj, status, code, why, elapsed_ms, ex.peak_mb, self._cpu(child, ex))
 
     def _kill(self) -> Exit:

@@ -88,6 +88,10 @@ def test_crash_is_retried_then_fails_with_crashed(
         [("claimed", "retry_wait")],
     )
     assert ("retry_wait", "queued") in moves
+    # Said in the worker's log too (a child killed on the spot prints nothing).
+    said = w.log.read_text()
+    for n in (1, 2):
+        assert f"job {job_id} attempt {n}: the processing child died (SIGKILL)" in said
 
     assert w.alive()
     assert run_one(driver, live, {"ms": 0})["slept_ms"] == 0
