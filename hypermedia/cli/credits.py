@@ -26,7 +26,10 @@ def show(
 ) -> None:
     """Budget, used and remaining credits (used = completed jobs + jobs under way)."""
     with user_errors():
-        rows = Credits(engine()).show(project)
+        credits_ = Credits(engine())
+        if project is not None and not credits_.is_known(project):
+            _unknown(project)  # "unlimited, 0 used" of a typo looked like an answer
+        rows = credits_.show(project)
         if as_json:
             print_json(rows[0] if project is not None else rows)
             return
@@ -36,6 +39,15 @@ def show(
                 r["project_id"], _cell(r["budget"]), str(r["used"]), _cell(r["remaining"])
             )
         console.print(table)
+
+
+def _unknown(project: str) -> None:
+    err_console.print(
+        f"warning: no token, job, budget or object names project {project} (a typo?); "
+        "`hypermedia projects ls` lists those with tokens",
+        markup=False,
+        highlight=False,
+    )
 
 
 # A negative budget reaches the value check (a clear message) instead of
@@ -57,12 +69,7 @@ def set_budget(
                 raise InvalidRequest("the budget is a whole number of credits, or 'none'")
         credits_ = Credits(engine())
         if not credits_.is_known(project):
-            err_console.print(
-                f"warning: no token, job, budget or object names project {project} (a typo?); "
-                "`hypermedia projects ls` lists those with tokens",
-                markup=False,
-                highlight=False,
-            )
+            _unknown(project)
         row = credits_.set_budget(project, limit)
         if as_json:
             print_json(row)

@@ -604,7 +604,10 @@ def test_profiles_and_credits_commands(procs: Procs) -> None:
                          home=procs.home)  # fmt: skip
     assert nothing.returncode == 2 and "has no active version" in nothing.stderr
 
-    # A project nothing names yet is most likely a typo: said, and done.
+    # A project nothing names yet is most likely a typo: said, and done; asked
+    # about, it answered "unlimited, 0 used" as of any real project.
+    shown = hypermedia("credits", "show", "--project", "acme", url=procs.url, home=procs.home)
+    assert shown.returncode == 0 and "names project acme (a typo?)" in shown.stderr
     first = hypermedia("credits", "set-budget", "acme", "100", url=procs.url, home=procs.home)
     assert (
         first.returncode == 0
