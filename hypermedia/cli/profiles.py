@@ -10,9 +10,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from hypermedia.cli.common import console, engine, json_object, print_json, user_errors
+from hypermedia.cli.queues import known_queues, warn_unknown_queue
 from hypermedia.errors import InvalidRequest, JobError, NotFound
 from hypermedia.pipelines import registry, schema
 from hypermedia.queue.profiles import Profiles, price_text
+from hypermedia.queue.queues import Queues
 
 app = typer.Typer(
     help="Profiles: versioned settings, limits and prices per job type.", no_args_is_help=True
@@ -144,6 +146,8 @@ def create(
     """
     with user_errors():
         parsed = None if settings is None else json_object(settings, "--settings")
+        if queue is not None and queue not in known_queues(Queues(engine())):
+            warn_unknown_queue(queue)  # its jobs would wait for a worker that lists it
         p = profiles().create(
             key,
             job_type or _type_of(key),

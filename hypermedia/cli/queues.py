@@ -40,10 +40,10 @@ def pause(
     """Stop workers claiming from NAME; jobs already running finish."""
     with user_errors():
         queues = Services.from_engine(engine()).queues
-        known = _known(queues)
+        known = known_queues(queues)
         row = queues.pause(name)
     if name not in known:  # paused all the same: a profile may name it next
-        _warn_unknown(name)
+        warn_unknown_queue(name)
     if as_json:
         print_json(row)
     else:
@@ -62,7 +62,7 @@ def resume(
         rows = {r["queue_name"]: r for r in queues.summary()}
         row = queues.resume(name)
     if name not in rows and name not in registry.queues():
-        _warn_unknown(name)
+        warn_unknown_queue(name)
     if as_json:
         print_json(row)
     elif name in rows and rows[name]["paused"]:
@@ -71,12 +71,12 @@ def resume(
         console.print(f"queue {name} was not paused", highlight=False)
 
 
-def _known(queues: Queues) -> set[str]:
+def known_queues(queues: Queues) -> set[str]:
     """The queue names a pipeline, a profile, a job or an earlier switch uses."""
     return {r["queue_name"] for r in queues.summary()} | registry.queues()
 
 
-def _warn_unknown(name: str) -> None:
+def warn_unknown_queue(name: str) -> None:
     err_console.print(
         f"warning: no pipeline, profile or job uses queue {name} (a typo?); "
         f"`hypermedia queues ls` lists those that do",

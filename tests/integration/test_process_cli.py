@@ -598,6 +598,15 @@ def test_profiles_and_credits_commands(procs: Procs) -> None:
         url=procs.url, home=procs.home,
     )  # fmt: skip
     assert refused.returncode == 2 and "settings refused" in refused.stderr
+    typo = hypermedia(
+        "profiles", "create", f"{key}-q", "--type", "debug.noop", "--queue", "imagse",
+        url=procs.url, home=procs.home,
+    )  # fmt: skip
+    assert typo.returncode == 0 and "no pipeline, profile or job uses queue imagse" in typo.stderr
+    known = hypermedia(
+        "profiles", "create", f"{key}-q", "--queue", "images", url=procs.url, home=procs.home
+    )
+    assert known.returncode == 0 and "warning" not in known.stderr, known.stderr
     new_key = hypermedia("profiles", "create", "no-such-key", url=procs.url, home=procs.home)
     assert new_key.returncode == 2 and "give --type" in new_key.stderr, new_key.stderr
     nothing = hypermedia("jobs", "submit", "debug.sleep", "--profile", key, url=procs.url,
