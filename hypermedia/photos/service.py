@@ -358,8 +358,6 @@ class Photos:
     def delete(self, photo_id: str) -> None:
         """Remove the photo and its bindings; objects nothing else references
         become collectable by GC."""
-        # Finished variants first, so copies waiting for them still get them.
-        self._attach(photo_id)
         now = self.engine.clock()
         with self.db.tx() as tx:
             photo = tx.photo(photo_id, lock=True)
@@ -373,8 +371,8 @@ class Photos:
                 if (j := tx.job_by_idempotency_key(project_of(photo), variant_key(photo_id, role)))
             }
             jobs = list(by_role.values())
-            # Those that completed since the look above reach its copies too.
-            self._share_late(tx, photo_id, bindings, by_role)
+            # Finished variants first, so copies waiting for them still get them.
+            self._share_finished(tx, photo_id, bindings, by_role)
             # Only work still coming is handed over: variant jobs that all
             # ended (failed for good, say on a corrupt original) ran again
             # for the copy, charged again, to fail the same way.
@@ -386,18 +384,17 @@ class Photos:
             if pending is not None and coming:
                 self._hand_over(tx, photo, bindings, now)
 
-    def _share_late(self, tx: Any, photo_id: str, bindings: Rows, jobs: dict[str, Row]) -> None:
-        """Share with the copies the variants that completed after delete's
-        ``_attach`` looked and before its lock: every job had ended, so none
-        was handed over, and their outputs were retired with the photo."""
-        bound = {b["role"]: b["object_id"] for b in bindings}
-        original = bound.get("original")
+    def _share_finished(self, tx: Any, photo_id: str, bindings: Rows, jobs: dict[str, Row]) -> None:
+        """Share the deleted photo's completed variants with the copies that
+        lack them, under its lock: read before it (a separate look), a
+        variant completing in between was neither shared nor handed over,
+        and its output was retired with the photo."""
+        original = next((b["object_id"] for b in bindings if b["role"] == "original"), None)
         for role, job in jobs.items():
-            if original is None or job["status"] != "completed":
-                continue
-            made = tx.output_object(job["job_id"])
-            if made is not None and bound.get(role) != made:
-                self._share(tx, photo_id, original, role, made)
+            made = tx.output_object(job["job_id"]) if job["status"] == "completed" else None
+            if original is not None and made is not None:
+                with contextlib.suppress(HypermediaError):  # the output is gone: none to share
+                    self._share(tx, photo_id, original, role, made)
 
     def _stop(self, tx: Any, jobs: Rows) -> None:
         """Variants nobody will see: stop them (they also pin the original).

@@ -163,15 +163,9 @@ def _nested(path: str, scratch: str, limit: int, depth: int, budget: list[int]) 
     with box:  # opened once: a ZIP's directory read once
         try:
             _members(box, out, scratch, limit, depth, budget)
-        except _Spent:
-            out.unchecked = True
         except Exception:  # a tar cut or damaged past a member: clamd may read on
             out.unchecked = True
     return out
-
-
-class _Spent(Exception):
-    """Too deep, too many or too large to look into further."""
 
 
 def _members(
@@ -183,7 +177,8 @@ def _members(
             continue  # empty, or past what clamd reads (said by survey or by clamd)
         budget[1] -= 1
         if depth >= NESTED_DEPTH or budget[1] < 0 or size > budget[0]:
-            raise _Spent
+            out.unchecked = True  # too deep, too many or too large to look further
+            return
         try:
             with box.open(member) as head:
                 if _layer(head.read(_HEAD)) is None:
