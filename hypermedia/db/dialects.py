@@ -18,7 +18,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -77,9 +77,13 @@ def claim(
     n: int,
     now: datetime,
     lease_until: datetime,
+    only: Collection[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Claim up to ``n`` ready jobs for ``worker_id``: status, lease, attempt row, event."""
-    if dialect == "postgresql":
+    """Claim up to ``n`` ready jobs for ``worker_id``: status, lease, attempt
+    row, event.  ``only``: none but these jobs (a command's own worker)."""
+    if only is not None:
+        rows = _claim_only(conn, worker_id, queues, only, n, now, lease_until)
+    elif dialect == "postgresql":
         rows = claim_pg(conn, worker_id, queues, n, now, lease_until)
     else:
         # Paused queues read in the claim's transaction (PostgreSQL's claim
@@ -244,6 +248,44 @@ def _ready_ids(
             sel = sel.with_for_update(skip_locked=True)
         found += [(r.priority, r.job_id) for r in conn.execute(sel)]
     return [job_id for _, job_id in sorted(found)[:n]]
+
+
+def _claim_only(conn, worker_id, queues, only, n, now, lease_until):
+    # Off the hot path (``hypermedia process`` claims its own few jobs), so
+    # one portable form: lock the ready rows among ``only`` (SQLite: the
+    # write lock is held), update them by primary key, read them back.
+    queues = unpaused(conn, queues)
+    ids = sorted(set(only))
+    found: list[tuple[int, int]] = []
+    for i in range(0, len(ids) if queues else 0, 1000):  # bounded IN lists
+        sel = (
+            sa.select(J.c.priority, J.c.job_id)
+            .where(
+                J.c.job_id.in_(ids[i : i + 1000]),
+                J.c.status == "queued",
+                J.c.queue_name.in_(queues),
+                J.c.available_at <= now,
+            )
+            .order_by(J.c.priority, J.c.job_id)
+            .limit(n)
+        )
+        if conn.dialect.name != "sqlite":
+            sel = sel.with_for_update(skip_locked=True)
+        found += [(r.priority, r.job_id) for r in conn.execute(sel)]
+    picked = [job_id for _, job_id in sorted(found)[:n]]
+    if not picked:
+        return []
+    conn.execute(mysql_claim_update(picked).values(_claim_values(worker_id, now, lease_until)))
+    rows = [
+        dict(r._mapping)
+        for r in conn.execute(
+            sa.select(*CLAIM_COLUMNS).where(
+                J.c.job_id.in_(picked), J.c.claimed_by == worker_id, J.c.status == "claimed"
+            )
+        )
+    ]
+    _record_claims(conn, rows, worker_id, now)
+    return rows
 
 
 def _claim_mysql(conn, worker_id, queues, n, now, lease_until):

@@ -6,7 +6,7 @@ out, every status change guarded by the statuses it may start from.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -383,9 +383,15 @@ class Tx(
         return self._rows_by_ids(shape, build, ids, worker=worker_id)
 
     def claim(
-        self, worker_id: str, queues: Sequence[str], n: int, now: datetime, lease_until: datetime
+        self,
+        worker_id: str,
+        queues: Sequence[str],
+        n: int,
+        now: datetime,
+        lease_until: datetime,
+        only: Collection[int] | None = None,
     ) -> list[Row]:
-        return dialects.claim(self.conn, self.dialect, worker_id, queues, n, now, lease_until)
+        return dialects.claim(self.conn, self.dialect, worker_id, queues, n, now, lease_until, only)
 
     def apply_transitions(
         self,
@@ -451,14 +457,6 @@ class Tx(
             J.c.claimed_by == worker_id, J.c.status == "claimed"
         )
         return [(r.job_id, r.attempt_count) for r in self.conn.execute(q)]
-
-    def queued_among(self, job_ids: Sequence[int]) -> int:
-        """How many of ``job_ids`` are queued (by primary key, in chunks)."""
-        ids, n = sorted(set(job_ids)), 0
-        for i in range(0, len(ids), 1000):
-            q = sa.select(J.c.status).where(J.c.job_id.in_(ids[i : i + 1000]))
-            n += sum(1 for r in self.conn.execute(q) if r.status == "queued")
-        return n
 
     def statuses_of(self, worker_id: str, items: Sequence[tuple[int, int]]) -> dict[int, str]:
         """Current status of the jobs a worker runs, or absent if no longer its attempt."""

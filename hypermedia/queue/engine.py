@@ -63,12 +63,16 @@ class Engine(Enqueuing, UserActions):
 
     # -- worker side -----------------------------------------------------------
 
-    def claim(self, worker_id: str, queues: Sequence[str], n: int) -> list[Claimed]:
-        """Take up to ``n`` ready jobs: status, lease and attempt row in one transaction."""
+    def claim(
+        self, worker_id: str, queues: Sequence[str], n: int, only: Collection[int] | None = None
+    ) -> list[Claimed]:
+        """Take up to ``n`` ready jobs (``only``: of these): status, lease and
+        attempt row in one transaction."""
         if n <= 0 or not queues:
             return []
-        with self.db.auto() as tx:
-            return self._claim(tx, worker_id, queues, n)
+        # Restricted, the claim is several statements: a transaction of its own.
+        with self.db.auto() if only is None else self.db.tx() as tx:
+            return self._claim(tx, worker_id, queues, n, only)
 
     def prime(self, worker_id: str, queues: Sequence[str], n: int) -> None:
         """Compile what a claim and its completions execute, before the first
@@ -87,10 +91,18 @@ class Engine(Enqueuing, UserActions):
         except _DryRun:
             pass
 
-    def _claim(self, tx: Any, worker_id: str, queues: Sequence[str], n: int) -> list[Claimed]:
+    def _claim(
+        self,
+        tx: Any,
+        worker_id: str,
+        queues: Sequence[str],
+        n: int,
+        only: Collection[int] | None = None,
+    ) -> list[Claimed]:
         # The driver writes the attempt rows and claim events too: on
         # PostgreSQL all of it is a single statement.
-        return self._claimed_jobs(tx, tx.claim(worker_id, list(queues), n, *self._lease()))
+        rows = tx.claim(worker_id, list(queues), n, *self._lease(), only=only)
+        return self._claimed_jobs(tx, rows)
 
     def _lease(self) -> tuple[datetime, datetime]:
         """Now, and when a lease taken now runs out."""
@@ -164,20 +176,22 @@ class Engine(Enqueuing, UserActions):
         queues: Sequence[str],
         n: int,
         held: Mapping[int, Row] | None = None,
+        only: Collection[int] | None = None,
     ) -> tuple[set[int], list[Claimed]]:
-        """``flush``, then ``claim`` up to ``n`` jobs, in one transaction.
+        """``flush``, then ``claim`` up to ``n`` jobs (``only``: of these), in
+        one transaction.
 
         One commit per batch instead of two: on SQLite also one taking of the
         write lock, and no claim loop and flusher waiting on each other's
         lock; on PostgreSQL one statement for the results and the claim.
         """
-        if self.db.autocommit:
+        if self.db.autocommit and only is None:
             return self._flush_optimistic(worker_id, starts, results, held, (queues, n))
         with self.db.tx() as tx:
             if starts:
                 self._start(tx, worker_id, starts)
             accepted = self._settle(tx, worker_id, results)
-            return accepted, self._claim(tx, worker_id, queues, n)
+            return accepted, self._claim(tx, worker_id, queues, n, only)
 
     def _flush_optimistic(
         self,
@@ -570,10 +584,6 @@ class Engine(Enqueuing, UserActions):
             tx.insert_events(events)
             tx.trim_history([r["_id"] for r in rows], DIAGNOSTIC_HISTORY)
         return len(rows)
-
-    def queued_among(self, job_ids: Sequence[int]) -> int:
-        with self.db.read() as tx:
-            return int(tx.queued_among(job_ids))
 
     def poll_statuses(self, worker_id: str, items: Sequence[tuple[int, int]]) -> dict[int, str]:
         """Read-only variant of ``renew`` used for the frequent cancel check."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from hypermedia import said
@@ -57,8 +57,8 @@ PROGRESS_DELAY = 0.5
 
 
 class _ClaimRequest:
-    def __init__(self, queues: list[str], n: int) -> None:
-        self.queues, self.n = queues, n
+    def __init__(self, queues: list[str], n: int, only: Collection[int] | None) -> None:
+        self.queues, self.n, self.only = queues, n, only
         self.done = threading.Event()
         self.jobs: list[Claimed] = []
         self.error: BaseException | None = None
@@ -132,13 +132,16 @@ class Flusher(threading.Thread):
             self._progress[(job_id, attempt)] = payload
             self._cond.notify()
 
-    def claim(self, queues: list[str], n: int) -> list[Claimed]:
-        """Claim up to ``n`` jobs in the next transaction (waits for it).
+    def claim(
+        self, queues: list[str], n: int, only: Collection[int] | None = None
+    ) -> list[Claimed]:
+        """Claim up to ``n`` jobs (``only``: of these) in the next transaction
+        (waits for it).
 
         Raises what the transaction raised: the caller backs off as after a
         failed claim of its own.
         """
-        req = _ClaimRequest(queues, n)
+        req = _ClaimRequest(queues, n, only)
         with self._cond:
             if self._closing or not self.is_alive():
                 return []
@@ -335,7 +338,7 @@ class Flusher(threading.Thread):
         held = self._held_rows(results)
         if claim is not None:
             accepted, claim.jobs = self.engine.flush_and_claim(
-                self.worker_id, starts, results, claim.queues, claim.n, held
+                self.worker_id, starts, results, claim.queues, claim.n, held, only=claim.only
             )
             claim.done.set()
         elif starts or results:

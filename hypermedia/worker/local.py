@@ -31,9 +31,9 @@ class LocalWorker:
     ) -> None:
         # No availability report: its command says what matters to it (process
         # warns about its profile), not every job type of the queues it serves.
-        # It claims no more jobs than its command's still queued: a slot freed
-        # as the command's last job ended took another job of the queue, which
-        # the command's stop then cut short at DRAIN_SECONDS and charged (three
+        # It claims its command's jobs only: a stranger's job of the same
+        # queue, taken by a slot freed early or queued ahead of them, was cut
+        # short by the command's stop at DRAIN_SECONDS and charged (three
         # `process` runs failed a stranger's long job for good).
         self.worker = Worker(
             engine,
@@ -41,7 +41,7 @@ class LocalWorker:
             concurrency=concurrency,
             job_types=[],
             worker_id=f"{TEMPORARY}{new_worker_id()}",
-            claim_limit=lambda: engine.queued_among(job_ids),
+            only_jobs=job_ids,
         )
         self._thread = threading.Thread(target=self._run, name="local-worker", daemon=True)
         self._leader = Leader(engine, self.worker.worker_id, self.worker.stopped)

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from hypermedia import said
@@ -60,7 +60,7 @@ class Worker:
         burst: bool = False,
         worker_id: str | None = None,
         job_types: Sequence[str] | None = None,
-        claim_limit: Callable[[], int] | None = None,
+        only_jobs: Collection[int] | None = None,
     ) -> None:
         self.engine = engine
         self.settings = engine.settings
@@ -73,9 +73,9 @@ class Worker:
         # Those whose availability it reports at start (default: its queues').
         self.job_types = list(job_types) if job_types is not None else None
         self.worker_id = worker_id or new_worker_id()
-        # At most this many jobs a claim (worker/local.py: those of its
-        # command still queued), asked before each claim.
-        self.claim_limit = claim_limit
+        # None but these jobs (worker/local.py: its command's), whatever else
+        # is queued ahead of them in its queues.
+        self.only_jobs = frozenset(only_jobs) if only_jobs is not None else None
         self.sandbox, self.connect_ports = sandbox_settings(self.settings)
         self.stats = Stats()
         self.flusher = Flusher(
@@ -293,18 +293,14 @@ class Worker:
             self.wake.clear()
 
     def _claim(self, n: int) -> int:
-        if self.claim_limit is not None:
-            n = min(n, self.claim_limit())
-            if n <= 0:
-                return 0
         queues = self._claimable()
         if not queues:
             jobs = []
         elif self.engine.db.single_writer:
             # With the flusher's next results: one commit for both (flusher.py).
-            jobs = self.flusher.claim(queues, n)
+            jobs = self.flusher.claim(queues, n, self.only_jobs)
         else:
-            jobs = self.engine.claim(self.worker_id, queues, n)
+            jobs = self.engine.claim(self.worker_id, queues, n, self.only_jobs)
         for job in jobs:
             rj = Running(job)
             if self.stager is not None:

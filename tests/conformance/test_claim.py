@@ -216,3 +216,62 @@ def test_a_claim_carries_its_inputs_rows_when_they_are_ready(engine, driver, sto
         }
     assert got[no_input].input_object is None
     assert got[late].input_object is None  # the worker looks it up, and refuses it
+
+
+def test_a_claim_restricted_to_some_jobs_takes_none_other(engine, driver, clock):
+    """A command's own worker (``process``) claims its jobs only: a stranger's
+    job queued ahead of them (more urgent, older) was taken first, run, and
+    cut short when the command stopped."""
+    stranger = new_job(engine, priority=1)
+    mine = [new_job(engine, priority=p) for p in (9, 5, 7)]
+    other_queue = new_job(engine, queue="images")
+    later = new_job(engine, run_at=clock.now + timedelta(seconds=60))
+    only = [*mine, other_queue, later]
+    got = engine.claim(W1, ["bulk"], 2, only=only)
+    assert [c.job_id for c in got] == [mine[1], mine[2]]  # by priority, n respected
+    assert [(a["attempt_number"], a["worker_id"]) for a in attempts(driver, mine[1])] == [(1, W1)]
+    assert events(driver, mine[1])[-1]["to_status"] == "claimed"
+    assert [c.job_id for c in engine.claim(W1, ["bulk"], 10, only=only)] == [mine[0]]
+    assert engine.claim(W1, ["bulk"], 10, only=only) == []  # not the stranger, not later
+    assert (status_of(driver, stranger), status_of(driver, later)) == ("queued", "queued")
+    assert status_of(driver, other_queue) == "queued"  # its queue was not asked for
+    assert engine.claim(W1, ["bulk", "images"], 10, only=[stranger + 10_000]) == []
+
+
+def test_a_restricted_claim_leaves_paused_queues_alone(engine, driver):
+    from hypermedia.queue.queues import Queues
+
+    mine = new_job(engine)
+    Queues(engine).pause("bulk")
+    assert engine.claim(W1, ["bulk"], 10, only=[mine]) == []
+    Queues(engine).resume("bulk")
+    assert [c.job_id for c in engine.claim(W1, ["bulk"], 10, only=[mine])] == [mine]
+
+
+def test_restricted_claimers_never_share_a_job(engine, database_url, settings, clock):
+    """Two claimers given the same jobs: each job once (row locks, SKIP LOCKED)."""
+    ids = engine.enqueue_many([NewJob("debug.noop") for _ in range(60)])
+    drivers = [Driver(database_url) for _ in range(2)]
+    got: list[list[int]] = [[], []]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def claimer(i: int) -> None:
+        eng = Engine(drivers[i], settings, clock=clock)
+        try:
+            barrier.wait()
+            while batch := eng.claim(f"t{i}", ["bulk"], 3, only=ids):
+                got[i].extend(c.job_id for c in batch)
+        except BaseException as exc:  # surfaced in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for d in drivers:
+        d.dispose()
+    assert not errors, errors
+    flat = got[0] + got[1]
+    assert sorted(flat) == sorted(ids), "a job was claimed twice, or lost"

@@ -383,6 +383,31 @@ def test_process_starts_no_other_job_once_its_own_are_claimed(tmp_path: Path) ->
         assert (shown["status"], shown["attempt_count"]) == ("queued", 0), shown
 
 
+def test_process_leaves_a_stranger_queued_ahead_of_its_jobs(tmp_path: Path) -> None:
+    """A stranger's job more urgent than the command's was claimed first (the
+    claim counted the command's queued jobs, not which): run, then cut short
+    at the command's stop and charged."""
+    home, a = tmp_path / "home", tmp_path / "a.bin"
+    a.write_bytes(b"x")
+    assert hypermedia("db", "upgrade", url="", home=home).returncode == 0
+    sub = hypermedia(
+        "jobs", "submit", "debug.sleep", "--params", '{"ms": 60000}', "--priority", "1",
+        "--json", url="", home=home,
+    )  # fmt: skip
+    (stranger,) = json.loads(sub.stdout)["job_ids"]
+    started = time.monotonic()
+    done = hypermedia(
+        "process", str(a), "--profile", "debug-noop", "-c", "2", "--priority", "9",
+        "--out", str(tmp_path / "o"), url="", home=home, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 25  # no stranger's attempt to drain
+    shown = json.loads(
+        hypermedia("jobs", "show", str(stranger), "--json", url="", home=home).stdout
+    )
+    assert (shown["status"], shown["attempt_count"]) == ("queued", 0), shown
+
+
 def test_a_data_only_job_shows_its_result(tmp_path: Path) -> None:
     """A duplicate check writes no file: what it found is the record's result."""
     home, a, b = tmp_path / "home", tmp_path / "a.png", tmp_path / "b.png"
@@ -772,41 +797,29 @@ def test_ctrl_c_while_outputs_are_written_still_reports_every_input(
 
 
 @sqlite_only
-def test_ctrl_c_while_its_worker_drains_an_older_job_still_reports_and_writes(
+def test_an_older_job_left_by_an_earlier_run_waits_for_a_worker(
     procs: Procs, tmp_path: Path
 ) -> None:
-    """This run's job was done, its worker draining an older one it had taken
-    up (left by an earlier interrupted `process`): Ctrl-C then exited 130 with
-    nothing said or written, the older job `processing` for minutes."""
+    """The job of an earlier `process` that stopped waiting is a stranger's to
+    this run: its worker ran it ahead of its own (FIFO), and Ctrl-C or the
+    run's end cut it short.  It is left queued now, for a worker."""
     procs.cli("profiles", "create", "nap", "--type", "debug.sleep", "--settings", "{}")
     src = tmp_path / "a.bin"
     src.write_bytes(b"some bytes")
-    slow = {"HYPERMEDIA_BACKOFF_BASE_SECONDS": "30", "HYPERMEDIA_BACKOFF_MAX_SECONDS": "60"}
     left = hypermedia(
         "process", str(src), "--profile", "nap", "--params", '{"ms": 60000}',
         "--no-run-here", "--wait-timeout", "0", url=procs.url, home=procs.home,
     )  # fmt: skip
     assert left.returncode == 1, left.stderr
     out = tmp_path / "out"
-    run = Run(
-        procs, str(src), "--profile", "debug-copy", "--out", str(out), "-c", "2", "--json", **slow
-    )
-    eventually(
-        lambda: (
-            sorted(procs.query("SELECT status FROM processing_jobs"))
-            == [("completed",), ("processing",)]
-        ),
-        60,
-        "this run's job done, the older one running in its worker",
-    )
-    run.proc.send_signal(signal.SIGINT)
-    assert run.wait(30) == 0, tail(run.err)
+    run = Run(procs, str(src), "--profile", "debug-copy", "--out", str(out), "-c", "2", "--json")
+    assert run.wait(60) == 0, tail(run.err)
     [record] = run.records()
     assert record["status"] == "completed" and len(record["outputs"]) == 1
     assert (out / Path(record["outputs"][0]).name).read_bytes() == b"some bytes"
-    assert sorted(procs.query("SELECT status FROM processing_jobs")) == [
-        ("completed",),
-        ("retry_wait",),  # the older job, stopped at once: retried
+    assert sorted(procs.query("SELECT status, attempt_count FROM processing_jobs")) == [
+        ("completed", 1),
+        ("queued", 0),  # the older job, never taken
     ]
 
 

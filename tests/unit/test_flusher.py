@@ -51,7 +51,14 @@ class Recorder:
         return len(reports)
 
     def flush_and_claim(
-        self, worker_id: str, starts: Any, results: Any, queues: list[str], n: int, held: Any = None
+        self,
+        worker_id: str,
+        starts: Any,
+        results: Any,
+        queues: list[str],
+        n: int,
+        held: Any = None,
+        only: Any = None,
     ) -> tuple[set[int], list[Any]]:
         accepted = self.flush(worker_id, starts, results, held)
         self.claims.append((list(queues), n, [r.job_id for r in results]))
