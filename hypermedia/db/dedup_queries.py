@@ -41,6 +41,14 @@ class DedupQueries:
             q = ins.on_duplicate_key_update(hash=OH.c.hash)
         self.conn.execute(q)
 
+    def drop_object_hashes(self, object_id: int, algorithm: str, value: str) -> None:
+        """Forget the object's hashes of ``algorithm`` equal to ``value`` (every version)."""
+        self.conn.execute(
+            sa.delete(OH).where(
+                OH.c.object_id == object_id, OH.c.algorithm == algorithm, OH.c.hash == value
+            )
+        )
+
     def object_hash(self, object_id: int, algorithm: str, version: str) -> str | None:
         q = sa.select(OH.c.hash).where(
             OH.c.object_id == object_id, OH.c.algorithm == algorithm, OH.c.version == version

@@ -30,8 +30,10 @@ pixel (x + 1, y).  Resizing and re-encoding move few bits; another picture
 differs in about half of them.  A hash is stored with its algorithm
 (``dhash64``) and version (``dhash64/pyvips-<libvips version>/2``): hashes
 compare only within one version, since another libvips may shrink a little
-differently.  Non-images (and images that cannot be decoded safely) get no
-perceptual hash; their exact duplicates are still found.
+differently.  Non-images, images that cannot be decoded safely, and
+pictures without a change of brightness from left to right (every bit a
+tie: a blank page, a flat colour) get no perceptual hash; their exact
+duplicates are still found.
 
 Near duplicates are found by reading the project's hashes and counting bits
 in Python: one pass over the project per check, fine for tens of thousands of
@@ -56,6 +58,8 @@ ALGORITHM = "dhash64"
 # (1 shrank before turning, and EXIF-rotated copies hashed apart).
 FORMAT_VERSION = 2
 UPRIGHT_SIDE = 256  # the box of the first, upright shrink
+_LEVEL = {"uchar": 1.0, "ushort": 257.0}  # one 8-bit level in the pixel format's range
+UNIFORM = "the picture is uniform from left to right: a perceptual hash cannot tell it apart"
 MAX_LISTED = 1000  # per list in a result; "truncated" says when there were more
 
 SCHEMA: S.Schema = {
@@ -86,8 +90,9 @@ def version(vips: Any) -> str:
     return f"{ALGORITHM}/pyvips-{libvips}/{FORMAT_VERSION}"
 
 
-def dhash(vips: Any, path: str, max_pixels: int) -> str:
-    """The 64-bit dHash of the image at ``path`` as 16 hex digits (see the module doc)."""
+def dhash(vips: Any, path: str, max_pixels: int) -> str | None:
+    """The 64-bit dHash of the image at ``path`` as 16 hex digits (see the
+    module doc), or None for a picture too uniform to hash."""
     header = image._check_input(vips, path, max_pixels)
     try:
         # Upright first, small last: shrunk straight to 9 x 8, the picture was
@@ -107,6 +112,12 @@ def dhash(vips: Any, path: str, max_pixels: int) -> str:
     pixels = memoryview(raw).cast("d")
     if grey.width != 9 or grey.height != 8 or len(pixels) != 72:
         raise JobError("CORRUPT_INPUT", "the image could not be reduced for hashing")
+    # Every neighbour within a level (of 255) of the next: each bit is a tie
+    # or noise, and the hash all zeros, so a white page, a black one and a
+    # dark-to-light gradient were near duplicates of one another at distance 0.
+    tie = _LEVEL.get(small.format, 1 / 255) * 1.5
+    if all(abs(pixels[i] - pixels[i + 1]) <= tie for i in range(72) if i % 9 != 8):
+        return None
     bits = 0
     for y in range(8):
         row = pixels[9 * y : 9 * y + 9]
@@ -159,7 +170,10 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         try:
             max_pixels = int(params.get("max_pixels", image.DEFAULT_MAX_PIXELS))
             out["hash"] = dhash(vips, ctx.input_path, max_pixels)
-            out["algorithm"], out["version"] = ALGORITHM, version(vips)
+            if out["hash"] is None:
+                out["near_skipped"] = UNIFORM
+            else:
+                out["algorithm"], out["version"] = ALGORITHM, version(vips)
         except JobError as exc:  # a damaged or oversized image: exact duplicates only
             out["near_skipped"] = exc.reason
     ctx.progress(90, "hashed")
@@ -226,7 +240,11 @@ def _finish(ctx: FinishContext) -> dict[str, Any]:
             if mine["checksums"].get(cs.algorithm_of(recorded), recorded) != recorded:
                 raise JobError("CORRUPT_INPUT", "the input does not match its checksum")
             project = obj["project_id"]
-            if mine["hash"] is not None:
+            if mine["near_skipped"] == UNIFORM:
+                # The zeros an earlier check stored for it matched every
+                # uniform picture and gradient: gone once it is checked again.
+                tx.drop_object_hashes(job.object_id, ALGORITHM, "0" * 16)
+            elif mine["hash"] is not None:
                 tx.store_object_hash(
                     {
                         "object_id": job.object_id,
