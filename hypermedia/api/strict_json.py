@@ -1,4 +1,4 @@
-"""JSON request bodies read with each key once.
+"""API routes: JSON request bodies read with each key once, HEAD as GET.
 
 Starlette's ``Request.json()`` keeps the last of two equal keys, as Python
 does; a proxy, a WAF or a log reader in front may keep the first, so
@@ -15,6 +15,8 @@ from typing import Any
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
+from starlette.routing import Match
+from starlette.types import Receive, Scope, Send
 
 from hypermedia.parse import DuplicateKey, json_unique
 
@@ -32,11 +34,45 @@ class _Request(Request):
         return self._json
 
 
+HEAD_KEY = "hypermedia.head"  # in a request's scope: a HEAD, run as its GET
+
+
+def is_head(request: Request) -> bool:
+    """Whether the request is a HEAD (which its GET route runs as a GET)."""
+    return request.method == "HEAD" or bool(request.scope.get(HEAD_KEY))
+
+
 class StrictJSONRoute(APIRoute):
+    """Also: a GET route answers HEAD (RFC 9110 §9.3.2), with the GET's status
+    and headers, Content-Length included, and no body (``curl -I`` of a job
+    was a 405).  A route whose GET streams (a download, a job's events) asks
+    ``is_head`` itself, before it opens anything.
+
+    Not by listing HEAD in ``methods``: each listed method is an operation of
+    the OpenAPI document, and HEAD would double every GET in it."""
+
+    def _answers_head(self, scope: Scope) -> bool:
+        return scope.get("method") == "HEAD" and "GET" in (self.methods or ())
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if self._answers_head(scope):
+            return super().matches({**scope, "method": "GET"})
+        return super().matches(scope)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._answers_head(scope):
+            scope = {**scope, "method": "GET", HEAD_KEY: True}
+        await super().handle(scope, receive, send)
+
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def strict(request: Request) -> Response:
-            return await handler(_Request(request.scope, request.receive))
+            response = await handler(_Request(request.scope, request.receive))
+            if not request.scope.get(HEAD_KEY):
+                return response
+            head = Response(status_code=response.status_code)
+            head.raw_headers = list(response.raw_headers)
+            return head
 
         return strict

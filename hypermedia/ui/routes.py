@@ -26,7 +26,13 @@ from hypermedia.api.deps import (
     shown,
 )
 from hypermedia.api.errors import ApiError, error_response
-from hypermedia.api.routes.jobs import check_owner, owned_job, public_job, sse_response
+from hypermedia.api.routes.jobs import (
+    SSE_HEADERS,
+    check_owner,
+    owned_job,
+    public_job,
+    sse_response,
+)
 from hypermedia.api.routes.objects import receive_upload
 from hypermedia.auth.tokens import Principal
 from hypermedia.errors import InvalidRequest, NotFound, Unauthorized
@@ -392,8 +398,7 @@ async def job_stream(
     ident = _id(job_id, "job")
     await run_in_threadpool(check_owner, svc, ident, principal)
     if request.method == "HEAD":  # headers only: no stream opened (each is counted)
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return Response(media_type="text/event-stream", headers=headers)
+        return Response(media_type="text/event-stream", headers=dict(SSE_HEADERS))
     return sse_response(svc, request, principal, ident, after, last_event_id)
 
 

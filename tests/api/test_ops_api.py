@@ -408,9 +408,9 @@ def test_readiness_probes_of_a_hung_store_share_one_check(
 def test_a_405_names_every_method_its_path_takes(client: TestClient, a: Project) -> None:
     """``PUT /v1/jobs`` said ``Allow: POST`` (the first route's methods only)."""
     for method, path, allow in (
-        ("PUT", "/v1/jobs", "GET, POST"),
-        ("PUT", "/v1/photos/x", "DELETE, GET, PATCH"),
-        ("DELETE", "/v1/objects", "GET, POST"),
+        ("PUT", "/v1/jobs", "GET, HEAD, POST"),
+        ("PUT", "/v1/photos/x", "DELETE, GET, HEAD, PATCH"),
+        ("DELETE", "/v1/objects", "GET, HEAD, POST"),
         ("POST", "/healthz", "GET, HEAD"),
     ):
         r = client.request(method, path, headers=bearer(a.admin))

@@ -73,3 +73,45 @@ def test_readiness_says_stopping_while_serve_drains(tmp_path: Path) -> None:
             stop(server, signal.SIGKILL)
     log = (tmp_path / "serve.log").read_text()
     assert "Traceback" not in log, log[-2000:]
+
+
+def test_head_answers_as_get_without_a_body_and_opens_no_stream(tmp_path: Path) -> None:
+    """HEAD of an API resource was a 405 (`curl -I`). It answers the GET's
+    status and headers now, on a connection that stays usable, and a HEAD of
+    a job's event stream does not take one of the token's stream slots."""
+    home = tmp_path / "home"
+    server, base = start_serve(tmp_path, home, HYPERMEDIA_API_MAX_STREAMS="2")
+    try:
+        token = (home / "admin-token").read_text().strip()
+        status, made = http_json(
+            f"{base}/v1/jobs", {"job_type": "debug.noop", "queue": "nobody"}, token
+        )
+        assert status == 201, made
+        job = f"/v1/jobs/{made['job_id']}"
+        auth = {"Authorization": f"Bearer {token}"}
+        conn = http.client.HTTPConnection(base.removeprefix("http://"), timeout=30)
+        conn.request("GET", job, headers=auth)
+        got = conn.getresponse()
+        body = got.read()
+        for _ in range(4):  # more than the stream slots: none is kept
+            conn.request("HEAD", f"{job}/events", headers={**auth, "Accept": "text/event-stream"})
+            head = conn.getresponse()
+            assert head.status == 200 and head.getheader("content-type", "").startswith(
+                "text/event-stream"
+            )
+            assert head.read() == b""
+        conn.request("HEAD", job, headers=auth)
+        head = conn.getresponse()
+        assert (head.status, head.read()) == (200, b"")
+        assert head.getheader("content-length") == str(len(body))
+        conn.request("HEAD", "/v1/jobs/999999", headers=auth)
+        missing = conn.getresponse()
+        assert (missing.status, missing.read()) == (404, b"")
+        conn.request("GET", f"{job}/events", headers={**auth, "Accept": "text/event-stream"})
+        stream = conn.getresponse()
+        assert stream.status == 200, stream.read()
+        assert stream.readline().startswith(b"retry:")
+        conn.close()
+    finally:
+        stop(server, signal.SIGKILL)
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()

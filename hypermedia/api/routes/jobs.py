@@ -12,14 +12,14 @@ import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from hypermedia.api.deps import Id, Whole, check_may_run, owned, scoped, services, shown
 from hypermedia.api.paging import decode_cursor, page
-from hypermedia.api.strict_json import StrictJSONRoute
+from hypermedia.api.strict_json import StrictJSONRoute, is_head
 from hypermedia.auth.tokens import Principal
 from hypermedia.db.dialects import is_transient
 from hypermedia.errors import InvalidRequest, NotFound
@@ -236,7 +236,12 @@ async def job_events(
     if not wants_stream(request.headers.get("accept", "")):
         _, events = await run_in_threadpool(svc.engine.events_since, job_id, after)
         return {"items": events}
+    if is_head(request):  # headers only: no stream opened (each is counted)
+        return Response(media_type="text/event-stream", headers=dict(SSE_HEADERS))
     return sse_response(svc, request, principal, job_id, after, last_event_id)
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def sse_response(
@@ -258,7 +263,7 @@ def sse_response(
     return _CountedStream(
         event_stream(svc, request, principal, job_id, after),
         media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        headers=dict(SSE_HEADERS),
         release=lambda: streams.close(principal.token_id),
     )
 

@@ -35,7 +35,7 @@ from hypermedia.api.errors import ApiError
 from hypermedia.api.openapi import upload_body
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.api.ranges import RangeNotSatisfiable, byte_range, etag
-from hypermedia.api.strict_json import StrictJSONRoute
+from hypermedia.api.strict_json import StrictJSONRoute, is_head
 from hypermedia.auth.tokens import Principal
 from hypermedia.config import Settings
 from hypermedia.db.schema_storage import OBJECT_STATES
@@ -457,7 +457,7 @@ async def object_content(
     if len(sig) > 128 or not await run_in_threadpool(st.check_signature, object_id, at, sig):
         raise Forbidden("invalid or expired link")
     stack = contextlib.ExitStack()
-    head = request.method == "HEAD"  # the headers only: the blob is not read
+    head = is_head(request)  # the headers only: the blob is not read
     try:
         row, part, src, first = await run_in_threadpool(
             _start, st, object_id, stack, request.headers, not head
@@ -503,10 +503,6 @@ async def object_content(
     )
 
 
-# HEAD answers the download's headers (a route of its own, out of the schema).
-router.add_api_route(
-    "/{object_id}/content", object_content, methods=["HEAD"], include_in_schema=False
-)
 CORRUPT = "the object's stored bytes do not match its checksum; quote the request id"
 MISSING = "the object's stored bytes are missing; quote the request id"
 

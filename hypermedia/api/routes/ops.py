@@ -101,12 +101,6 @@ def _probes(request: Request) -> dict[str, _Probe]:
     return cast(dict[str, _Probe], state.readiness)
 
 
-# HEAD as well: load balancers probe with it, and HTTP asks it of every GET.
-# Routes of their own, out of the OpenAPI document (one operation id per route).
-for _path, _probe in (("/healthz", healthz), ("/readyz", readyz)):
-    router.add_api_route(_path, _probe, methods=["HEAD"], include_in_schema=False)
-
-
 def _database(db: Driver) -> str:
     """The database's readiness: ok, unreachable, refused (it answers but
     refuses the URL's user or database: no migration will fix that), or not
