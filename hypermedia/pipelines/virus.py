@@ -63,6 +63,13 @@ STREAM_LIMIT = (
     "clamd scanned none of it)"
 )
 ENCRYPTED_HEURISTIC = "Heuristics.Encrypted."
+# Without libclamunrar clamd reads a RAR's bytes as they are: its members are
+# never unpacked, so no hash signature (most of a signature database) can
+# match one, and a stored EICAR in a RAR was OK, called clean.
+RAR_UNOPENED = (
+    "a RAR archive is in it: clamd unpacks RAR only with libclamunrar "
+    "(the profile does not say clamd_unpacks_rar), so its members were not scanned"
+)
 UNIX_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes, the last one a NUL
 
 SCHEMA: S.Schema = {
@@ -96,6 +103,13 @@ SCHEMA: S.Schema = {
         4 * 1024**3,
         overridable=False,
         doc="clamd.conf's MaxFileSize: a ZIP member larger than this is not_fully_scanned",
+    ),
+    "clamd_unpacks_rar": S.Field(
+        bool,
+        False,
+        overridable=False,
+        doc="clamd has libclamunrar (non-free, not in Debian main): without it a RAR's "
+        "members are not unpacked, and a RAR is not_fully_scanned",
     ),
 }
 
@@ -354,7 +368,10 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     result, signature, reason = verdict(reply, sent, size, max_bytes)
     if result == "clean":
         limit = int(params.get("clamd_max_file_size", SCHEMA["clamd_max_file_size"].default))
-        reason = _zip_reason(zipsizes.survey_nested(ctx.input_path, ctx.scratch, limit), limit)
+        survey = zipsizes.survey_nested(ctx.input_path, ctx.scratch, limit)
+        reason = _zip_reason(survey, limit)
+        if reason is None and survey.rar and not params.get("clamd_unpacks_rar", False):
+            reason = RAR_UNOPENED
         if reason is not None:
             result = "not_fully_scanned"
     ctx.progress(100, result)

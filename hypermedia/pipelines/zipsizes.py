@@ -10,7 +10,8 @@ the encryption flag of each, and whether the file is a ZIP whose members
 only local headers show.  ``survey`` decompresses nothing (the file is read
 once, in chunks, plus a few small reads); ``survey_nested`` unpacks the
 layers clamd would (ZIP and tar members, gzip, bzip2 and xz streams) to
-survey the ZIPs inside them too.
+survey the ZIPs inside them too, and notes a RAR archive in any of them
+(without the non-free libclamunrar, Debian's clamd does not unpack RAR).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 LOCAL = b"PK\x03\x04"
+RAR = b"Rar!\x1a\x07"
 # signature, version, flags, method, time, date, crc, compressed, size, name, extra
 _HEADER = struct.Struct("<4sHHHHHIIIHH")
 # Methods the ZIP note (APPNOTE 4.4.5) assigns; a match with another is a chance
@@ -54,6 +56,7 @@ class Survey:
     unchecked: bool = False  # ZIPs inside it too many, too large or too deep to survey
     unsized: bool = False  # a ZIP inside it has a member of UNKNOWN size
     overflowed: bool = False  # a compressed stream in it unpacks past clamd's MaxFileSize
+    rar: bool = False  # a RAR archive in it (clamd unpacks RAR only with libclamunrar)
 
     def add(self, inner: Survey) -> None:
         """What a ZIP inside this one declares, counted as this one's (the
@@ -64,6 +67,7 @@ class Survey:
         self.hidden |= inner.hidden
         self.unchecked |= inner.unchecked
         self.overflowed |= inner.overflowed
+        self.rar |= inner.rar
 
 
 def survey(path: str) -> Survey:
@@ -136,6 +140,8 @@ def _layer(head: bytes) -> str | None:
     """The kind of container ``head`` (a file's first bytes) starts, if clamd unpacks it."""
     if head.startswith(LOCAL):
         return "zip"
+    if head.startswith(RAR):  # RAR 1.5-4.x and 5.0 alike
+        return "rar"
     if head[257:262] == b"ustar":  # POSIX and GNU tar
         return "tar"
     return next((kind for kind, magic in _STREAMS.items() if head.startswith(magic)), None)
@@ -153,6 +159,9 @@ def _nested(path: str, scratch: str, limit: int, depth: int, budget: list[int]) 
     out = survey(path)
     with open(path, "rb") as f:
         kind = _layer(f.read(_HEAD))
+    if kind == "rar":  # not opened here: whether clamd could is the profile's to say
+        out.rar = True
+        return out
     if kind in _STREAMS:
         _stream(path, kind, out, scratch, limit, depth, budget)
         return out
@@ -181,8 +190,12 @@ def _members(
             return
         try:
             with box.open(member) as head:
-                if _layer(head.read(_HEAD)) is None:
-                    continue
+                kind = _layer(head.read(_HEAD))
+            if kind is None:
+                continue
+            if kind == "rar":  # known by its start: nothing to unpack
+                out.rar = True
+                continue
             budget[0] -= size
             inner = _unpacked(functools.partial(box.open, member), scratch, size)
         except Exception:  # not read whole (a bad CRC, a size that lies, a method

@@ -13,11 +13,13 @@ import gzip
 import io
 import os
 import socket
+import struct
 import tarfile
 import threading
 import time
 import uuid
 import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -216,6 +218,59 @@ def test_a_zip_in_a_gzip_a_tar_or_a_stored_zip_is_surveyed_too(
     result, _ = _scan(tmp_path, gzip.compress(_zip(MARKER)), settings)
     assert (result["verdict"], result["signature"]) == ("infected", f"{MARKER_NAME}.UNOFFICIAL")
     assert not list(tmp_path.glob("tmp*.layer"))  # what was unpacked to look is gone
+
+
+def _rar(member: bytes, name: bytes = b"member.bin") -> bytes:
+    """A RAR 4 archive holding ``member`` stored (method 0x30): no RAR tool
+    is needed to write one, and clamd reads it as any RAR."""
+
+    def block(kind: int, flags: int, fields: bytes) -> bytes:
+        head = struct.pack("<BHH", kind, flags, 7 + len(fields)) + fields
+        return struct.pack("<H", zlib.crc32(head) & 0xFFFF) + head
+
+    archive = block(0x73, 0, bytes(6))
+    # packed and unpacked size, host OS, CRC, time, version, method, name length, attributes
+    fixed = struct.pack(
+        "<IIBIIBBHI", len(member), len(member), 3, zlib.crc32(member), 0, 20, 0x30, len(name), 0o644
+    )
+    member_head = block(0x74, 0x8000, fixed + name)  # 0x8000: data follows the header
+    return b"Rar!\x1a\x07\x00" + archive + member_head + member + block(0x7B, 0x4000, b"")
+
+
+def test_a_rar_is_never_clean_where_clamd_cannot_unpack_it(tmp_path: Path, clamd: Clamd) -> None:
+    """Debian's clamd has no libclamunrar: it reads a RAR's bytes as they
+    are, so a hash signature never matches a member, and EICAR stored in a
+    RAR was OK, called clean (in a ZIP it is found)."""
+    address = virus.parse_address(clamd.unix_url)
+    path = tmp_path / "eicar.rar"
+    path.write_bytes(_rar(EICAR, b"eicar.com"))
+    assert virus.instream(address, str(path), 10**9, 30)[0].strip("\0") == "stream: OK"
+    settings = {"clamd": clamd.unix_url}
+    stored = io.BytesIO()
+    with zipfile.ZipFile(stored, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("inner.rar", _rar(CLEAN))
+    with tarfile.open(fileobj=(tgz := io.BytesIO()), mode="w:gz") as t:
+        info = tarfile.TarInfo("inner.rar")
+        info.size = len(_rar(CLEAN))
+        t.addfile(info, io.BytesIO(_rar(CLEAN)))
+    for data in (
+        _rar(EICAR, b"eicar.com"),
+        _rar(CLEAN),
+        _zip(_rar(CLEAN)),
+        stored.getvalue(),
+        tgz.getvalue(),
+        gzip.compress(_rar(CLEAN)),
+    ):
+        result, outputs = _scan(tmp_path, data, settings)
+        assert (result["verdict"], result["reason"]) == ("not_fully_scanned", virus.RAR_UNOPENED)
+        assert outputs[0]["metadata"] == {"verdict": "not_fully_scanned", "signature": None}
+    # What clamd finds in a RAR's raw bytes still wins.
+    result, _ = _scan(tmp_path, _rar(b"x" + MARKER), settings)
+    assert (result["verdict"], result["signature"]) == ("infected", f"{MARKER_NAME}.UNOFFICIAL")
+    # An operator whose clamd has libclamunrar says so in the profile.
+    trusted = {**settings, "clamd_unpacks_rar": True}
+    assert _scan(tmp_path, _rar(CLEAN), trusted)[0]["verdict"] == "clean"
+    assert _scan(tmp_path, _zip(CLEAN), settings)[0]["verdict"] == "clean"  # no RAR: as before
 
 
 @pytest.mark.parametrize(
@@ -594,11 +649,14 @@ def test_only_a_profile_names_the_socket(tmp_path: Path) -> None:
     assert validate({}, {"clamd": "unix:///" + "c" * 106})["clamd"] == "unix:///" + "c" * 106
     with pytest.raises(JobError, match="set by the profile"):
         validate({"clamd_max_file_size": 10**9}, {})
+    with pytest.raises(JobError, match="set by the profile"):
+        validate({"clamd_unpacks_rar": True}, {})  # a job cannot vouch for clamd
     assert validate({}, {"clamd": "tcp://clamav.internal:3310"}) == {
         "clamd": "tcp://clamav.internal:3310",
         "max_bytes": 104_857_600,
         "timeout_seconds": 120,
         "clamd_max_file_size": 26_214_400,
+        "clamd_unpacks_rar": False,
     }
     assert virus.VIRUS_SCAN.schema is virus.SCHEMA
 
