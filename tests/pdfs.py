@@ -417,3 +417,36 @@ def realistic(pages: int = 10, seed: int = 0, size: tuple[float, float] = A4) ->
     refs = b" ".join(b"%d 0 R" % k for k in kids)
     w.set(tree, b"<< /Type /Pages /Kids [%s] /Count %d >>" % (refs, len(kids)))
     return w.build(catalog)
+
+
+def image_page(
+    width: int,
+    height: int,
+    *,
+    bits: int = 8,
+    colorspace: bytes = b"/DeviceRGB",
+    filters: bytes = b"/FlateDecode",
+    data: bytes | None = None,
+    in_form: bool = False,
+) -> bytes:
+    """A Letter page filled by one image XObject of ``width`` x ``height``
+    pixels (drawn through a form XObject if ``in_form``).  ``data`` defaults
+    to a little Flate of zeros: what the image's dictionary claims is what a
+    check before rendering reads."""
+    w = Writer()
+    body = zlib.compress(bytes(4096)) if data is None else data
+    image = w.add(
+        Writer.stream(
+            body,
+            b"/Type /XObject /Subtype /Image /Width %d /Height %d /ColorSpace %s "
+            b"/BitsPerComponent %d /Filter %s " % (width, height, colorspace, bits, filters),
+        )
+    )
+    draw = b"q 612 0 0 792 0 0 cm /Im1 Do Q"
+    resources = b"/Resources << /XObject << /Im1 %d 0 R >> >> " % image
+    if in_form:
+        form = w.add(
+            Writer.stream(draw, b"/Type /XObject /Subtype /Form /BBox [0 0 612 792] " + resources)
+        )
+        draw, resources = b"/Fm1 Do", b"/Resources << /XObject << /Fm1 %d 0 R >> >> " % form
+    return _letter_page(w, w.add(Writer.stream(draw)), resources)

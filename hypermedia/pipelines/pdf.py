@@ -47,7 +47,7 @@ from importlib import metadata
 from typing import Any
 
 from hypermedia.errors import SCRATCH_FULL, JobError
-from hypermedia.pipelines import imaging
+from hypermedia.pipelines import imaging, pdf_images
 from hypermedia.pipelines.registry import Context, Pipeline, register
 from hypermedia.pipelines.schema import Field, validator
 from hypermedia.storage import sniff
@@ -297,6 +297,12 @@ def _render(pdfium: Any, doc: Any, index: int, width: int, height: int, seconds:
     if form:
         raw.FORM_OnAfterLoadPage(page, form)
     try:
+        if cut := pdf_images.cut_short(raw, page):
+            raise JobError(
+                "LIMIT_EXCEEDED",
+                f"page {index + 1} holds an image of {cut[0]}x{cut[1]} pixels whose data "
+                "is over the renderer's 1 GiB: it would be drawn in part",
+            )
         bitmap = raw.FPDFBitmap_CreateEx(width, height, raw.FPDFBitmap_BGRx, buf, stride)
         if not bitmap:
             raise MemoryError

@@ -361,6 +361,28 @@ def _must_not_render(*args: Any) -> None:
     raise AssertionError("rendered a page that is over a limit")
 
 
+def test_an_image_the_renderer_would_draw_in_part_is_refused(scratch: Path) -> None:
+    """pdfium inflates at most 1 GiB of one image and draws the rest black,
+    silently: a 20,000 x 20,000 RGB image lost its last tenth, and the
+    preview completed."""
+    for page in (pdfs.image_page(20_000, 20_000), pdfs.image_page(20_000, 20_000, in_form=True)):
+        err = failure(scratch, put(scratch, page))
+        assert (err.code, err.reason) == (
+            "LIMIT_EXCEEDED",
+            "page 1 holds an image of 20000x20000 pixels whose data is over the renderer's "
+            "1 GiB: it would be drawn in part",
+        )
+    # Drawn whole, so rendered: a JPEG is not inflated, a 1-bit image of
+    # 60,000 x 60,000 is 450 MB, an RGB one of 18,000 x 18,000 972 MB.
+    for page in (
+        pdfs.image_page(20_000, 20_000, filters=b"/DCTDecode", data=b"\xff\xd8\xff\xd9"),
+        pdfs.image_page(60_000, 60_000, bits=1, colorspace=b"/DeviceGray"),
+        pdfs.image_page(18_000, 18_000),
+    ):
+        out = run(scratch, put(scratch, page), {"width": 64}).result
+        assert [r["page"] for r in out["rendered"]] == [1]
+
+
 def test_a_huge_page_is_refused_before_rendering(
     scratch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
