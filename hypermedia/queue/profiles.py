@@ -180,7 +180,7 @@ def price_text(profile: Mapping[str, Any]) -> str:
 
 def parse_ref(ref: str) -> tuple[str, str | None]:
     """``"key"`` → (key, None); ``"key:vN"`` → (key, "vN")."""
-    key, sep, version = ref.strip().partition(":")
+    key, sep, version = ref.partition(":")
     if not KEY.match(key) or (sep and not VERSION.match(version)):
         raise InvalidRequest(f"{ref!r} is not a profile reference (KEY or KEY:vN)")
     return key, (version if sep else None)

@@ -226,7 +226,18 @@ def test_bad_creates_are_refused(engine: Engine, resize: str):
 
 
 def test_references_must_be_key_or_key_vn(engine: Engine):
-    for ref in ("debug-sleep:2", "debug-sleep:v0", "debug-sleep:", "UPPER", ""):
+    # Surrounding blanks too: a reference is matched as given, as ids are
+    # (" debug-sleep\n" named debug-sleep).
+    bad = (
+        "debug-sleep:2",
+        "debug-sleep:v0",
+        "debug-sleep:",
+        "UPPER",
+        "",
+        " debug-sleep",
+        "debug-sleep\n",
+    )
+    for ref in bad:
         with pytest.raises(InvalidRequest):
             Profiles(engine).show(ref)
     with pytest.raises(NotFound):
