@@ -29,8 +29,12 @@ from hypermedia.cli.common import (
     through_outages,
     user_errors,
 )
+from hypermedia.cli.queues import known_queues, warn_unknown_queue
 from hypermedia.errors import InvalidRequest
+from hypermedia.pipelines import registry
+from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
+from hypermedia.queue.queues import Queues
 from hypermedia.queue.states import TERMINAL
 
 app = typer.Typer(
@@ -162,6 +166,19 @@ def _brief(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _why_none(eng: Engine, job_type: str | None, queue: str | None) -> None:
+    """An empty listing for a name nothing uses is most likely a typo: said."""
+    if job_type is not None and job_type not in registry.known():
+        err_console.print(
+            f"warning: no pipeline runs job type {job_type} (a typo?); known: "
+            + ", ".join(registry.known()),
+            markup=False,
+            highlight=False,
+        )
+    if queue is not None and queue not in known_queues(Queues(eng)):
+        warn_unknown_queue(queue)
+
+
 @app.command("ls")
 def list_jobs(
     status: str | None = typer.Option(None, "--status"),
@@ -172,7 +189,10 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first."""
     with user_errors():
-        rows = engine().list(status=status, job_type=job_type, queue=queue, limit=limit)
+        eng = engine()
+        rows = eng.list(status=status, job_type=job_type, queue=queue, limit=limit)
+        if not rows:
+            _why_none(eng, job_type, queue)
         if as_json:
             print_json([{k: r[k] for k in (*LIST_COLUMNS, "job_uuid", "outcome")} for r in rows])
             return

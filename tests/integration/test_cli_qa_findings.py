@@ -72,6 +72,20 @@ def test_resume_warns_about_a_name_nothing_knows_and_writes_nothing(home: Path) 
     assert row == {"queue_name": "imagse", "paused": False, "updated_at": None}
 
 
+def test_an_empty_job_listing_for_an_unknown_type_or_queue_says_so(home: Path) -> None:
+    """`jobs ls --type image.thumb` listed nothing, as for a type with no jobs yet."""
+    typo = _ok("jobs", "ls", "--type", "image.thumb", "--json", home=home)
+    assert json.loads(typo.stdout) == []
+    assert "warning: no pipeline runs job type image.thumb (a typo?); known: " in typo.stderr
+    assert "image.thumbnail" in typo.stderr
+    queue = _ok("jobs", "ls", "--queue", "imagse", home=home)
+    assert "warning: no pipeline, profile or job uses queue imagse (a typo?)" in queue.stderr
+    # A known name with no jobs yet, or a listing with rows: nothing said.
+    assert (
+        _ok("jobs", "ls", "--type", "pdf.preview", "--queue", "documents", home=home).stderr == ""
+    )
+
+
 def test_resume_says_whether_the_queue_was_paused(home: Path) -> None:
     _ok("queues", "pause", "bulk", home=home)
     resumed = _ok("queues", "resume", "bulk", home=home)
