@@ -335,7 +335,10 @@ class Credits:
                 return [_usage(project_id, budget, tx.credit_use(project_id))]
             budgets = {b["project_id"]: b for b in tx.budgets()}
             used = tx.credit_use_by_project()
-        return [_usage(p, budgets.get(p), used.get(p, 0)) for p in sorted({*budgets, *used})]
+            # One with tokens only (none of its work started yet) is listed too.
+            named = {r["project_id"] for r in tx.projects()}
+        every = sorted({*budgets, *used, *named})
+        return [_usage(p, budgets.get(p), used.get(p, 0)) for p in every]
 
     def is_known(self, project_id: str) -> bool:
         """Whether a token, a budget, a job or a stored object names the

@@ -386,3 +386,15 @@ def test_a_repeat_that_waited_for_the_budget_gets_the_first_job(
     second.join(30)
     assert isinstance(got["first"], int) and got["second"] == got["first"], got
     assert len(engine.list(project_id="idem")) == 1
+
+
+def test_every_project_is_listed_one_with_tokens_only_too(engine):
+    """`credits show` listed projects with a budget or credits used: one with
+    tokens only (its first job not made yet) was missing."""
+    from hypermedia.auth.tokens import Tokens
+
+    Tokens(engine.db).create("tokens-only", "jobs:read")
+    engine.enqueue(NewJob("debug.noop", project_id="with-jobs"))
+    rows = {r["project_id"]: r for r in Credits(engine).show()}
+    assert {"tokens-only", "with-jobs"} <= set(rows)
+    assert (rows["tokens-only"]["used"], rows["tokens-only"]["budget"]) == (0, None)
