@@ -136,7 +136,7 @@ def run_raw(docs: list[Path], out: Path, pages: int, width: int) -> dict[str, An
         try:
             for n in range(1, min(pages, len(doc)) + 1):
                 w, h = pdf._target_size(n, doc.get_page_size(n - 1), params)
-                buf = pdf._render(pdfium, doc, n - 1, w, h)
+                buf = pdf._render(pdfium, doc, n - 1, (w, h), 600)
                 widths.add(w)
                 nbytes += len(buf)
                 count += 1

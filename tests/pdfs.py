@@ -427,26 +427,66 @@ def image_page(
     colorspace: bytes = b"/DeviceRGB",
     filters: bytes = b"/FlateDecode",
     data: bytes | None = None,
-    in_form: bool = False,
+    via: str = "page",
+    icc_components: int | None = None,
 ) -> bytes:
-    """A Letter page filled by one image XObject of ``width`` x ``height``
-    pixels (drawn through a form XObject if ``in_form``).  ``data`` defaults
-    to a little Flate of zeros: what the image's dictionary claims is what a
-    check before rendering reads."""
+    """A Letter page filled by one image of ``width`` x ``height`` pixels,
+    drawn ``via`` the page itself, a form XObject ("form"), an annotation's
+    appearance ("annot"), a tiling pattern ("pattern"), as the soft mask of
+    a 1 x 1 image ("smask"), or inline in the content stream ("inline").
+    ``icc_components``: the colour space is an ICCBased stream with that /N.
+    ``data`` defaults to a little Flate of zeros: what the image's dictionary
+    claims is what a check before rendering reads."""
     w = Writer()
     body = zlib.compress(bytes(4096)) if data is None else data
-    image = w.add(
-        Writer.stream(
-            body,
-            b"/Type /XObject /Subtype /Image /Width %d /Height %d /ColorSpace %s "
-            b"/BitsPerComponent %d /Filter %s " % (width, height, colorspace, bits, filters),
-        )
-    )
     draw = b"q 612 0 0 792 0 0 cm /Im1 Do Q"
-    resources = b"/Resources << /XObject << /Im1 %d 0 R >> >> " % image
-    if in_form:
-        form = w.add(
-            Writer.stream(draw, b"/Type /XObject /Subtype /Form /BBox [0 0 612 792] " + resources)
+    if icc_components is not None:
+        icc = w.add(Writer.stream(b"", b"/N %d " % icc_components))
+        colorspace = b"[/ICCBased %d 0 R]" % icc
+    if via == "inline":
+        inline = b"BI /W %d /H %d /CS %s /BPC %d /F /Fl ID\n" % (width, height, colorspace, bits)
+        return _letter_page(
+            w, w.add(Writer.stream(b"q 612 0 0 792 0 0 cm " + inline + body + b"\nEI Q"))
         )
-        draw, resources = b"/Fm1 Do", b"/Resources << /XObject << /Fm1 %d 0 R >> >> " % form
-    return _letter_page(w, w.add(Writer.stream(draw)), resources)
+
+    def image(w_: int, h_: int, data_: bytes, space: bytes, extra: bytes = b"") -> int:
+        return w.add(
+            Writer.stream(
+                data_,
+                b"/Type /XObject /Subtype /Image /Width %d /Height %d /ColorSpace %s "
+                b"/BitsPerComponent %d /Filter %s %s" % (w_, h_, space, bits, filters, extra),
+            )
+        )
+
+    if via == "smask":
+        mask = image(width, height, body, b"/DeviceGray")
+        bits, filters = 8, b"/FlateDecode"
+        shown = image(1, 1, zlib.compress(bytes(3)), b"/DeviceRGB", b"/SMask %d 0 R" % mask)
+    else:
+        shown = image(width, height, body, colorspace)
+    resources = b"/Resources << /XObject << /Im1 %d 0 R >> >> " % shown
+    form = b"/Type /XObject /Subtype /Form /BBox [0 0 612 792] " + resources
+    if via in ("page", "smask"):
+        return _letter_page(w, w.add(Writer.stream(draw)), resources)
+    if via == "form":
+        fm = w.add(Writer.stream(draw, form))
+        page_res = b"/Resources << /XObject << /Fm1 %d 0 R >> >> " % fm
+        return _letter_page(w, w.add(Writer.stream(b"/Fm1 Do")), page_res)
+    if via == "annot":
+        appearance = w.add(Writer.stream(draw, form))
+        annot = w.add(
+            b"<< /Type /Annot /Subtype /Square /Rect [0 0 612 792] /F 4 /AP << /N %d 0 R >> >>"
+            % appearance
+        )
+        return _letter_page(w, w.add(Writer.stream(b"")), b"/Annots [%d 0 R] " % annot)
+    if via == "pattern":
+        pattern = w.add(
+            Writer.stream(
+                draw,
+                b"/Type /Pattern /PatternType 1 /PaintType 1 /TilingType 1 "
+                b"/BBox [0 0 612 792] /XStep 612 /YStep 792 " + resources,
+            )
+        )
+        fill = w.add(Writer.stream(b"/Pattern cs /P scn 0 0 612 792 re f"))
+        return _letter_page(w, fill, b"/Resources << /Pattern << /P %d 0 R >> >> " % pattern)
+    raise ValueError(via)

@@ -282,9 +282,25 @@ def _target_size(page: int, points: tuple[float, float], params: dict[str, Any])
     return width, height
 
 
-def _render(pdfium: Any, doc: Any, index: int, width: int, height: int, seconds: int) -> Any:
-    """Page ``index`` as an RGB buffer of ``width`` x ``height`` pixels on white
-    (RGBx), drawn in at most ``seconds``."""
+def _cut_short(size: tuple[int, int], page: int | None = None) -> str:
+    where = "the document" if page is None else f"page {page}"
+    return (
+        f"{where} holds an image of {size[0]}x{size[1]} pixels whose data is over the "
+        "renderer's 1 GiB: a page drawing it would be drawn in part"
+    )
+
+
+def _render(
+    pdfium: Any,
+    doc: Any,
+    index: int,
+    size: tuple[int, int],
+    seconds: int,
+    images: pdf_images.Scan | None = None,
+) -> Any:
+    """Page ``index`` as an RGB buffer of ``size`` pixels on white (RGBx),
+    drawn in at most ``seconds``."""
+    width, height = size
     raw = pdfium.raw
     stride = width * 4
     buf = (ctypes.c_ubyte * (stride * height))()  # MemoryError under the attempt's limit
@@ -297,12 +313,9 @@ def _render(pdfium: Any, doc: Any, index: int, width: int, height: int, seconds:
     if form:
         raw.FORM_OnAfterLoadPage(page, form)
     try:
-        if cut := pdf_images.cut_short(raw, page):
-            raise JobError(
-                "LIMIT_EXCEEDED",
-                f"page {index + 1} holds an image of {cut[0]}x{cut[1]} pixels whose data "
-                "is over the renderer's 1 GiB: it would be drawn in part",
-            )
+        known = images.sizes if images is not None else set()
+        if cut := pdf_images.inline_cut_short(raw, page, known):
+            raise JobError("LIMIT_EXCEEDED", _cut_short(cut, index + 1))
         bitmap = raw.FPDFBitmap_CreateEx(width, height, raw.FPDFBitmap_BGRx, buf, stride)
         if not bitmap:
             raise MemoryError
@@ -422,6 +435,9 @@ def run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     vips = imaging.load()
     doc = _open(pdfium, ctx.input_path)
     try:
+        images = pdf_images.scan(ctx.input_path)
+        if images.over is not None:
+            raise JobError("LIMIT_EXCEEDED", _cut_short(images.over))
         total = len(doc)
         if total > p["max_pages"]:
             raise JobError(
@@ -451,7 +467,7 @@ def run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         for i, (n, (width, height)) in enumerate(sizes.items()):
             ctx.progress(5 + 95 * i / count, f"rendering page {n} of {total}")
             ctx.budget(p["max_page_seconds"], too_slow(n, p["max_page_seconds"]))
-            buf = _render(pdfium, doc, n - 1, width, height, p["max_page_seconds"])
+            buf = _render(pdfium, doc, n - 1, (width, height), p["max_page_seconds"], images)
             ctx.budget(None)
             name = f"page-{n}.{ext}"
             _encode(vips, buf, width, height, os.path.join(ctx.scratch, name), p)

@@ -357,30 +357,62 @@ def test_thousands_of_pages_are_refused_before_any_page_is_read(
     assert r.result["input_facts"] == {"pages": 5001} and r.result["usage"] == {"pages": 1}
 
 
-def _must_not_render(*args: Any) -> None:
-    raise AssertionError("rendered a page that is over a limit")
-
-
-def test_an_image_the_renderer_would_draw_in_part_is_refused(scratch: Path) -> None:
+@pytest.mark.parametrize(
+    ("page", "where"),
+    [
+        pytest.param(pdfs.image_page(20_000, 20_000), "the document", id="page"),
+        pytest.param(pdfs.image_page(20_000, 20_000, via="form"), "the document", id="form"),
+        pytest.param(pdfs.image_page(20_000, 20_000, via="annot"), "the document", id="annot"),
+        pytest.param(pdfs.image_page(20_000, 20_000, via="pattern"), "the document", id="pattern"),
+        pytest.param(pdfs.image_page(40_000, 40_000, via="smask"), "the document", id="soft mask"),
+        pytest.param(pdfs.image_page(14_000, 14_000, bits=16), "the document", id="16-bit RGB"),
+        pytest.param(
+            pdfs.image_page(17_000, 17_000, colorspace=b"/DeviceCMYK"), "the document", id="CMYK"
+        ),
+        pytest.param(
+            pdfs.image_page(17_000, 17_000, icc_components=4), "the document", id="ICC CMYK"
+        ),
+        pytest.param(
+            pdfs.image_page(20_000, 20_000, colorspace=b"/RGB", via="inline"), "page 1", id="inline"
+        ),
+    ],
+)
+def test_an_image_the_renderer_would_draw_in_part_is_refused(
+    scratch: Path, page: bytes, where: str
+) -> None:
     """pdfium inflates at most 1 GiB of one image and draws the rest black,
     silently: a 20,000 x 20,000 RGB image lost its last tenth, and the
-    preview completed."""
-    for page in (pdfs.image_page(20_000, 20_000), pdfs.image_page(20_000, 20_000, in_form=True)):
-        err = failure(scratch, put(scratch, page))
-        assert (err.code, err.reason) == (
-            "LIMIT_EXCEEDED",
-            "page 1 holds an image of 20000x20000 pixels whose data is over the renderer's "
-            "1 GiB: it would be drawn in part",
-        )
-    # Drawn whole, so rendered: a JPEG is not inflated, a 1-bit image of
-    # 60,000 x 60,000 is 450 MB, an RGB one of 18,000 x 18,000 972 MB.
-    for page in (
+    preview completed (through a page, a form, an annotation, a pattern or a
+    soft mask alike; 16-bit and 4-component ones counted as 24 bits)."""
+    err = failure(scratch, put(scratch, page))
+    assert err.code == "LIMIT_EXCEEDED"
+    assert err.reason.startswith(f"{where} holds an image of ") and err.reason.endswith(
+        "pixels whose data is over the renderer's 1 GiB: a page drawing it would be drawn in part"
+    )
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        # Not inflated past 1 GiB, so drawn whole: a JPEG (Flate-wrapped too), a
+        # 1-bit image of 60,000 x 60,000 (450 MB), RGB of 18,000 x 18,000
+        # (972 MB), 16-bit grey of 20,000 x 20,000 (800 MB), ICC grey.
         pdfs.image_page(20_000, 20_000, filters=b"/DCTDecode", data=b"\xff\xd8\xff\xd9"),
+        pdfs.image_page(20_000, 20_000, filters=b"[/FlateDecode /DCTDecode]"),
         pdfs.image_page(60_000, 60_000, bits=1, colorspace=b"/DeviceGray"),
         pdfs.image_page(18_000, 18_000),
-    ):
-        out = run(scratch, put(scratch, page), {"width": 64}).result
-        assert [r["page"] for r in out["rendered"]] == [1]
+        pdfs.image_page(20_000, 20_000, bits=16, colorspace=b"/DeviceGray"),
+        pdfs.image_page(30_000, 30_000, icc_components=1),
+    ],
+    ids=["jpeg", "flated jpeg", "1-bit", "rgb 972 MB", "16-bit grey", "ICC grey"],
+)
+def test_an_image_the_renderer_draws_whole_is_rendered(scratch: Path, page: bytes) -> None:
+    out = run(scratch, put(scratch, page), {"width": 64}).result
+    assert [r["page"] for r in out["rendered"]] == [1]
+
+
+def _must_not_render(*args: Any) -> None:
+    raise AssertionError("rendered a page that is over a limit")
 
 
 def test_a_huge_page_is_refused_before_rendering(
