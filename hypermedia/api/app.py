@@ -246,11 +246,18 @@ def guards(routers: Iterable[APIRouter]) -> Guards:
     """Each route's token and scope checks, for BodyLimit to run before it
     reads a body (FastAPI reads it first, then runs the route's checks)."""
     return [
-        (frozenset(route.methods or ()), route.path_regex, checks)
+        (_answered(route.methods), route.path_regex, checks)
         for router in routers
         for route in router.routes
         if isinstance(route, APIRoute) and (checks := errors.guards_of(route))
     ]
+
+
+def _answered(methods: Iterable[str] | None) -> frozenset[str]:
+    """The methods a route answers: a GET route HEAD too (StrictJSONRoute,
+    which does not list it)."""
+    named = frozenset(methods or ())
+    return named | {"HEAD"} if "GET" in named else named
 
 
 async def _no_receive() -> Message:

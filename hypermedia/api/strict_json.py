@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.routing import Match
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from hypermedia.parse import DuplicateKey, json_unique
 
@@ -69,10 +69,26 @@ class StrictJSONRoute(APIRoute):
 
         async def strict(request: Request) -> Response:
             response = await handler(_Request(request.scope, request.receive))
-            if not request.scope.get(HEAD_KEY):
-                return response
-            head = Response(status_code=response.status_code)
-            head.raw_headers = list(response.raw_headers)
-            return head
+            return _HeadOf(response) if request.scope.get(HEAD_KEY) else response
 
         return strict
+
+
+class _HeadOf(Response):
+    """The GET's answer sent as a HEAD's: its status and headers, no body.
+    Sent by the answer itself, told the request is a HEAD: a file's answer
+    (``/docs``) learns its Content-Length only then, and sends no body."""
+
+    def __init__(self, inner: Response) -> None:
+        self.inner = inner
+        self.status_code = inner.status_code
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def head_only(message: Message) -> None:
+            if message["type"] != "http.response.body":
+                await send(message)
+            elif not message.get("more_body", False):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        await self.inner({**scope, "method": "HEAD"}, receive, head_only)

@@ -16,9 +16,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from swagger_ui_bundle import swagger_ui_path
 
+from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.errors import NotFound
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, route_class=StrictJSONRoute)  # HEAD as GET
 
 DIST = Path(swagger_ui_path)
 # Only these are served (the package also has an index page, maps, a petstore demo).

@@ -27,10 +27,10 @@ from hypermedia.api.deps import (
 )
 from hypermedia.api.errors import ApiError, error_response
 from hypermedia.api.routes.jobs import (
-    SSE_HEADERS,
     check_owner,
     owned_job,
     public_job,
+    sse_head,
     sse_response,
 )
 from hypermedia.api.routes.objects import receive_upload
@@ -398,7 +398,7 @@ async def job_stream(
     ident = _id(job_id, "job")
     await run_in_threadpool(check_owner, svc, ident, principal)
     if request.method == "HEAD":  # headers only: no stream opened (each is counted)
-        return Response(media_type="text/event-stream", headers=dict(SSE_HEADERS))
+        return sse_head()
     return sse_response(svc, request, principal, ident, after, last_event_id)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -107,11 +108,31 @@ def test_head_answers_as_get_without_a_body_and_opens_no_stream(tmp_path: Path) 
         conn.request("HEAD", "/v1/jobs/999999", headers=auth)
         missing = conn.getresponse()
         assert (missing.status, missing.read()) == (404, b"")
+        # No length where the GET has none (its stream is sent in chunks).
+        conn.request("HEAD", f"{job}/events", headers={**auth, "Accept": "text/event-stream"})
+        head = conn.getresponse()
+        assert head.getheader("content-length") is None and head.read() == b""
+        for path in ("/docs", "/docs/swagger-ui.css"):  # a router of its own
+            conn.request("GET", path)
+            got = conn.getresponse()
+            body = got.read()
+            conn.request("HEAD", path)
+            head = conn.getresponse()
+            assert (head.status, head.read()) == (got.status, b"") == (200, b""), path
+            assert head.getheader("content-length") == str(len(body)), path
         conn.request("GET", f"{job}/events", headers={**auth, "Accept": "text/event-stream"})
         stream = conn.getresponse()
         assert stream.status == 200, stream.read()
         assert stream.readline().startswith(b"retry:")
         conn.close()
+        # A caller refused is answered before its body is read, HEAD as GET.
+        for method in ("GET", "HEAD"):
+            raw = socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])), 10)
+            raw.sendall(
+                f"{method} {job} HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n".encode()
+            )
+            assert raw.recv(100).startswith(b"HTTP/1.1 401"), method  # not after 20 bytes
+            raw.close()
     finally:
         stop(server, signal.SIGKILL)
     assert "Traceback" not in (tmp_path / "serve.log").read_text()

@@ -237,11 +237,19 @@ async def job_events(
         _, events = await run_in_threadpool(svc.engine.events_since, job_id, after)
         return {"items": events}
     if is_head(request):  # headers only: no stream opened (each is counted)
-        return Response(media_type="text/event-stream", headers=dict(SSE_HEADERS))
+        return sse_head()
     return sse_response(svc, request, principal, job_id, after, last_event_id)
 
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse_head() -> Response:
+    """A HEAD of an event stream: the stream's headers, without a length
+    (the stream's GET has none: it is sent in chunks)."""
+    head = Response(media_type="text/event-stream", headers=SSE_HEADERS)
+    del head.headers["content-length"]
+    return head
 
 
 def sse_response(

@@ -536,7 +536,7 @@ def _start(
         part = byte_range(asked.get("range"), size, asked.get("if-range"), etag(row["checksum"]))
     except RangeNotSatisfiable:
         raise _Unsatisfiable(size) from None
-    # Opened for HEAD too (a blob gone missing is a 404 for both), read for GET.
+    # Opened for HEAD too (a blob gone missing answers as a GET would), read for GET.
     if part is None or part == (0, size):
         src = stack.enter_context(st.open_row(row))
     else:
