@@ -409,9 +409,24 @@ def _zip_reason(zip_: zipsizes.Survey, limit: int) -> str | None:
             "a ZIP member is not listed in a central directory clamd can read: "
             "clamd does not unpack such members"
         )
+    if zip_.overlarge:
+        return (
+            f"an archive member of {zip_.overlarge} bytes is over clamd's MaxFileSize "
+            f"({limit}): clamd skips or cuts such members"
+        )
+    if zip_.unopened:
+        return (
+            f"it holds {zip_.unopened} data, which clamd does not unpack: "
+            "what is inside was not scanned"
+        )
+    if zip_.unread:
+        return (
+            "an archive or stream in it could not be unpacked here (damaged, or a "
+            "compression method not supported) to check that clamd read all of it"
+        )
     if zip_.unchecked:
         return (
-            "ZIPs inside it are too many, too large or nested too deep to check "
+            "archives inside it are too many, too large or nested too deep to check "
             "that clamd read all of their members"
         )
     return None

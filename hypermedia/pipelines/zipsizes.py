@@ -21,6 +21,7 @@ import bz2
 import functools
 import gzip
 import lzma
+import mmap
 import os
 import struct
 import tarfile
@@ -29,6 +30,8 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
+
+from hypermedia.pipelines import archives
 
 LOCAL = b"PK\x03\x04"
 RAR = b"Rar!\x1a\x07"
@@ -57,6 +60,9 @@ class Survey:
     unsized: bool = False  # a ZIP inside it has a member of UNKNOWN size
     overflowed: bool = False  # a compressed stream in it unpacks past clamd's MaxFileSize
     rar: bool = False  # a RAR archive in it (clamd unpacks RAR only with libclamunrar)
+    unopened: str = ""  # a format in it that clamd does not unpack (archives.UNOPENED)
+    overlarge: int = 0  # the largest member past MaxFileSize of another archive in it
+    unread: bool = False  # a layer in it could not be unpacked here to be checked
 
     def add(self, inner: Survey) -> None:
         """What a ZIP inside this one declares, counted as this one's (the
@@ -68,6 +74,9 @@ class Survey:
         self.unchecked |= inner.unchecked
         self.overflowed |= inner.overflowed
         self.rar |= inner.rar
+        self.unopened = self.unopened or inner.unopened
+        self.overlarge = max(self.overlarge, inner.overlarge)
+        self.unread |= inner.unread
 
 
 def survey(path: str) -> Survey:
@@ -144,7 +153,8 @@ def _layer(head: bytes) -> str | None:
         return "rar"
     if head[257:262] == b"ustar":  # POSIX and GNU tar
         return "tar"
-    return next((kind for kind, magic in _STREAMS.items() if head.startswith(magic)), None)
+    stream = next((kind for kind, magic in _STREAMS.items() if head.startswith(magic)), None)
+    return stream or archives.kind_of(head)
 
 
 _STREAMS = {"gzip": b"\x1f\x8b", "bzip2": b"BZh", "xz": b"\xfd7zXZ\x00"}
@@ -157,24 +167,79 @@ _OPENERS: dict[str, Callable[..., Any]] = {
 
 def _nested(path: str, scratch: str, limit: int, depth: int, budget: list[int]) -> Survey:
     out = survey(path)
+    # Anywhere in it: a RAR stored in any container, or behind a program (an
+    # SFX), which clamd finds and cannot open.  Not opened here: whether
+    # clamd could is the profile's to say.
+    out.rar = _holds(path, RAR)
     with open(path, "rb") as f:
         kind = _layer(f.read(_HEAD))
-    if kind == "rar":  # not opened here: whether clamd could is the profile's to say
-        out.rar = True
+    if kind == "rar":
         return out
-    if kind in _STREAMS:
+    if kind in archives.UNOPENED:
+        out.unopened = kind
+    elif kind in _STREAMS:
         _stream(path, kind, out, scratch, limit, depth, budget)
-        return out
+    elif not _boxed(path, kind == "tar", out, scratch, limit, depth, budget) and kind != "tar":
+        _archived(path, out, scratch, limit, depth, budget)
+    return out
+
+
+def _holds(path: str, marker: bytes) -> bool:
+    with open(path, "rb") as f:
+        try:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # empty
+            return False
+    with data:
+        return data.find(marker) >= 0
+
+
+def _boxed(
+    path: str, tar: bool, out: Survey, scratch: str, limit: int, depth: int, budget: list[int]
+) -> bool:
+    """A ZIP (found from its end, whatever precedes it) or a tar, surveyed
+    through Python; False if it is neither."""
     try:
-        box = _Box(path, tar=kind == "tar")
+        box = _Box(path, tar=tar)
     except Exception:  # not a ZIP or tar Python reads: what survey saw stands
-        return out
+        return False
     with box:  # opened once: a ZIP's directory read once
         try:
             _members(box, out, scratch, limit, depth, budget)
         except Exception:  # a tar cut or damaged past a member: clamd may read on
-            out.unchecked = True
-    return out
+            out.unread = True
+    return True
+
+
+def _archived(
+    path: str, out: Survey, scratch: str, limit: int, depth: int, budget: list[int]
+) -> None:
+    """Another archive clamd unpacks (7-Zip, CAB, XAR, cpio, ISO, LHA, old
+    tar), walked through libarchive: a member past ``limit`` is ``overlarge``
+    (clamd skips a CAB's silently), one that is a layer is surveyed in turn."""
+    try:
+        with archives.opened(path) as (members, unopened):
+            out.unopened = out.unopened or (unopened or "")
+            for entry, size in members or ():
+                if size > limit or size < 0:
+                    out.overlarge = max(out.overlarge, size if size > limit else limit + 1)
+                    continue
+                budget[1] -= 1
+                if depth >= NESTED_DEPTH or budget[1] < 0 or size > budget[0]:
+                    out.unchecked = True
+                    return
+                inner = archives.unpack(
+                    entry, scratch, size, _HEAD, lambda h: _layer(h) is not None
+                )
+                if inner is None:
+                    continue
+                budget[0] -= size
+                try:
+                    out.add(_nested(inner, scratch, limit, depth + 1, budget))
+                finally:
+                    os.unlink(inner)
+    except Exception:  # damaged, or a method libarchive lacks: clamd may read on
+        out.unread = True
 
 
 def _members(
@@ -199,7 +264,7 @@ def _members(
             budget[0] -= size
             inner = _unpacked(functools.partial(box.open, member), scratch, size)
         except Exception:  # not read whole (a bad CRC, a size that lies, a method
-            out.unchecked = True  # Python lacks): clamd may have read it all the same
+            out.unread = True  # Python lacks): clamd may have read it all the same
             continue
         try:
             out.add(_nested(inner, scratch, limit, depth + 1, budget))
@@ -263,7 +328,7 @@ def _stream(
     try:
         inner = _unpacked(functools.partial(opener, path, "rb"), scratch, cap + 1)
     except Exception:  # a cut or damaged stream: clamd may have read more of it
-        out.unchecked = True
+        out.unread = True
         return
     try:
         size = os.path.getsize(inner)

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import libarchive
 import pytest
 
 from hypermedia.db.driver import Driver
@@ -271,6 +272,136 @@ def test_a_rar_is_never_clean_where_clamd_cannot_unpack_it(tmp_path: Path, clamd
     trusted = {**settings, "clamd_unpacks_rar": True}
     assert _scan(tmp_path, _rar(CLEAN), trusted)[0]["verdict"] == "clean"
     assert _scan(tmp_path, _zip(CLEAN), settings)[0]["verdict"] == "clean"  # no RAR: as before
+
+
+def _archive(
+    tmp_path: Path,
+    fmt: str,
+    members: dict[str, bytes],
+    filter_name: str | None = None,
+    **options: str,
+) -> bytes:
+    """An archive written by libarchive (7zip, xar, cpio, iso9660, v7tar, ar_bsd, warc…)."""
+    path = tmp_path / f"made.{fmt}"
+    opts = ",".join(f"{k}={v}" for k, v in options.items())
+    with libarchive.file_writer(str(path), fmt, filter_name, options=opts) as archive:
+        for name, data in members.items():
+            archive.add_file_from_memory(name, len(data), data)
+    made = path.read_bytes()
+    path.unlink()
+    return made
+
+
+# 7-Zip compressed (what is inside is in no byte of the file), XAR (its
+# members gzipped), cpio, ISO 9660 and a pre-POSIX tar: clamd unpacks each
+# and reads a ZIP or a RAR inside with the same readers as at the top.
+UNPACKED_BY_CLAMD = [
+    ("7zip", {"compression": "lzma2"}),
+    ("xar", {}),
+    ("cpio", {}),
+    ("iso9660", {}),
+    ("v7tar", {}),
+]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "options"), UNPACKED_BY_CLAMD, ids=[f for f, _ in UNPACKED_BY_CLAMD]
+)
+def test_what_other_archives_hold_is_surveyed_too(
+    tmp_path: Path, clamd: Clamd, fmt: str, options: dict[str, str]
+) -> None:
+    """A ZIP with a member past MaxFileSize, or a RAR, inside a compressed
+    7-Zip (or XAR, cpio, ISO, old tar) was called clean: clamd unpacked them
+    and read what was inside as at the top, where it is not_fully_scanned."""
+    settings = {"clamd": clamd.unix_url, "clamd_max_file_size": MAX_FILE}
+    padded = _zip(b"\0" * (MAX_FILE + 4096) + MARKER)
+    result, _ = _scan(tmp_path, _archive(tmp_path, fmt, {"p.zip": padded}, **options), settings)
+    assert (result["verdict"], result["signature"]) == ("not_fully_scanned", None)
+    assert f"over clamd's MaxFileSize ({MAX_FILE})" in result["reason"]
+    result, _ = _scan(
+        tmp_path, _archive(tmp_path, fmt, {"x.rar": _rar(CLEAN)}, **options), settings
+    )
+    assert (result["verdict"], result["reason"]) == ("not_fully_scanned", virus.RAR_UNOPENED)
+    # A member past MaxFileSize itself: these clamd says (AlertExceedsMax).
+    big = _archive(tmp_path, fmt, {"big.bin": os.urandom(MAX_FILE + 1)}, **options)
+    assert _scan(tmp_path, big, settings)[0]["verdict"] == "not_fully_scanned"
+    # What clamd finds still wins, and a harmless archive is clean.
+    result, _ = _scan(tmp_path, _archive(tmp_path, fmt, {"m.txt": MARKER}, **options), settings)
+    assert (result["verdict"], result["signature"]) == ("infected", f"{MARKER_NAME}.UNOFFICIAL")
+    clean = _archive(tmp_path, fmt, {"a.txt": CLEAN, "b.zip": _zip(CLEAN)}, **options)
+    assert _scan(tmp_path, clean, settings)[0]["verdict"] == "clean"
+    assert not list(tmp_path.glob("tmp*.layer"))  # what was unpacked to look is gone
+
+
+def _cab(name: bytes, member: bytes) -> bytes:
+    """A Microsoft cabinet holding ``member`` MSZIP-compressed (libarchive
+    reads CAB but does not write it): header, one folder, one file, then
+    blocks of 32 kB, each "CK" and a deflate stream of its own."""
+    blocks = [member[i : i + 32768] for i in range(0, len(member), 32768)] or [b""]
+
+    def deflated(block: bytes) -> bytes:
+        c = zlib.compressobj(9, zlib.DEFLATED, -15)
+        return b"CK" + c.compress(block) + c.flush()
+
+    packed = [(deflated(b), len(b)) for b in blocks]
+    entry = struct.pack("<IIHHHH", len(member), 0, 0, 0, 0, 0x20) + name + b"\0"
+    files_at = 36 + 8
+    data_at = files_at + len(entry)
+    data = b"".join(struct.pack("<IHH", 0, len(p), n) + p for p, n in packed)
+    size = data_at + len(data)
+    header = b"MSCF" + struct.pack("<IIIIIBBHHHHH", 0, size, 0, files_at, 0, 3, 1, 1, 1, 0, 0, 0)
+    folder = struct.pack("<IHH", data_at, len(packed), 1)  # 1: MSZIP
+    return header + folder + entry + data
+
+
+def test_a_cab_member_clamd_skips_past_max_file_size_is_never_clean(
+    tmp_path: Path, clamd: Clamd
+) -> None:
+    """clamd skips a CAB member past MaxFileSize and says OK, AlertExceedsMax
+    or not: a signature at its end was called clean."""
+    cab = _cab(b"big.bin", b"\0" * (MAX_FILE + 4096) + MARKER)
+    path = tmp_path / "big.cab"
+    path.write_bytes(cab)
+    address = virus.parse_address(clamd.unix_url)
+    assert virus.instream(address, str(path), 10**9, 30)[0].strip("\0") == "stream: OK"
+    settings = {"clamd": clamd.unix_url, "clamd_max_file_size": MAX_FILE}
+    result, _ = _scan(tmp_path, cab, settings)
+    assert (result["verdict"], result["reason"]) == (
+        "not_fully_scanned",
+        f"an archive member of {MAX_FILE + 4096 + len(MARKER)} bytes is over clamd's "
+        f"MaxFileSize ({MAX_FILE}): clamd skips or cuts such members",
+    )
+    result, _ = _scan(tmp_path, _cab(b"m.txt", b"x" + MARKER), settings)  # under it: read
+    assert (result["verdict"], result["signature"]) == ("infected", f"{MARKER_NAME}.UNOFFICIAL")
+    assert _scan(tmp_path, _cab(b"a.txt", CLEAN), settings)[0]["verdict"] == "clean"
+
+
+def test_formats_clamd_does_not_unpack_are_never_clean(tmp_path: Path, clamd: Clamd) -> None:
+    """clamd reads an ar (a .deb), a zstd stream or a WARC as plain bytes: no
+    hash signature can match what is inside, and EICAR in them was clean."""
+    settings = {"clamd": clamd.unix_url}
+    for made, name in (
+        (_archive(tmp_path, "ar_bsd", {"eicar.com": EICAR}), "ar"),
+        (_archive(tmp_path, "ustar", {"eicar.com": EICAR}, "zstd"), "zstd"),
+        (_archive(tmp_path, "warc", {"eicar.com": EICAR}), "WARC"),
+        (_zip(_archive(tmp_path, "ustar", {"eicar.com": EICAR}, "zstd")), "zstd"),
+    ):
+        result, _ = _scan(tmp_path, made, settings)
+        assert (result["verdict"], result["signature"]) == ("not_fully_scanned", None), name
+        assert result["reason"] == (
+            f"it holds {name} data, which clamd does not unpack: what is inside was not scanned"
+        )
+
+
+def test_a_member_python_cannot_unpack_is_said_so(tmp_path: Path, clamd: Clamd) -> None:
+    """A ZIP member in a method Python lacks (PPMd, written by 7-Zip) was
+    not_fully_scanned as "too many, too large or nested too deep"."""
+    ppmd = bytearray(_zip(_zip(CLEAN)))  # the inner ZIP, deflated (method 8) …
+    for at in (8, ppmd.find(b"PK\x01\x02") + 10):  # … said to be PPMd (98)
+        ppmd[at : at + 2] = (98).to_bytes(2, "little")
+    result, _ = _scan(tmp_path, bytes(ppmd), {"clamd": clamd.unix_url})
+    assert result["verdict"] == "not_fully_scanned"
+    assert result["reason"].startswith("an archive or stream in it could not be unpacked here")
 
 
 @pytest.mark.parametrize(
@@ -694,13 +825,16 @@ def _profile(driver: Driver, clamd: Clamd, **settings: Any) -> str:
 
 @sqlite_only
 def test_a_worker_scans_objects_from_the_ledger(
-    driver: Driver, live: Engine, storage: Storage, procs: Procs, clamd: Clamd
+    driver: Driver, live: Engine, storage: Storage, procs: Procs, clamd: Clamd, tmp_path: Path
 ) -> None:
     profile = _profile(driver, clamd)
     files = {
         "clean": (CLEAN, "clean", None),
         "eicar": (EICAR, "infected", f"{EICAR_NAME}.UNOFFICIAL"),
         "big": (os.urandom(2 * STREAM_MAX), "not_fully_scanned", None),
+        # Walked by libarchive inside the confined child.
+        "xar": (_archive(tmp_path, "xar", {"a.txt": CLEAN}), "clean", None),
+        "7z": (_archive(tmp_path, "7zip", {"x.rar": _rar(CLEAN)}), "not_fully_scanned", None),
     }
     jobs = {}
     for name, (data, _, _) in files.items():

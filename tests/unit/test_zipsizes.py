@@ -202,7 +202,7 @@ def test_a_zip_inside_a_compressed_member_adds_what_it_declares(tmp_path: Path) 
     assert zipsizes.survey_nested(str(path), str(scratch), 10**9).unchecked
 
 
-def test_a_nested_zip_that_cannot_be_read_whole_is_unchecked(tmp_path: Path) -> None:
+def test_a_nested_zip_that_cannot_be_read_whole_is_unread(tmp_path: Path) -> None:
     """A nested member failing its CRC, one whose size lies, or a broken
     member before it made the survey give up quietly: a file clamd had not
     read all of came out clean."""
@@ -216,16 +216,16 @@ def test_a_nested_zip_that_cannot_be_read_whole_is_unchecked(tmp_path: Path) -> 
         path.write_bytes(data)
         return zipsizes.survey_nested(str(path), str(scratch), 10**9)
 
-    assert not nested(good).unchecked
+    assert not nested(good).unread
     crc_at = good.find(b"PK\x01\x02") + 16  # the directory's CRC of the member
     bad_crc = bytearray(good)
     bad_crc[crc_at] ^= 0xFF
-    assert nested(bytes(bad_crc)).unchecked
+    assert nested(bytes(bad_crc)).unread
     # A broken member before it: the ones after are still looked into.
     broken = bytearray(_zip({"a.txt": b"text " * 2000, "inner.zip": inner}))
     broken[40:60] = b"\xff" * 20  # inside a.txt's deflated data
     found = nested(bytes(broken))
-    assert found.largest == len(BIG) and found.unchecked
+    assert found.largest == len(BIG) and found.unread
     assert list(scratch.iterdir()) == []
 
 
@@ -300,7 +300,7 @@ def test_a_stream_past_max_file_size_or_cut_is_not_surveyed_whole(tmp_path: Path
     assert zipsizes.survey_nested(str(path), str(scratch), 1999).overflowed  # clamd stops there
     cut = gzip.compress(os.urandom(5000))[:-100]
     path.write_bytes(cut)
-    assert zipsizes.survey_nested(str(path), str(scratch), 10**6).unchecked
+    assert zipsizes.survey_nested(str(path), str(scratch), 10**6).unread
     assert list(scratch.iterdir()) == []
 
 
