@@ -41,12 +41,10 @@ class DedupQueries:
             q = ins.on_duplicate_key_update(hash=OH.c.hash)
         self.conn.execute(q)
 
-    def drop_object_hashes(self, object_id: int, algorithm: str, value: str) -> None:
-        """Forget the object's hashes of ``algorithm`` equal to ``value`` (every version)."""
+    def drop_object_hashes(self, object_id: int, algorithm: str) -> None:
+        """Forget the object's hashes of ``algorithm`` (every version)."""
         self.conn.execute(
-            sa.delete(OH).where(
-                OH.c.object_id == object_id, OH.c.algorithm == algorithm, OH.c.hash == value
-            )
+            sa.delete(OH).where(OH.c.object_id == object_id, OH.c.algorithm == algorithm)
         )
 
     def object_hash(self, object_id: int, algorithm: str, version: str) -> str | None:

@@ -31,9 +31,9 @@ differs in about half of them.  A hash is stored with its algorithm
 (``dhash64``) and version (``dhash64/pyvips-<libvips version>/2``): hashes
 compare only within one version, since another libvips may shrink a little
 differently.  Non-images, images that cannot be decoded safely, and
-pictures without a change of brightness from left to right (every bit a
-tie: a blank page, a flat colour) get no perceptual hash; their exact
-duplicates are still found.
+pictures with too little structure from left to right (every bit a tie, or
+at most FEW_BITS bits set or unset: a blank or shaded page, a flat colour, a
+gradient) get no perceptual hash; their exact duplicates are still found.
 
 Near duplicates are found by reading the project's hashes and counting bits
 in Python: one pass over the project per check, fine for tens of thousands of
@@ -59,7 +59,15 @@ ALGORITHM = "dhash64"
 FORMAT_VERSION = 2
 UPRIGHT_SIDE = 256  # the box of the first, upright shrink
 _LEVEL = {"uchar": 1.0, "ushort": 257.0}  # one 8-bit level in the pixel format's range
-UNIFORM = "the picture is uniform from left to right: a perceptual hash cannot tell it apart"
+UNIFORM = (
+    "the picture has too little structure from left to right (a blank or shaded page, "
+    "a flat colour, a gradient): a perceptual hash cannot tell it apart"
+)
+# A hash with at most this many bits set (or unset) is a picture brightening
+# (or darkening) steadily from left to right, or nearly: any two such hashes
+# are within 8 bits, so a shaded blank page, a page with a small logo and a
+# black-to-white gradient were near duplicates at the default max_distance.
+FEW_BITS = 4
 MAX_LISTED = 1000  # per list in a result; "truncated" says when there were more
 
 SCHEMA: S.Schema = {
@@ -123,6 +131,8 @@ def dhash(vips: Any, path: str, max_pixels: int) -> str | None:
         row = pixels[9 * y : 9 * y + 9]
         for x in range(8):
             bits = (bits << 1) | (row[x] > row[x + 1])
+    if min(bits.bit_count(), 64 - bits.bit_count()) <= FEW_BITS:
+        return None
     return f"{bits:016x}"
 
 
@@ -241,9 +251,9 @@ def _finish(ctx: FinishContext) -> dict[str, Any]:
                 raise JobError("CORRUPT_INPUT", "the input does not match its checksum")
             project = obj["project_id"]
             if mine["near_skipped"] == UNIFORM:
-                # The zeros an earlier check stored for it matched every
-                # uniform picture and gradient: gone once it is checked again.
-                tx.drop_object_hashes(job.object_id, ALGORITHM, "0" * 16)
+                # What an earlier check stored for it (zeros, or nearly)
+                # matched every such picture: gone once it is checked again.
+                tx.drop_object_hashes(job.object_id, ALGORITHM)
             elif mine["hash"] is not None:
                 tx.store_object_hash(
                     {
