@@ -8,6 +8,7 @@ every write computes the checksum (``storage/checksum.py``) on the way.
 from __future__ import annotations
 
 import errno
+import os
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
@@ -39,6 +40,14 @@ def unavailable(what: str, exc: OSError) -> StorageUnavailable:
     """``what`` failed with ``exc``: StorageFull when the disk or quota is full."""
     kind = StorageFull if exc.errno in (errno.ENOSPC, errno.EDQUOT) else StorageUnavailable
     return kind(f"{what} ({exc.strerror or 'I/O error'})")
+
+
+class SourceChanged(StorageError):
+    """The file being stored changed (shrank, grew) while it was read."""
+
+    def __init__(self, message: str, path: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class BlobMissing(StorageError):

@@ -39,6 +39,7 @@ from hypermedia.storage.base import (
     Backend,
     ChecksumMismatch,
     ExactReader,
+    SourceChanged,
     StorageError,
     StorageUnavailable,
     Stored,
@@ -862,6 +863,12 @@ def _blame_source(exc: BaseException, paths: list[Path]) -> None:
     (No such file or directory)" sent operators to a disk that was fine."""
     if not isinstance(exc, StorageError):
         return
+    if isinstance(exc, SourceChanged):
+        name = Path(exc.path).name if exc.path is not None else paths[0].name
+        raise Conflict(
+            f"{display_name(name)} changed while it was stored: nothing was kept; "
+            "store it again once nothing writes to it"
+        ) from None
     for path in paths:
         try:
             with open(path, "rb"):

@@ -44,12 +44,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
+from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, cast
 from urllib.parse import urlsplit
 
 import boto3
 import botocore.exceptions
-from boto3.s3.transfer import TransferConfig
+from boto3.s3.transfer import S3Transfer, TransferConfig
 from botocore.config import Config
 from botocore.credentials import Credentials
 
@@ -60,6 +60,7 @@ from hypermedia.storage.base import (
     BucketMissing,
     ChecksumMismatch,
     HashingReader,
+    SourceChanged,
     StorageError,
     StorageUnavailable,
     Stored,
@@ -74,6 +75,7 @@ from hypermedia.storage.s3_streams import (
     FullReader,
     Prefix,
     SourceError,
+    WholeChunks,
     pwrite_all,
     stream_hashing,
     total_size,
@@ -110,6 +112,7 @@ _FILE_TRANSFER = TransferConfig(
     use_threads=True,
     preferred_transfer_client="classic",
 )
+_FILE_CONFIG = cast(Any, _FILE_TRANSFER)  # boto3's TransferConfig, typed as s3transfer's
 # ``get_file`` reads an object of at most this size in one request, a larger
 # one by ranges of PART bytes on FILE_THREADS threads.
 SMALL_GET = 4 * MiB
@@ -359,21 +362,23 @@ class S3Backend:
 
         hasher = threading.Thread(target=hash_file, name="s3-hash", daemon=True)
         hasher.start()
+        files = WholeChunks()
         try:
-            with self._errors("upload to"):
-                self._client.upload_file(str(path), self.bucket, key, Config=_FILE_TRANSFER)
+            with self._errors("upload to"), S3Transfer(self._client, _FILE_CONFIG, files) as s3:
+                s3.upload_file(str(path), self.bucket, key)
         except BaseException:
             failed.set()  # the hash is of no use now
-            raise
+            if not files.shrunk.is_set():
+                raise
         finally:
             hasher.join()
         if "error" in result:
             self._discard(key)
             raise result["error"]
         stored: Stored = result["stored"]
-        if stored.size != size:
+        if files.shrunk.is_set() or stored.size != size:
             self._discard(key)
-            raise StorageUnavailable("the file changed size while it was uploaded")
+            raise SourceChanged("the file changed size while it was uploaded", path)
         self._record_checksum(key, stored.size, stored.checksum)
         return stored
 

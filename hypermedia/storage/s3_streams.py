@@ -1,6 +1,7 @@
 """Streams under the S3 backend (s3.py): full-size reads for multipart parts,
-a response body that reports its failures as StorageUnavailable, and the
-bookkeeping of a download fetched in ranges while a thread hashes it.
+a response body that reports its failures as StorageUnavailable, the
+bookkeeping of a download fetched in ranges while a thread hashes it, and
+file parts that say so when their file shrank under them.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Any, BinaryIO
 import botocore.exceptions
 import urllib3.exceptions
 from boto3.exceptions import Boto3Error
+from s3transfer.utils import OSUtils, ReadFileChunk
 
 from hypermedia.storage import checksum as cs
-from hypermedia.storage.base import CHUNK, StorageUnavailable
+from hypermedia.storage.base import CHUNK, SourceChanged, StorageUnavailable
 
 # Bytes asked of the socket at a time.  Every read returns a new bytes object;
 # reading 1 MiB at a time, a 200 MB download in a VM went from 0.07 to 0.4 s of
@@ -185,3 +187,60 @@ class Prefix:
             while self._prefix <= position and not self.failed:
                 self._cond.wait()
             return None if self.failed else self._prefix
+
+
+# -- a file's parts, uploaded by s3transfer ----------------------------------------------
+
+
+class _WholeChunk(ReadFileChunk):
+    """A part of a file that ends before the part does raises: the request
+    announced the part's length, the file could no longer fill it, and the
+    store waited for the missing bytes until its timeout, twice (2 minutes,
+    then blamed on the store)."""
+
+    shrunk: threading.Event  # set by WholeChunks: botocore wraps what read() raises
+
+    def read(self, amount: int | None = None) -> bytes:
+        left = max(len(self) - self.tell(), 0)
+        want = left if amount is None or amount < 0 else min(left, amount)
+        data: bytes = super().read(amount)
+        if len(data) < want:
+            self.shrunk.set()
+            raise SourceChanged("the file shrank while it was uploaded")
+        return data
+
+
+class WholeChunks(OSUtils):
+    """s3transfer's file access, with parts that raise rather than end early;
+    ``shrunk`` is set once one has."""
+
+    def __init__(self) -> None:
+        self.shrunk = threading.Event()
+
+    def open_file_chunk_reader(
+        self, filename: str, start_byte: int, size: int, callbacks: Any
+    ) -> ReadFileChunk:
+        chunk = _WholeChunk.from_filename(
+            filename, start_byte, size, callbacks, enable_callbacks=False
+        )
+        chunk.shrunk = self.shrunk
+        return chunk
+
+    def open_file_chunk_reader_from_fileobj(
+        self,
+        fileobj: Any,
+        chunk_size: int,
+        full_file_size: int,
+        callbacks: Any,
+        close_callbacks: Any = None,
+    ) -> ReadFileChunk:
+        chunk = _WholeChunk(
+            fileobj,
+            chunk_size,
+            full_file_size,
+            callbacks=callbacks,
+            enable_callbacks=False,
+            close_callbacks=close_callbacks,
+        )
+        chunk.shrunk = self.shrunk
+        return chunk

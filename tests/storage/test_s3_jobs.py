@@ -247,3 +247,30 @@ def test_without_presigning_s3_downloads_stream_through_the_checked_route(
         assert refused.status_code == 500 and refused.json()["code"] == "object_corrupt"
         refused = client.get(url, headers={"Range": "bytes=100-200"})  # past the blob's end
         assert refused.status_code == 500 and refused.json()["code"] == "object_corrupt"
+
+
+def test_a_file_that_shrinks_while_it_uploads_is_refused_at_once(
+    s3_storage: Storage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part asks the file for bytes it no longer has: the request had
+    announced the part's length, and SeaweedFS waited for the missing bytes
+    until the client's read timeout, twice (121 s), then the upload was
+    blamed on the store ("could not upload to S3 storage … ReadTimeoutError")."""
+    from hypermedia.errors import Conflict
+    from hypermedia.storage import s3_streams
+
+    src = tmp_path / "shrinking.bin"
+    src.write_bytes(os.urandom(40 * 1024 * 1024))  # multipart: parts of 8 MiB
+    opened = s3_streams.WholeChunks.open_file_chunk_reader_from_fileobj
+
+    def then_cut(self, fileobj, *args, **kw):  # type: ignore[no-untyped-def]
+        chunk = opened(self, fileobj, *args, **kw)
+        os.truncate(src, 1024 * 1024)  # another writer cuts the file meanwhile
+        return chunk
+
+    monkeypatch.setattr(s3_streams.WholeChunks, "open_file_chunk_reader_from_fileobj", then_cut)
+    started = time.monotonic()
+    with pytest.raises(Conflict, match=r"^shrinking\.bin changed while it was stored: nothing"):
+        s3_storage.put_file(src, pool="s3")
+    assert time.monotonic() - started < 30
+    assert [r["state"] for r in s3_storage.list(reserved=True)] == ["deleting"]
