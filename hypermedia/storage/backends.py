@@ -55,6 +55,10 @@ def parse_pool_url(url: str, *, strict: bool = True) -> tuple[str, dict[str, str
         if any(len(v) > 1 for v in given.values()):  # the last one won, silently
             raise InvalidRequest("give each s3 pool option once")
         query = {k: v[0] for k, v in given.items()}
+        if not all(f"{k}{v}".isprintable() for k, v in query.items()):
+            # Decoded: "endpoint=http://h:9000%0a" passed the check above,
+            # was stored, and every client of the pool failed on it.
+            raise InvalidRequest("a pool URL has no control characters, %-encoded or not")
         unknown = set(query) - {"endpoint", "region"}
         if unknown:
             raise InvalidRequest(f"unknown s3 pool option(s): {', '.join(sorted(unknown))}")

@@ -38,6 +38,10 @@ from hypermedia.storage.backends import open_backend, parse_pool_url
         ("file:///srv/media?endpoint=x", "file: pool URLs take no ?options"),
         ("file:///srv/me\ndia", "no control characters"),
         ("file:///srv/\x1b[31mred", "no control characters"),
+        # %-encoded: decoded, it passed, was stored, and every client failed on it.
+        ("s3://media?endpoint=http://127.0.0.1:9000%0a", "no control characters"),
+        ("s3://media?endpoint=http://127.0.0.1:9000%0d", "no control characters"),
+        ("s3://media?region=eu%09west", "no control characters"),
     ],
 )
 def test_a_bad_pool_url_is_refused_with_its_reason(url: str, said: str) -> None:
