@@ -216,16 +216,27 @@ def _archived(
 ) -> None:
     """Another archive clamd unpacks (7-Zip, CAB, XAR, cpio, ISO, LHA, old
     tar), walked through libarchive: a member past ``limit`` is ``overlarge``
-    (clamd skips a CAB's silently), one that is a layer is surveyed in turn."""
+    (clamd skips a CAB's silently), one that is a layer is surveyed in turn.
+
+    Every member's size counts against NESTED_BYTES, those passed over too:
+    in a solid archive (a 7-Zip) passing a member over decompresses it, and
+    a few kB of LZMA that unpack to gigabytes held the attempt to its timeout."""
     try:
         with archives.opened(path) as (members, unopened):
             out.unopened = out.unopened or (unopened or "")
             for entry, size in members or ():
-                if size > limit or size < 0:
-                    out.overlarge = max(out.overlarge, size if size > limit else limit + 1)
+                if size < 0:  # not said: past clamd's limits, for all we know, and ours
+                    out.overlarge = max(out.overlarge, limit + 1)
+                    return
+                if size > budget[0]:
+                    out.unchecked = True
+                    return
+                budget[0] -= size
+                if size > limit:
+                    out.overlarge = max(out.overlarge, size)
                     continue
                 budget[1] -= 1
-                if depth >= NESTED_DEPTH or budget[1] < 0 or size > budget[0]:
+                if depth >= NESTED_DEPTH or budget[1] < 0:
                     out.unchecked = True
                     return
                 inner = archives.unpack(
@@ -233,7 +244,6 @@ def _archived(
                 )
                 if inner is None:
                     continue
-                budget[0] -= size
                 try:
                     out.add(_nested(inner, scratch, limit, depth + 1, budget))
                 finally:

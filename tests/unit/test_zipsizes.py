@@ -314,3 +314,27 @@ def test_a_tar_of_many_members_is_read_as_it_goes(tmp_path: Path) -> None:
     found = zipsizes.survey_nested(str(path), str(tmp_path), 10**6)
     assert found.largest == len(BIG) and not found.unchecked
     assert time.monotonic() - started < 15  # ~1 s
+
+
+def test_every_member_of_another_archive_counts_against_the_unpacking_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Passing a member of a solid 7-Zip over decompresses it: a few kB of
+    LZMA unpacking to gigabytes held the virus scan to its timeout.  Past
+    NESTED_BYTES in all, the walk stops: unchecked."""
+    import libarchive
+
+    def seven_zip(**members: bytes) -> str:
+        path = tmp_path / f"{len(members)}.7z"
+        with libarchive.file_writer(str(path), "7zip", options="compression=lzma2") as a:
+            for name, data in members.items():
+                a.add_file_from_memory(name, len(data), data)
+        return str(path)
+
+    monkeypatch.setattr(zipsizes, "NESTED_BYTES", 1024 * 1024)
+    one = seven_zip(a=bytes(700_000))
+    two = seven_zip(a=bytes(700_000), b=bytes(700_000))
+    assert not zipsizes.survey_nested(one, str(tmp_path), 10**9).unchecked
+    assert zipsizes.survey_nested(two, str(tmp_path), 10**9).unchecked
+    over = zipsizes.survey_nested(one, str(tmp_path), 500_000)  # past clamd's MaxFileSize
+    assert (over.overlarge, over.unchecked) == (700_000, False)
