@@ -8,11 +8,13 @@ instead (``authenticate(request, cookie=True)``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import AsyncIterator, Hashable
 from typing import Annotated, Any
 from urllib.parse import unquote_to_bytes
 
@@ -105,6 +107,15 @@ class RateLimiter:
         """``take`` without taking."""
         return self._level(key, take=False)
 
+    def level(self, key: Hashable) -> float:
+        """How many ``take`` calls would be allowed now (no limit: infinity)."""
+        if self.rate <= 0:
+            return math.inf
+        now = time.monotonic()
+        with self._lock:
+            level, at = self._buckets.get(key, (float(self.burst), now))
+            return min(float(self.burst), level + (now - at) * self.rate)
+
     def _level(self, key: Hashable, *, take: bool) -> float:
         if self.rate <= 0:
             return 0.0
@@ -141,13 +152,47 @@ class FailedAuth:
     def __init__(self, per_minute: int) -> None:
         self.bucket = RateLimiter(per_minute / 60, per_minute)
         self._told: set[str] = set()
+        self._checking: dict[str, int] = {}  # look-ups in flight, per address
+        # Made in the loop that serves (a test may run several, one after another).
+        self._settled: tuple[asyncio.AbstractEventLoop, asyncio.Condition] | None = None
 
-    def check(self, request: Request) -> None:
+    @contextlib.asynccontextmanager
+    async def guard(self, request: Request) -> AsyncIterator[None]:
+        """Around one look-up of credentials: refused (429) once the
+        address's failures are spent; its Unauthorized counted as one.
+
+        Look-ups in flight hold a failure each until they end: counted only
+        at their end, hundreds of guesses sent at once all passed the check
+        before the first was counted.  A request beyond what is left waits
+        for those in flight rather than being refused: valid ones give
+        theirs back."""
         address = client_address(request)
-        wait = self.bucket.wait(address)
-        if not wait:
+        loop = asyncio.get_running_loop()
+        if self._settled is None or self._settled[0] is not loop:
+            self._settled = (loop, asyncio.Condition())
+        settled = self._settled[1]
+        async with settled:
+            while self.bucket.level(address) - self._checking.get(address, 0) < 1:
+                if wait := self.bucket.wait(address):
+                    self._refuse(address, wait)
+                await settled.wait()
+            self._checking[address] = self._checking.get(address, 0) + 1
             self._told.discard(address)
-            return
+        failed = False
+        try:
+            yield
+        except Unauthorized:
+            failed = True
+            raise
+        finally:
+            async with settled:
+                if (left := self._checking.pop(address) - 1) > 0:
+                    self._checking[address] = left
+                if failed:
+                    self.bucket.take(address)
+                settled.notify_all()
+
+    def _refuse(self, address: str, wait: float) -> None:
         if address not in self._told:
             if len(self._told) >= RateLimiter.KEYS:  # addresses that never came back
                 self._told.clear()
@@ -161,6 +206,7 @@ class FailedAuth:
         )
 
     def failed(self, request: Request) -> None:
+        """A failure found without a look-up (a login form's token too long)."""
         self.bucket.take(client_address(request))
 
 
@@ -220,15 +266,11 @@ async def authenticate(request: Request, *, cookie: bool = False) -> Principal:
     if not token and not secret:
         raise Unauthorized("a bearer token is required" if not cookie else "log in first")
     failures: FailedAuth = request.app.state.auth_failures
-    failures.check(request)
-    try:
+    async with failures.guard(request):
         if token:  # an API token; a session secret is refused here
             principal = await run_in_threadpool(svc.tokens.authenticate, token)
         else:  # only the dashboard's routes ask for the cookie
             principal = await run_in_threadpool(svc.tokens.authenticate_session, secret or "")
-    except Unauthorized:
-        failures.failed(request)
-        raise
     # A session shares its token's bucket: logging in again gives no fresh one.
     wait = request.app.state.rate_limiter.take(principal.token_id)
     if wait:

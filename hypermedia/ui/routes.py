@@ -27,6 +27,7 @@ from hypermedia.api.deps import (
 )
 from hypermedia.api.errors import ApiError, error_response
 from hypermedia.api.routes.jobs import (
+    check_changeable,
     check_owner,
     owned_job,
     public_job,
@@ -129,11 +130,13 @@ async def login(request: Request) -> Response:
     failures: FailedAuth = request.app.state.auth_failures
     try:
         if not token or len(token) > 200:
+            if token:
+                failures.failed(request)
             raise Unauthorized("no token")
-        failures.check(request)
         # A session of its own: the cookie never holds the token.
         limiter = request.app.state.rate_limiter
-        secret, principal = await run_in_threadpool(_start_session, svc, token, limiter)
+        async with failures.guard(request):
+            secret, principal = await run_in_threadpool(_start_session, svc, token, limiter)
     except (RateLimited, ApiError) as exc:
         if isinstance(exc, RateLimited):
             seconds, said = exc.seconds, str(exc)
@@ -144,8 +147,6 @@ async def login(request: Request) -> Response:
         refused.headers["Retry-After"] = str(seconds)
         return refused
     except Unauthorized:
-        if token:
-            failures.failed(request)
         return page(
             request,
             "login.html",
@@ -408,9 +409,9 @@ async def cancel(request: Request, job_id: str) -> Response:
     need(principal, "jobs:write")
     svc = services(request)
     ident = _id(job_id, "job")
-    await run_in_threadpool(check_owner, svc, ident, principal)
+    await run_in_threadpool(check_changeable, svc, ident, principal)
     await run_in_threadpool(svc.engine.cancel, ident, principal.actor)
-    return RedirectResponse(f"/ui/jobs/{ident}", status_code=303)
+    return RedirectResponse(_after_change(ident, principal), status_code=303)
 
 
 @router.post("/jobs/{job_id}/retry")
@@ -419,10 +420,20 @@ async def retry(request: Request, job_id: str) -> Response:
     need(principal, "jobs:write")
     svc = services(request)
     ident = _id(job_id, "job")
-    job = await run_in_threadpool(check_owner, svc, ident, principal)
+    job = await run_in_threadpool(check_changeable, svc, ident, principal)
     check_may_run(principal, job["job_type"])
     await run_in_threadpool(svc.engine.retry, ident, principal.actor)
-    return RedirectResponse(f"/ui/jobs/{ident}", status_code=303)
+    return RedirectResponse(_after_change(ident, principal), status_code=303)
+
+
+def _after_change(job_id: int, principal: Principal) -> str:
+    """The job's page, or for a token that may not read it the first page it
+    can open (the upload form says the job, one it made, exists): never a
+    page it would meet a 403 on."""
+    if principal.allows("jobs:read"):
+        return f"/ui/jobs/{job_id}"
+    _, href = home(principal)
+    return f"{href}?created={job_id}" if href == "/ui/upload" else href
 
 
 # -- upload -----------------------------------------------------------------------------

@@ -154,3 +154,28 @@ def test_forgotten_buckets_are_only_full_ones(monkeypatch: pytest.MonkeyPatch) -
     limiter.take("b")
     limiter.take("c")  # "new" has 1.5 of 2 back: kept
     assert "new" in limiter._buckets
+
+
+def test_failed_authentications_sent_at_once_are_throttled_too(svc: Services) -> None:
+    """All 300 guesses sent at once were looked up (401): each was counted
+    only once its look-up had ended, after the others had passed the check.
+    Valid requests sent at once are not refused: they wait their turn."""
+    import asyncio
+
+    import httpx
+
+    guarded = Services.from_engine(svc.engine)
+    guarded.settings = svc.settings.with_(api_auth_failures_per_minute=5)
+    _, good = svc.tokens.create("p1", ["jobs:read"])
+    app = create_app(guarded)
+
+    async def burst(address: str, tokens: list[str]) -> list[int]:
+        transport = httpx.ASGITransport(app=app, client=(address, 5000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            sent = [c.get("/v1/jobs", headers=bearer(t)) for t in tokens]
+            return [r.status_code for r in await asyncio.gather(*sent)]
+
+    guesses = asyncio.run(burst("203.0.113.8", [f"hm_x_wrong{i}" for i in range(60)]))
+    assert guesses.count(401) <= 6 and guesses.count(429) >= 54, sorted(guesses)
+    valid = asyncio.run(burst("203.0.113.9", [good] * 40))
+    assert valid == [200] * 40

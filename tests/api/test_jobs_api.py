@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from hypermedia.services import Services
 from tests.api.conftest import Project, bearer
 from tests.api.test_ui_pages import login
+from tests.media import png
 
 NOOP = {"job_type": "debug.noop"}
 
@@ -164,10 +165,13 @@ def test_cancel_then_retry(client: TestClient, a: Project) -> None:
     assert r.status_code == 409 and r.json()["code"] == "conflict"
 
 
-def test_debug_job_types_need_the_admin_scope(client: TestClient, a: Project) -> None:
+def test_debug_job_types_need_the_admin_scope(
+    client: TestClient, a: Project, svc: Services
+) -> None:
     """They inject faults and probe the sandbox (a tenant once port-scanned
     the host's loopback through debug.sleep's probe)."""
-    writer = bearer(a.scoped["jobs:write"])
+    _, reader_writer = svc.tokens.create(a.id, ["jobs:read", "jobs:write"])
+    writer = bearer(reader_writer)
     probe = {"network": True, "probe": {"connect": [5432]}}
     bodies = ({"job_type": "debug.sleep", "params": probe}, {"profile": "debug-noop"}, NOOP)
     for body in bodies:
@@ -183,13 +187,53 @@ def test_debug_job_types_need_the_admin_scope(client: TestClient, a: Project) ->
     assert client.post(f"/v1/jobs/{job_id}/cancel", headers=bearer(a.admin)).status_code == 200
     r = client.post(f"/v1/jobs/{job_id}/retry", headers=writer)
     assert r.status_code == 403 and "needs a token with the admin scope" in r.json()["message"]
-    login(client, a.scoped["jobs:write"])  # the dashboard goes by its session cookie
+    login(client, reader_writer)  # the dashboard goes by its session cookie
     r = client.post(f"/ui/jobs/{job_id}/retry", follow_redirects=False)
     assert r.status_code == 403, r.text
     client.cookies.clear()
     assert client.get(f"/v1/jobs/{job_id}", headers=bearer(a.admin)).json()["status"] == "cancelled"
     r = client.post(f"/v1/jobs/{job_id}/retry", headers=bearer(a.admin))
     assert r.status_code == 200 and r.json()["status"] == "queued"
+
+
+def test_a_token_that_may_not_read_jobs_changes_only_those_it_made(
+    client: TestClient, a: Project, svc: Services
+) -> None:
+    """A jobs:write token without jobs:read learned which jobs of its project
+    exist and their state from cancel and retry (409 "it is failed"), and
+    read a whole job (params, attempts, events) from a retry's answer."""
+    _, uploader = svc.tokens.create(a.id, ["objects:write", "jobs:write"])
+    others = client.post("/v1/jobs", json=NOOP, headers=bearer(a.admin)).json()["job_id"]
+    assert client.post(f"/v1/jobs/{others}/cancel", headers=bearer(a.admin)).status_code == 200
+    missing = others + 1000
+    for action in ("cancel", "retry"):
+        r = client.post(f"/v1/jobs/{others}/{action}", headers=bearer(uploader))
+        gone = client.post(f"/v1/jobs/{missing}/{action}", headers=bearer(uploader))
+        assert (r.status_code, gone.status_code) == (404, 404), action
+        said = r.json()["message"].replace(str(others), "N")
+        assert said == gone.json()["message"].replace(str(missing), "N")
+    # Its own job: changed, answered with its id and status only.
+    obj = client.post("/v1/objects", content=png(8, 8), headers=bearer(uploader)).json()
+    made = client.post(
+        "/v1/jobs",
+        json={"profile": "image-thumbnail", "object_id": obj["object_id"]},
+        headers=bearer(uploader),
+    )
+    mine = made.json()["job_id"]
+    r = client.post(f"/v1/jobs/{mine}/cancel", headers=bearer(uploader))
+    assert (r.status_code, r.json()) == (200, {"job_id": mine, "status": "cancelled"})
+    r = client.post(f"/v1/jobs/{mine}/retry", headers=bearer(uploader))
+    assert (r.status_code, r.json()) == (200, {"job_id": mine, "status": "queued"})
+    # The dashboard alike: another's job is a 404 page, its own leads to the upload form.
+    login(client, uploader)
+    assert client.post(f"/ui/jobs/{others}/retry", follow_redirects=False).status_code == 404
+    r = client.post(f"/ui/jobs/{mine}/cancel", follow_redirects=False)
+    assert (r.status_code, r.headers["location"]) == (303, f"/ui/upload?created={mine}")
+    assert f"<b>#{mine}</b> was created" in client.get(r.headers["location"]).text
+    client.cookies.clear()
+    # With jobs:read, the whole job, as before.
+    r = client.post(f"/v1/jobs/{mine}/retry", headers=bearer(a.admin))
+    assert r.status_code == 200 and "attempts" in r.json() and "events" in r.json()
 
 
 def test_a_job_type_that_reads_an_input_is_refused_without_one(

@@ -150,6 +150,25 @@ def check_owner(svc: Services, job_id: int, principal: Principal) -> Row:
     return job
 
 
+def check_changeable(svc: Services, job_id: int, principal: Principal) -> Row:
+    """``check_owner`` for a change (cancel, retry).  A token without
+    ``jobs:read`` may change only the jobs it made: any other of its project
+    answers as a missing one, since the answer (a 409 "it is failed", the job
+    after a retry) told it which jobs exist, their state and their details."""
+    job = check_owner(svc, job_id, principal)
+    if not principal.allows("jobs:read") and job.get("created_by") != principal.actor:
+        raise NotFound(f"job {job_id} not found")
+    return job
+
+
+def changed_job(svc: Services, job_id: int, principal: Principal) -> Row:
+    """What a change answers: the job, or to a token without ``jobs:read``
+    only its id and status (the job itself is not this token's to read)."""
+    if principal.allows("jobs:read"):
+        return public_job(owned_job(svc, job_id, principal), principal)
+    return {"job_id": job_id, "status": svc.engine.row(job_id)["status"]}
+
+
 def owned_job(svc: Services, job_id: int, principal: Principal) -> Row:
     """The job with its attempts, outputs and events, if it is the principal's project's."""
     return svc.engine.get(job_id, project_id=principal.project_id)
@@ -200,17 +219,17 @@ def show_job(job_id: Id, request: Request, principal: Principal = scoped("jobs:r
 @router.post("/{job_id}/cancel", summary="Cancel a job (a running one is stopped within 2 s)")
 def cancel_job(job_id: Id, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
     svc = services(request)
-    check_owner(svc, job_id, principal)
+    check_changeable(svc, job_id, principal)
     svc.engine.cancel(job_id, actor=principal.actor)
-    return public_job(owned_job(svc, job_id, principal), principal)
+    return changed_job(svc, job_id, principal)
 
 
 @router.post("/{job_id}/retry", summary="Run a failed or cancelled job again, as a new attempt")
 def retry_job(job_id: Id, request: Request, principal: Principal = scoped("jobs:write")) -> Row:
     svc = services(request)
-    check_may_run(principal, check_owner(svc, job_id, principal)["job_type"])
+    check_may_run(principal, check_changeable(svc, job_id, principal)["job_type"])
     svc.engine.retry(job_id, actor=principal.actor)
-    return public_job(owned_job(svc, job_id, principal), principal)
+    return changed_job(svc, job_id, principal)
 
 
 @router.get(
