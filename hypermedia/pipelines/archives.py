@@ -1,28 +1,29 @@
 """Archives other than ZIP and tar, as far as the virus scan must know them.
 
-clamd unpacks 7-Zip, CAB, XAR, cpio, ISO 9660, LHA and pre-POSIX tar
-itself, and reads what it finds inside with the same readers as at the top:
-a ZIP compressed inside a 7-Zip hid a signature past MaxFileSize, a RAR
-inside a CAB went unopened (Debian's clamd has no unrar), a CAB member past
-MaxFileSize was skipped, all called clean.  These are walked here through
-libarchive, member by member, for ``zipsizes`` to survey what is inside.
+clamd unpacks 7-Zip, CAB, XAR, cpio, ISO 9660 and LHA itself, and reads what
+it finds inside with the same readers as at the top: a ZIP compressed inside
+a 7-Zip hid a signature past MaxFileSize, a RAR inside a CAB went unopened
+(Debian's clamd has no unrar), a CAB member past MaxFileSize was skipped,
+all called clean.  These are walked here through libarchive, member by
+member, for ``zipsizes`` to survey what is inside.  Only a file whose first
+bytes say it is one of them is opened so (``kind_of``), in that format
+alone: libarchive guessing at any file read a CSV as an mtree listing and
+failed on it.
 
-Some formats clamd does not unpack at all (``UNOPENED``): it reads their
-bytes as they are, so no hash signature can match a member, and EICAR in an
+Some data clamd does not unpack at all (``UNOPENED``): it reads its bytes as
+they are, so no hash signature can match what is inside, and EICAR in an
 ``ar`` (a ``.deb``), a zstd stream or a WIM image was clean.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
-# What starts each format, as clamd and libarchive tell them (offsets in the
-# file's first bytes).
+# What starts each format (offsets in the file's first bytes).
 MAGIC = (
     ("7z", 0, b"7z\xbc\xaf\x27\x1c"),
     ("cab", 0, b"MSCF\0\0\0\0"),
@@ -33,58 +34,58 @@ MAGIC = (
     ("cpio", 0, b"\xc7\x71"),
     ("cpio", 0, b"\x71\xc7"),
     ("lha", 2, b"-lh"),
+    ("iso", 32769, b"CD001"),
     ("ar", 0, b"!<arch>\n"),
     ("zstd", 0, b"\x28\xb5\x2f\xfd"),
     ("lz4", 0, b"\x04\x22\x4d\x18"),
+    ("lzip", 0, b"LZIP"),
+    ("compress", 0, b"\x1f\x9d"),
     ("WIM", 0, b"MSWIM\0\0\0"),
     ("WARC", 0, b"WARC/"),
 )
+HEAD_BYTES = 32769 + 5  # enough for every magic above (an ISO's is at 32 kB)
 # Read by clamd as plain bytes: a file holding one is never called clean.
-UNOPENED = frozenset({"ar", "zstd", "lz4", "WIM", "WARC"})
-# Compressions libarchive undoes and clamd does not.
-_UNOPENED_FILTERS = {b"zstd": "zstd", b"lz4": "lz4", b"lzip": "lzip", b"lzop": "lzop"}
-# libarchive's names of the formats clamd unpacks (those not read by
-# zipsizes itself), by their start.
-_WALKED = (b"7-Zip", b"CAB", b"xar", b"ISO9660", b"lha", b"tar (non-POSIX)")
+UNOPENED = frozenset({"ar", "zstd", "lz4", "lzip", "compress", "lzma", "WIM", "WARC"})
+# libarchive's name of each format clamd unpacks and zipsizes does not read.
+_FORMATS = {
+    "7z": "7zip",
+    "cab": "cab",
+    "xar": "xar",
+    "cpio": "cpio",
+    "lha": "lha",
+    "iso": "iso9660",
+}
+WALKED = frozenset(_FORMATS)
 _CHUNK = 1024 * 1024
 
 
 def kind_of(head: bytes) -> str | None:
-    """The format ``head`` (a file's first bytes) starts, from MAGIC."""
-    return next((k for k, at, magic in MAGIC if head[at : at + len(magic)] == magic), None)
+    """The format ``head`` (a file's first HEAD_BYTES) starts, if any here."""
+    found = next((k for k, at, magic in MAGIC if head[at : at + len(magic)] == magic), None)
+    return found or ("lzma" if _lzma_alone(head) else None)
+
+
+def _lzma_alone(head: bytes) -> bool:
+    """An .lzma stream (LZMA_Alone): its properties byte as every encoder
+    writes it (lc=3, lp=0, pb=2), a dictionary of 2^n bytes, then its size
+    or "unknown" (all ones) in 8 bytes."""
+    if len(head) < 13 or head[0] != 0x5D:
+        return False
+    dictionary = int.from_bytes(head[1:5], "little")
+    size = int.from_bytes(head[5:13], "little")
+    said = size <= 1 << 48 or size == (1 << 64) - 1
+    return dictionary.bit_count() == 1 and dictionary >= 1 << 12 and said
 
 
 @contextlib.contextmanager
-def opened(path: str) -> Iterator[tuple[Iterator[tuple[Any, int]] | None, str | None]]:
-    """(its members, None) for an archive clamd unpacks and zipsizes does not
-    read itself; (None, name) for one clamd does not unpack; (None, None) for
-    anything else (not an archive libarchive knows).  Each member comes with
-    its size (-1 when the archive does not say); regular files only."""
+def opened(path: str, kind: str) -> Iterator[Iterator[tuple[Any, int]]]:
+    """The regular members of the ``kind`` archive at ``path`` (one of
+    WALKED), each with its size (-1 when the archive does not say).  Raises
+    libarchive's error for one it cannot read."""
     import libarchive  # the child only, on a clean answer
 
-    try:
-        reader = libarchive.file_reader(path)
-        archive = reader.__enter__()
-    except libarchive.ArchiveError:
-        yield None, None
-        return
-    try:
-        entries = iter(archive)
-        # The format is known once the first member's header is read.
-        first = next(entries, None)
-        filters = [f for f in archive.filter_names if f in _UNOPENED_FILTERS]
-        name = archive.format_name or b""
-        if filters:
-            yield None, _UNOPENED_FILTERS[filters[0]]
-        elif name == b"ar" or name.startswith(b"ar "):
-            yield None, "ar"
-        elif first is not None and (b"cpio" in name or name.startswith(_WALKED)):
-            yield _regular(itertools.chain([first], entries)), None
-        else:
-            yield None, None
-    finally:
-        with contextlib.suppress(libarchive.ArchiveError):
-            reader.__exit__(None, None, None)
+    with libarchive.file_reader(path, format_name=_FORMATS[kind], filter_name="none") as archive:
+        yield _regular(iter(archive))
 
 
 def _regular(entries: Iterator[Any]) -> Iterator[tuple[Any, int]]:

@@ -414,6 +414,16 @@ def _zip_reason(zip_: zipsizes.Survey, limit: int) -> str | None:
             f"an archive member of {zip_.overlarge} bytes is over clamd's MaxFileSize "
             f"({limit}): clamd skips or cuts such members"
         )
+    if zip_.undecoded:
+        return (
+            "a ZIP member is compressed by a method clamd does not decode (LZMA, PPMd, "
+            "XZ, Zstandard): clamd read its bytes as they are"
+        )
+    if zip_.joined:
+        return (
+            "a gzip, bzip2 or xz file in it holds more streams after its first: "
+            "clamd unpacks only the first"
+        )
     if zip_.unopened:
         return (
             f"it holds {zip_.unopened} data, which clamd does not unpack: "

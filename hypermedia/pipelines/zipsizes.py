@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import bz2
 import functools
-import gzip
+import io
 import lzma
 import mmap
 import os
@@ -27,9 +27,10 @@ import struct
 import tarfile
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from hypermedia.pipelines import archives
 
@@ -48,6 +49,10 @@ _CHUNK = 1024 * 1024
 
 UNKNOWN = -1  # a member whose size nothing readable declares
 _ENCRYPTED = 0x0001  # flag bit 0
+# What ClamAV's unzip decodes: stored, shrunk, reduced, imploded, deflated,
+# deflate64, bzip2.  A member of another method (LZMA, PPMd, XZ, Zstandard)
+# it reads as bytes.
+CLAMD_ZIP_METHODS = frozenset({0, 1, 2, 3, 4, 5, 6, 8, 9, 12})
 _SIGNED_DESCRIPTOR = b"PK\x07\x08"
 
 
@@ -60,6 +65,8 @@ class Survey:
     unsized: bool = False  # a ZIP inside it has a member of UNKNOWN size
     overflowed: bool = False  # a compressed stream in it unpacks past clamd's MaxFileSize
     rar: bool = False  # a RAR archive in it (clamd unpacks RAR only with libclamunrar)
+    joined: bool = False  # a gzip, bzip2 or xz file in it with streams after its first
+    undecoded: bool = False  # a ZIP member in it compressed by a method clamd lacks
     unopened: str = ""  # a format in it that clamd does not unpack (archives.UNOPENED)
     overlarge: int = 0  # the largest member past MaxFileSize of another archive in it
     unread: bool = False  # a layer in it could not be unpacked here to be checked
@@ -74,6 +81,8 @@ class Survey:
         self.unchecked |= inner.unchecked
         self.overflowed |= inner.overflowed
         self.rar |= inner.rar
+        self.joined |= inner.joined
+        self.undecoded |= inner.undecoded
         self.unopened = self.unopened or inner.unopened
         self.overlarge = max(self.overlarge, inner.overlarge)
         self.unread |= inner.unread
@@ -127,8 +136,9 @@ class _Cover:
 # them: ``unchecked``).
 NESTED_DEPTH = 8
 NESTED_BYTES = 512 * 1024 * 1024
-NESTED_MEMBERS = 2000  # members and compressed streams looked into, in all
-_HEAD = 512  # enough to tell a layer by its magic (a tar's is at 257)
+NESTED_MEMBERS = 2000  # archives and compressed streams looked into, in all
+NESTED_HEADS = 200_000  # members whose first bytes are read to tell whether they are one
+_HEAD = archives.HEAD_BYTES  # enough to tell a layer by its magic (an ISO's is at 32 kB)
 
 
 def survey_nested(path: str, scratch: str, limit: int) -> Survey:
@@ -142,7 +152,7 @@ def survey_nested(path: str, scratch: str, limit: int) -> Survey:
     that.  A layer that cannot be read whole (a bad CRC, a size that lies, a
     method Python lacks, a cut stream) is ``unchecked``: clamd may have read
     it all the same."""
-    return _nested(path, scratch, limit, 0, [NESTED_BYTES, NESTED_MEMBERS])
+    return _nested(path, scratch, limit, 0, [NESTED_BYTES, NESTED_MEMBERS, NESTED_HEADS])
 
 
 def _layer(head: bytes) -> str | None:
@@ -151,18 +161,72 @@ def _layer(head: bytes) -> str | None:
         return "zip"
     if head.startswith(RAR):  # RAR 1.5-4.x and 5.0 alike
         return "rar"
-    if head[257:262] == b"ustar":  # POSIX and GNU tar
+    if head[257:262] == b"ustar" or _v7_tar(head):  # POSIX and GNU tar, and the older one
         return "tar"
     stream = next((kind for kind, magic in _STREAMS.items() if head.startswith(magic)), None)
     return stream or archives.kind_of(head)
 
 
+def _v7_tar(head: bytes) -> bool:
+    """A tar header without the POSIX magic (pre-1988), known by its
+    checksum: the sum of its 512 bytes with the checksum field as spaces."""
+    if len(head) < 512 or head[0] == 0:
+        return False
+    field = head[148:156].replace(b"\0", b" ").strip()
+    if not field or not all(48 <= c <= 55 for c in field):  # octal digits
+        return False
+    return int(field, 8) == sum(head[:148]) + 8 * 32 + sum(head[156:512])
+
+
 _STREAMS = {"gzip": b"\x1f\x8b", "bzip2": b"BZh", "xz": b"\xfd7zXZ\x00"}
-_OPENERS: dict[str, Callable[..., Any]] = {
-    "gzip": gzip.open,
-    "bzip2": bz2.open,
-    "xz": lzma.open,
+_DECOMPRESSORS: dict[str, Callable[[], Any]] = {
+    "gzip": lambda: zlib.decompressobj(31),
+    "bzip2": bz2.BZ2Decompressor,
+    "xz": lzma.LZMADecompressor,
 }
+
+
+class _FirstStream(io.RawIOBase):
+    """The first gzip, bzip2 or xz stream of a file, decompressed: clamd
+    unpacks that one and stops, where Python's openers read on through
+    every stream joined after it (EICAR gzipped after a gzipped "hello" was
+    called clean).  A stream cut short raises EOFError."""
+
+    def __init__(self, path: str, kind: str) -> None:
+        self._file = open(path, "rb")  # noqa: SIM115 - closed with this reader
+        self._inflate = _DECOMPRESSORS[kind]()
+        self._zlib = kind == "gzip"
+        self.joined = False  # once read to its end: more than padding (NULs) after it
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        most = _CHUNK if size is None or size < 0 else size
+        d = self._inflate
+        while not d.eof:
+            if self._zlib:
+                data = d.unconsumed_tail or self._file.read(_CHUNK)
+                if not data:
+                    raise EOFError("the compressed stream is cut short")
+                got = d.decompress(data, most)
+            else:
+                data = b"" if not d.needs_input else self._file.read(_CHUNK)
+                if d.needs_input and not data:
+                    raise EOFError("the compressed stream is cut short")
+                got = d.decompress(data, most)
+            if got:
+                return bytes(got)
+        if not self.joined:
+            rest = d.unused_data
+            while not self.joined and rest:
+                self.joined = bool(rest.strip(b"\0"))
+                rest = self._file.read(_CHUNK)
+        return b""
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
 
 
 def _nested(path: str, scratch: str, limit: int, depth: int, budget: list[int]) -> Survey:
@@ -170,7 +234,7 @@ def _nested(path: str, scratch: str, limit: int, depth: int, budget: list[int]) 
     # Anywhere in it: a RAR stored in any container, or behind a program (an
     # SFX), which clamd finds and cannot open.  Not opened here: whether
     # clamd could is the profile's to say.
-    out.rar = _holds(path, RAR)
+    out.rar = _holds_rar(path)
     with open(path, "rb") as f:
         kind = _layer(f.read(_HEAD))
     if kind == "rar":
@@ -179,19 +243,62 @@ def _nested(path: str, scratch: str, limit: int, depth: int, budget: list[int]) 
         out.unopened = kind
     elif kind in _STREAMS:
         _stream(path, kind, out, scratch, limit, depth, budget)
-    elif not _boxed(path, kind == "tar", out, scratch, limit, depth, budget) and kind != "tar":
-        _archived(path, out, scratch, limit, depth, budget)
+    elif kind in archives.WALKED:
+        _archived(path, kind, out, scratch, limit, depth, budget)
+    else:  # a ZIP, a tar, or a ZIP after something else (found from its end)
+        _boxed(path, kind == "tar", out, scratch, limit, depth, budget)
     return out
 
 
-def _holds(path: str, marker: bytes) -> bool:
+def _holds_rar(path: str) -> bool:
+    """Whether a RAR archive starts anywhere in the file: its marker followed
+    by a header whose CRC holds (the marker alone is in every program that
+    knows RAR files: file(1)'s magic database was "a RAR archive")."""
     with open(path, "rb") as f:
         try:
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:  # empty
             return False
     with data:
-        return data.find(marker) >= 0
+        at, looked = data.find(RAR), 0
+        while at >= 0 and looked < 10_000:
+            if _rar_header(data, at + len(RAR)):
+                return True
+            at, looked = data.find(RAR, at + 1), looked + 1
+    return False
+
+
+def _rar_header(data: Any, at: int) -> bool:
+    """A RAR 1.5-4 archive header (``\0``, then CRC-16, type 0x73, flags,
+    size) or a RAR 5 main header (``\1\0``, then CRC-32, size, type 1) at ``at``."""
+    if data[at : at + 1] == b"\0" and data[at + 3 : at + 4] == b"\x73":
+        size = int.from_bytes(data[at + 6 : at + 8], "little")
+        block = data[at + 1 : at + 1 + size]
+        return (
+            size >= 7
+            and len(block) == size
+            and zlib.crc32(block[2:]) & 0xFFFF == (int.from_bytes(block[:2], "little"))
+        )
+    if data[at : at + 2] == b"\1\0":
+        size, n = _vint(data, at + 6)
+        body = data[at + 6 : at + 6 + n + size]
+        kind, _ = _vint(data, at + 6 + n)
+        crc = int.from_bytes(data[at + 2 : at + 6], "little")
+        return n > 0 and len(body) == n + size and zlib.crc32(body) == crc and kind == 1
+    return False
+
+
+def _vint(data: Any, at: int) -> tuple[int, int]:
+    """RAR 5's variable-length integer at ``at``: (value, bytes taken); (0, 0) if cut."""
+    value = 0
+    for i in range(10):
+        byte = data[at + i : at + i + 1]
+        if not byte:
+            return 0, 0
+        value |= (byte[0] & 0x7F) << (7 * i)
+        if not byte[0] & 0x80:
+            return value, i + 1
+    return 0, 0
 
 
 def _boxed(
@@ -212,7 +319,7 @@ def _boxed(
 
 
 def _archived(
-    path: str, out: Survey, scratch: str, limit: int, depth: int, budget: list[int]
+    path: str, kind: str, out: Survey, scratch: str, limit: int, depth: int, budget: list[int]
 ) -> None:
     """Another archive clamd unpacks (7-Zip, CAB, XAR, cpio, ISO, LHA, old
     tar), walked through libarchive: a member past ``limit`` is ``overlarge``
@@ -222,28 +329,29 @@ def _archived(
     in a solid archive (a 7-Zip) passing a member over decompresses it, and
     a few kB of LZMA that unpack to gigabytes held the attempt to its timeout."""
     try:
-        with archives.opened(path) as (members, unopened):
-            out.unopened = out.unopened or (unopened or "")
-            for entry, size in members or ():
+        with archives.opened(path, kind) as members:
+            for entry, size in members:
                 if size < 0:  # not said: past clamd's limits, for all we know, and ours
                     out.overlarge = max(out.overlarge, limit + 1)
                     return
-                if size > budget[0]:
+                budget[2] -= 1
+                if size > budget[0] or budget[2] < 0:
                     out.unchecked = True
                     return
                 budget[0] -= size
                 if size > limit:
                     out.overlarge = max(out.overlarge, size)
                     continue
-                budget[1] -= 1
-                if depth >= NESTED_DEPTH or budget[1] < 0:
-                    out.unchecked = True
-                    return
                 inner = archives.unpack(
                     entry, scratch, size, _HEAD, lambda h: _layer(h) is not None
                 )
                 if inner is None:
                     continue
+                budget[1] -= 1
+                if depth >= NESTED_DEPTH or budget[1] < 0:
+                    os.unlink(inner)
+                    out.unchecked = True
+                    return
                 try:
                     out.add(_nested(inner, scratch, limit, depth + 1, budget))
                 finally:
@@ -259,11 +367,14 @@ def _members(
     for member, size in box.members():
         if not 0 < size <= limit:
             continue  # empty, or past what clamd reads (said by survey or by clamd)
-        budget[1] -= 1
-        if depth >= NESTED_DEPTH or budget[1] < 0 or size > budget[0]:
-            out.unchecked = True  # too deep, too many or too large to look further
+        budget[2] -= 1
+        if budget[2] < 0:
+            out.unchecked = True  # too many to look at
             return
         try:
+            if box.undecoded(member):
+                out.undecoded = True
+                continue
             with box.open(member) as head:
                 kind = _layer(head.read(_HEAD))
             if kind is None:
@@ -271,6 +382,10 @@ def _members(
             if kind == "rar":  # known by its start: nothing to unpack
                 out.rar = True
                 continue
+            budget[1] -= 1  # counted as what it is: a ZIP of 2,001 texts holds no archive
+            if depth >= NESTED_DEPTH or budget[1] < 0 or size > budget[0]:
+                out.unchecked = True  # too deep, too many or too large to look further
+                return
             budget[0] -= size
             inner = _unpacked(functools.partial(box.open, member), scratch, size)
         except Exception:  # not read whole (a bad CRC, a size that lies, a method
@@ -305,6 +420,11 @@ class _Box:
             if t.isreg():
                 yield t, t.size
 
+    def undecoded(self, member: Any) -> bool:
+        """Whether clamd decodes none of the member: a ZIP's compressed by
+        a method its unzip lacks (an LZMA member, method 14, was clean)."""
+        return self.zip is not None and member.compress_type not in CLAMD_ZIP_METHODS
+
     def open(self, member: Any) -> IO[bytes]:
         if self.zip is not None:
             return self.zip.open(member)
@@ -333,14 +453,18 @@ def _stream(
     if depth >= NESTED_DEPTH or budget[1] < 0:
         out.unchecked = True
         return
-    opener = _OPENERS[kind]
     cap = min(limit, budget[0])
+    first = _FirstStream(path, kind)
     try:
-        inner = _unpacked(functools.partial(opener, path, "rb"), scratch, cap + 1)
+        # Read to its end (b""), unless past cap: ``joined`` is known then.
+        inner = _unpacked(lambda: cast(IO[bytes], first), scratch, cap + 1)
     except Exception:  # a cut or damaged stream: clamd may have read more of it
         out.unread = True
         return
+    finally:
+        first.close()
     try:
+        out.joined |= first.joined
         size = os.path.getsize(inner)
         budget[0] -= size
         if size > limit:
@@ -396,7 +520,10 @@ def _directory(path: str) -> list[tuple[int, int, int, bool]]:
                 end = data_at + i.compress_size
                 size = i.file_size
                 if i.flag_bits & _DESCRIPTOR:
-                    size = max(size, _descriptor_size(f.fileno(), end, i.CRC, i.compress_size))
+                    wide = _zip64_local(f.fileno(), i.header_offset)
+                    size = max(
+                        size, _descriptor_size(f.fileno(), end, i.CRC, i.compress_size, wide)
+                    )
                 out.append((i.header_offset, end, size, bool(i.flag_bits & _ENCRYPTED)))
             return out
     except Exception:  # a hostile directory: BadZipFile, struct.error, MemoryError...
@@ -412,14 +539,36 @@ def _data_offset(fd: int, header_at: int) -> int:
     return header_at + _HEADER.size + name_len + extra_len
 
 
-def _descriptor_size(fd: int, at: int, crc: int, compressed: int) -> int:
+def _zip64_local(fd: int, header_at: int) -> bool:
+    """Whether the local header at ``header_at`` carries a ZIP64 extra field:
+    only then are its data descriptor's sizes 8 bytes each (APPNOTE 4.3.9)."""
+    head = os.pread(fd, _HEADER.size, header_at)
+    name_len, extra_len = struct.unpack_from("<HH", head, _HEADER.size - 4)
+    extra = os.pread(fd, extra_len, header_at + _HEADER.size + name_len)
+    return _zip64_size(extra) != UNKNOWN or _has_field(extra, 1)
+
+
+def _has_field(extra: bytes, kind: int) -> bool:
+    i = 0
+    while i + 4 <= len(extra):
+        found, length = struct.unpack_from("<HH", extra, i)
+        if found == kind:
+            return True
+        i += 4 + length
+    return False
+
+
+def _descriptor_size(fd: int, at: int, crc: int, compressed: int, wide: bool) -> int:
     """The uncompressed size in the data descriptor at ``at``, recognised by
     the member's CRC and compressed size (its signature is optional; its
-    sizes take 4 bytes, or 8 in a ZIP64 archive); UNKNOWN if none is there."""
+    sizes take 4 bytes, or 8 when ``wide``: a ZIP64 member's); UNKNOWN if
+    none is there.  Read as 8 bytes when its first 12 happened to match, a
+    Maven JAR's empty folder entry (CRC 0, 2 bytes compressed, size 0) took
+    the next header's bytes for a size of 5.8 x 10^17."""
     raw = os.pread(fd, 28, at)
     if raw[:4] == _SIGNED_DESCRIPTOR:
         raw = raw[4:]
-    if len(raw) >= 20 and struct.unpack_from("<IQ", raw) == (crc, compressed):
+    if wide and len(raw) >= 20 and struct.unpack_from("<IQ", raw) == (crc, compressed):
         return int(struct.unpack_from("<Q", raw, 12)[0])
     if len(raw) >= 12 and struct.unpack_from("<II", raw) == (crc, compressed & _ZIP64):
         return int(struct.unpack_from("<I", raw, 8)[0])
@@ -445,9 +594,23 @@ def _local_headers(path: str) -> Iterator[tuple[int, int, int]]:
 
 
 def _declared(fd: int, offset: int, data: bytes, at: int) -> tuple[int, int] | None:
-    """(size, flags) the header at ``data[at:]`` (file ``offset``) declares; None: no header."""
-    _, version, flags, method, _, _, _, _, size, name_len, extra_len = _HEADER.unpack_from(data, at)
+    """(size, flags) the header at ``data[at:]`` (file ``offset``) declares; None: no header.
+
+    Plausible only: its method one the ZIP note names, a name of printable
+    characters, its data inside the file.  "PK\\3\\4" occurs in programs
+    that read ZIPs, and such a chance match in a shared library was "a ZIP
+    member is encrypted"."""
+    fields = _HEADER.unpack_from(data, at)
+    _, version, flags, method, _, _, _, compressed, size, name_len, extra_len = fields
     if method not in _METHODS or version & 0xFF > 100 or name_len == 0:
+        return None
+    name = os.pread(fd, name_len, offset + _HEADER.size)
+    data_at = offset + _HEADER.size + name_len + extra_len
+    if not name.decode("utf-8", "replace").isprintable() or (
+        not flags & _DESCRIPTOR
+        and compressed != _ZIP64
+        and data_at + compressed > os.fstat(fd).st_size
+    ):
         return None
     if flags & _DESCRIPTOR and size == 0:
         return UNKNOWN, flags
