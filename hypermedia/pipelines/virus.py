@@ -368,11 +368,18 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     result, signature, reason = verdict(reply, sent, size, max_bytes)
     if result == "clean":
         limit = int(params.get("clamd_max_file_size", SCHEMA["clamd_max_file_size"].default))
-        survey = zipsizes.survey_nested(ctx.input_path, ctx.scratch, limit)
+
+        def alone(path: str) -> tuple[str, str | None, str | None]:
+            reply, member_sent = instream(address, path, max_bytes, timeout)
+            return verdict(reply, member_sent, os.path.getsize(path), max_bytes)
+
+        survey = zipsizes.survey_nested(ctx.input_path, ctx.scratch, limit, alone)
         reason = _zip_reason(survey, limit)
         if reason is None and survey.rar and not params.get("clamd_unpacks_rar", False):
             reason = RAR_UNOPENED
-        if reason is not None:
+        if survey.found:  # in a member clamd had not decoded inside the archive
+            result, signature, reason = "infected", survey.found, None
+        elif reason is not None:
             result = "not_fully_scanned"
     ctx.progress(100, result)
     ctx.output("virus_verdict", "application/json", {"verdict": result, "signature": signature})
@@ -414,6 +421,8 @@ def _zip_reason(zip_: zipsizes.Survey, limit: int) -> str | None:
             f"an archive member of {zip_.overlarge} bytes is over clamd's MaxFileSize "
             f"({limit}): clamd skips or cuts such members"
         )
+    if zip_.unscanned:
+        return f"a member sent to clamd alone was not fully scanned: {zip_.unscanned}"
     if zip_.undecoded:
         return (
             "a ZIP member is compressed by a method clamd does not decode (LZMA, PPMd, "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import bz2
+import contextvars
 import functools
 import io
 import lzma
@@ -67,6 +68,8 @@ class Survey:
     rar: bool = False  # a RAR archive in it (clamd unpacks RAR only with libclamunrar)
     joined: bool = False  # a gzip, bzip2 or xz file in it with streams after its first
     undecoded: bool = False  # a ZIP member in it compressed by a method clamd lacks
+    found: str = ""  # a signature clamd found in a member sent to it alone (MemberScan)
+    unscanned: str = ""  # why a member sent to clamd alone was not fully scanned
     unopened: str = ""  # a format in it that clamd does not unpack (archives.UNOPENED)
     overlarge: int = 0  # the largest member past MaxFileSize of another archive in it
     unread: bool = False  # a layer in it could not be unpacked here to be checked
@@ -83,6 +86,8 @@ class Survey:
         self.rar |= inner.rar
         self.joined |= inner.joined
         self.undecoded |= inner.undecoded
+        self.found = self.found or inner.found
+        self.unscanned = self.unscanned or inner.unscanned
         self.unopened = self.unopened or inner.unopened
         self.overlarge = max(self.overlarge, inner.overlarge)
         self.unread |= inner.unread
@@ -141,7 +146,14 @@ NESTED_HEADS = 200_000  # members whose first bytes are read to tell whether the
 _HEAD = archives.HEAD_BYTES  # enough to tell a layer by its magic (an ISO's is at 32 kB)
 
 
-def survey_nested(path: str, scratch: str, limit: int) -> Survey:
+# Sends a file to clamd alone: (verdict, signature, reason), as virus.verdict.
+MemberScan = Callable[[str], tuple[str, str | None, str | None]]
+_SCAN: contextvars.ContextVar[MemberScan | None] = contextvars.ContextVar("scan", default=None)
+
+
+def survey_nested(
+    path: str, scratch: str, limit: int, scan_member: MemberScan | None = None
+) -> Survey:
     """``survey``, and that of every ZIP inside another layer clamd unpacks
     (a ZIP member, a tar member, a gzip, bzip2 or xz stream), down to
     NESTED_DEPTH, unpacking at most NESTED_BYTES and looking into at most
@@ -151,8 +163,18 @@ def survey_nested(path: str, scratch: str, limit: int) -> Survey:
     unpacks past ``limit`` is ``overflowed``: clamd reads no further than
     that.  A layer that cannot be read whole (a bad CRC, a size that lies, a
     method Python lacks, a cut stream) is ``unchecked``: clamd may have read
-    it all the same."""
-    return _nested(path, scratch, limit, 0, [NESTED_BYTES, NESTED_MEMBERS, NESTED_HEADS])
+    it all the same.
+
+    With ``scan_member``, each member of an archive walked through
+    libarchive is unpacked and sent to clamd on its own: whether clamd
+    decoded it inside the archive cannot be told from outside (a 7-Zip
+    member compressed by BZip2, Deflate or BCJ2, a zisofs ISO's file: it
+    read their bytes as they are, and EICAR in them was clean)."""
+    token = _SCAN.set(scan_member)
+    try:
+        return _nested(path, scratch, limit, 0, [NESTED_BYTES, NESTED_MEMBERS, NESTED_HEADS])
+    finally:
+        _SCAN.reset(token)
 
 
 def _layer(head: bytes) -> str | None:
@@ -328,6 +350,7 @@ def _archived(
     Every member's size counts against NESTED_BYTES, those passed over too:
     in a solid archive (a 7-Zip) passing a member over decompresses it, and
     a few kB of LZMA that unpack to gigabytes held the attempt to its timeout."""
+    scan = _SCAN.get()
     try:
         with archives.opened(path, kind) as members:
             for entry, size in members:
@@ -342,22 +365,48 @@ def _archived(
                 if size > limit:
                     out.overlarge = max(out.overlarge, size)
                     continue
-                inner = archives.unpack(
-                    entry, scratch, size, _HEAD, lambda h: _layer(h) is not None
-                )
+                seen = _Kind(every=scan is not None)
+                inner = archives.unpack(entry, scratch, size, _HEAD, seen)
                 if inner is None:
                     continue
-                budget[1] -= 1
-                if depth >= NESTED_DEPTH or budget[1] < 0:
-                    os.unlink(inner)
-                    out.unchecked = True
-                    return
                 try:
+                    if scan is not None and _scanned_alone(scan, inner, out):
+                        return  # found: nothing more to learn
+                    if seen.kind is None:
+                        continue
+                    budget[1] -= 1
+                    if depth >= NESTED_DEPTH or budget[1] < 0:
+                        out.unchecked = True
+                        return
                     out.add(_nested(inner, scratch, limit, depth + 1, budget))
                 finally:
                     os.unlink(inner)
     except Exception:  # damaged, or a method libarchive lacks: clamd may read on
         out.unread = True
+
+
+class _Kind:
+    """``archives.unpack``'s test of a member's first bytes: keeps its kind
+    of layer, and wants it when it is one, or (``every``) whatever it is."""
+
+    def __init__(self, *, every: bool) -> None:
+        self.every = every
+        self.kind: str | None = None
+
+    def __call__(self, head: bytes) -> bool:
+        self.kind = _layer(head)
+        return self.every or self.kind is not None
+
+
+def _scanned_alone(scan: MemberScan, path: str, out: Survey) -> bool:
+    """The member at ``path`` sent to clamd on its own; True once it found something."""
+    verdict, signature, reason = scan(path)
+    if verdict == "infected":
+        out.found = signature or "a signature"
+        return True
+    if verdict != "clean":
+        out.unscanned = out.unscanned or (reason or verdict)
+    return False
 
 
 def _members(

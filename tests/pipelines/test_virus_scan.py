@@ -356,6 +356,32 @@ def _cab(name: bytes, member: bytes) -> bytes:
     return header + folder + entry + data
 
 
+@pytest.mark.parametrize(
+    ("fmt", "options"),
+    [
+        ("7zip", {"compression": "bzip2"}),
+        ("7zip", {"compression": "deflate"}),
+    ],
+    ids=["7z bzip2", "7z deflate"],
+)
+def test_members_clamd_does_not_decode_in_place_are_scanned_alone(
+    tmp_path: Path, clamd: Clamd, fmt: str, options: dict[str, str]
+) -> None:
+    """clamd reads a 7-Zip member compressed by BZip2 or Deflate as the bytes
+    it is: EICAR in one was clean.  Each member
+    of such an archive is sent to clamd on its own, and what it finds wins."""
+    made = _archive(tmp_path, fmt, {"eicar.com": EICAR, "a.txt": CLEAN}, **options)
+    path = tmp_path / "made.bin"
+    path.write_bytes(made)
+    address = virus.parse_address(clamd.unix_url)
+    assert virus.instream(address, str(path), 10**9, 30)[0].strip("\0") == "stream: OK"
+    result, outputs = _scan(tmp_path, made, {"clamd": clamd.unix_url})
+    assert (result["verdict"], result["signature"]) == ("infected", f"{EICAR_NAME}.UNOFFICIAL")
+    assert outputs[0]["metadata"] == {"verdict": "infected", "signature": result["signature"]}
+    harmless = _archive(tmp_path, fmt, {"a.txt": CLEAN}, **options)
+    assert _scan(tmp_path, harmless, {"clamd": clamd.unix_url})[0]["verdict"] == "clean"
+
+
 def test_ordinary_files_stay_clean(tmp_path: Path, clamd: Clamd) -> None:
     """What the survey took for archives: a CRLF CSV (libarchive guessed an
     mtree listing, failed, and it was "could not be unpacked"), a ZIP of
