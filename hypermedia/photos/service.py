@@ -619,6 +619,12 @@ class Photos:
         if original is None:
             raise InvalidRequest("the photo has no original object")
         obj = tx.object(original)
+        if obj is not None and not obj["project_id"] and project_of(photo) == DEFAULT_PROJECT:
+            # A legacy producer's object carries no project either (seed 002's
+            # objects have no such column): the default project's, as its
+            # photo is.  Taken into it, or its variants waited for ever.
+            tx.update_object(original, [obj["state"]], {"project_id": DEFAULT_PROJECT})
+            obj = {**obj, "project_id": DEFAULT_PROJECT}
         if obj is not None and obj["project_id"] != project_of(photo):
             # The engine's words were "object N does not exist" (another
             # project's object answers as a missing one), on every retry.

@@ -608,6 +608,25 @@ def test_bridge_adopts_a_legacy_row_once(
     assert {v["status"] for v in shown["variants"].values()} == {"queued"}
 
 
+def test_a_legacy_object_without_a_project_is_the_default_projects(
+    photos: Photos, storage: Storage, engine: Engine, driver: Driver, clock: Any, image_jobs: None
+) -> None:
+    """Seed 002's objects have no project column: a legacy producer's object
+    row left it empty, its photo's "" was read as `default` and the object's
+    not, and the variants waited for ever ("belongs to another project")."""
+    obj = storage.put(io.BytesIO(png(5, 5)))
+    with driver.tx() as tx:
+        tx.update_object(obj["object_id"], ["ready"], {"project_id": ""})
+    pid = _legacy_photo(driver, obj["object_id"])
+    clock.advance(86400)
+    assert PhotoBridge(photos).run_once()["adopted"] == 1
+    assert sorted(j["idempotency_key"] for j in engine.list()) == sorted(
+        variant_key(pid, r) for r in VARIANTS
+    )
+    with driver.read() as tx:
+        assert tx.object(obj["object_id"])["project_id"] == "default"
+
+
 def _poison(driver: Driver, photo_id: str, column: str) -> bool:
     """Write what a legacy producer might into a timestamp of its row: a value
     this database's driver cannot read as one (False: MariaDB reads its zero
