@@ -222,8 +222,10 @@ class Tx(
         row = self.conn.execute(q).first()
         return dict(row._mapping) if row else None
 
-    def job_by_idempotency_key(self, project_id: str, key: str) -> Row | None:
+    def job_by_idempotency_key(self, project_id: str, key: str, lock: bool = False) -> Row | None:
         q = sa.select(*JOB_VIEW).where(J.c.project_id == project_id, J.c.idempotency_key == key)
+        if lock and self.dialect != "sqlite":  # SQLite: the write lock is held already
+            q = q.with_for_update()
         row = self.conn.execute(q).first()
         return dict(row._mapping) if row else None
 

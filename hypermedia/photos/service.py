@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -163,9 +163,12 @@ class Photos:
                 tx.mark_variant_adopted(photo_id, now)
         return self.get(photo_id)
 
-    def _enqueue_variants(self, tx: Any, photo: Row, object_id: int) -> JobIds | None:
-        """Enqueue the variant jobs inside ``tx``; None (and nothing written) if the
-        engine refused them: the row stays unadopted for the bridge to retry."""
+    def _enqueue_variants(
+        self, tx: Any, photo: Row, object_id: int, roles: Collection[str] = VARIANTS
+    ) -> JobIds | None:
+        """Enqueue the variant jobs (of ``roles``) inside ``tx``; None (and
+        nothing written) if the engine refused them: the row stays unadopted
+        for the bridge to retry."""
         if not variants_known():
             return None
         jobs = [
@@ -179,6 +182,7 @@ class Photos:
                 created_by=NATIVE,
             )
             for role, job_type in VARIANTS.items()
+            if role in roles
         ]
         try:
             with tx.savepoint():
@@ -365,10 +369,14 @@ class Photos:
                 raise NotFound(f"photo {photo_id} not found")
             pending = tx.variant_job(photo_id)
             bindings = tx.bindings_of([photo_id])
+            # Locked: a variant completing as the photo goes either committed
+            # first (shared below) or waits; read unlocked, it was taken for
+            # work still coming, and made again for a copy.
+            key = project_of(photo)
             by_role = {
                 role: j
                 for role in VARIANTS
-                if (j := tx.job_by_idempotency_key(project_of(photo), variant_key(photo_id, role)))
+                if (j := tx.job_by_idempotency_key(key, variant_key(photo_id, role), lock=True))
             }
             jobs = list(by_role.values())
             # Finished variants first, so copies waiting for them still get them.
@@ -428,7 +436,10 @@ class Photos:
             if heir_row is None:
                 continue
             tx.insert_variant_job(heir, now, native=True)
-            if self._enqueue_variants(tx, heir_row, original) is not None:
+            # The roles it still lacks only: a variant shared with it just now
+            # (_share_finished) was made again, and charged again.
+            missing = [r for r in VARIANTS if r not in roles]
+            if self._enqueue_variants(tx, heir_row, original, missing) is not None:
                 tx.mark_variant_adopted(heir, now)
             return
 
@@ -563,7 +574,9 @@ class Photos:
             return counts
         failed, errors, attempts, noted = _failure(jobs, pending)
         todo = {r: o for r, o in outputs.items() if bound.get(r) != o}
-        complete = set(outputs) == set(VARIANTS)
+        # A role bound with no job of this photo's making (shared by the
+        # photo it was copied from, at a hand-over) is done too.
+        complete = all(r in outputs or (jobs[r] is None and r in bound) for r in VARIANTS)
         if not todo and not complete and (not failed or noted):
             return counts  # nothing new
         with self.db.tx() as tx:
@@ -580,7 +593,7 @@ class Photos:
                 counts["attached"] += 1
                 if original is not None:
                     counts["attached"] += self._share(tx, photo_id, original, role, object_id)
-            if complete and all(bound.get(r) == outputs[r] for r in VARIANTS):
+            if complete and all(bound.get(r) == outputs.get(r, bound.get(r)) for r in VARIANTS):
                 tx.delete_variant_job(photo_id)
                 counts["variants_done"] = 1
             elif errors:

@@ -405,6 +405,33 @@ def test_variants_finished_as_the_source_is_deleted_still_reach_its_copy(
     assert all(_state(driver, o) == "ready" for o in made.values())
 
 
+def test_a_hand_over_makes_only_the_variants_the_copy_lacks(
+    photos: Photos,
+    storage: Storage,
+    engine: Engine,
+    driver: Driver,
+    image_jobs: None,
+    tmp_path: Path,
+) -> None:
+    """The thumbnail done, the preview still queued: deleting the photo shared
+    the thumbnail with its copy, then handed both variants over, and the
+    thumbnail was made again (charged again, the copy's thumb replaced)."""
+    src = _add(photos)
+    copy = photos.copy(src["id"])
+    (thumb,) = [c for c in engine.claim("w1", ["images"], 10) if c.job_type == "image.thumbnail"]
+    made = _finish(engine, storage, tmp_path, thumb)
+    photos.delete(src["id"])
+    heir_jobs = [j for j in engine.list() if j["idempotency_key"].startswith(f"photo:{copy['id']}")]
+    assert [j["job_type"] for j in heir_jobs] == ["image.preview"]
+    assert photos.get(copy["id"])["objects"]["thumb"]["object_id"] == made
+    # Its preview made, the copy's row is done with.
+    for c in engine.claim("w1", ["images"], 10):
+        _finish(engine, storage, tmp_path, c)
+    PhotoBridge(photos).run_once()
+    assert set(photos.get(copy["id"])["objects"]) == {"original", "thumb", "preview"}
+    assert _variant_row(driver, copy["id"]) is None
+
+
 def test_delete_without_copies_frees_everything(
     photos: Photos, storage: Storage, driver: Driver, no_image_jobs: None
 ) -> None:
