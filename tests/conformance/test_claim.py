@@ -10,7 +10,7 @@ from hypermedia.db.driver import Driver
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 
-from ._helpers import W1, attempts, events, job_row, new_job, snapshot, status_of
+from ._helpers import W1, attempts, events, job_row, new_job, race, snapshot, status_of
 
 
 def test_claim_orders_by_priority_then_age(engine):
@@ -251,27 +251,13 @@ def test_a_restricted_claim_leaves_paused_queues_alone(engine, driver):
 def test_restricted_claimers_never_share_a_job(engine, database_url, settings, clock):
     """Two claimers given the same jobs: each job once (row locks, SKIP LOCKED)."""
     ids = engine.enqueue_many([NewJob("debug.noop") for _ in range(60)])
-    drivers = [Driver(database_url) for _ in range(2)]
-    got: list[list[int]] = [[], []]
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(2)
 
-    def claimer(i: int) -> None:
-        eng = Engine(drivers[i], settings, clock=clock)
-        try:
-            barrier.wait()
-            while batch := eng.claim(f"t{i}", ["bulk"], 3, only=ids):
-                got[i].extend(c.job_id for c in batch)
-        except BaseException as exc:  # surfaced in the main thread
-            errors.append(exc)
+    def drain(driver: Driver, i: int) -> list[int]:
+        eng, got = Engine(driver, settings, clock=clock), []
+        while batch := eng.claim(f"t{i}", ["bulk"], 3, only=ids):
+            got.extend(c.job_id for c in batch)
+        return got
 
-    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    for d in drivers:
-        d.dispose()
-    assert not errors, errors
-    flat = got[0] + got[1]
-    assert sorted(flat) == sorted(ids), "a job was claimed twice, or lost"
+    got = race(database_url, 2, drain)
+    assert not [g for g in got if isinstance(g, BaseException)], got
+    assert sorted(got[0] + got[1]) == sorted(ids), "a job was claimed twice, or lost"

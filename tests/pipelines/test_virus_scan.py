@@ -65,6 +65,13 @@ def _scan(
     return result, ctx.outputs
 
 
+def _clamd_alone(tmp_path: Path, clamd: Clamd, data: bytes) -> str:
+    """What clamd itself answers for ``data``: the yardstick of a survey's finding."""
+    path = tmp_path / "alone.bin"
+    path.write_bytes(data)
+    return virus.instream(virus.parse_address(clamd.unix_url), str(path), 10**9, 30)[0].strip("\0")
+
+
 @pytest.fixture(params=["unix", "tcp"])
 def url(request: pytest.FixtureRequest, clamd: Clamd) -> str:
     return clamd.unix_url if request.param == "unix" else clamd.tcp_url
@@ -156,10 +163,7 @@ def test_a_zip_member_over_clamds_max_file_size_is_never_clean(
     # AlertExceedsMax or not: the marker past it goes unseen.
     hidden = _zip(b"\0" * (MAX_FILE + 4096) + MARKER)
     assert len(hidden) < MAX_FILE  # the archive itself is well under every limit
-    path = tmp_path / "hidden.zip"
-    path.write_bytes(hidden)
-    address = virus.parse_address(clamd.unix_url)
-    assert virus.instream(address, str(path), 10**9, 30)[0].strip("\0") == "stream: OK"
+    assert _clamd_alone(tmp_path, clamd, hidden) == "stream: OK"
     settings = {"clamd": clamd.unix_url, "clamd_max_file_size": MAX_FILE}
     result, outputs = _scan(tmp_path, hidden, settings)
     assert (result["verdict"], result["signature"]) == ("not_fully_scanned", None)
@@ -244,10 +248,7 @@ def test_a_rar_is_never_clean_where_clamd_cannot_unpack_it(tmp_path: Path, clamd
     """Debian's clamd has no libclamunrar: it reads a RAR's bytes as they
     are, so a hash signature never matches a member, and EICAR stored in a
     RAR was OK, called clean (in a ZIP it is found)."""
-    address = virus.parse_address(clamd.unix_url)
-    path = tmp_path / "eicar.rar"
-    path.write_bytes(_rar(EICAR, b"eicar.com"))
-    assert virus.instream(address, str(path), 10**9, 30)[0].strip("\0") == "stream: OK"
+    assert _clamd_alone(tmp_path, clamd, _rar(EICAR, b"eicar.com")) == "stream: OK"
     settings = {"clamd": clamd.unix_url}
     stored = io.BytesIO()
     with zipfile.ZipFile(stored, "w", zipfile.ZIP_STORED) as z:
@@ -371,10 +372,7 @@ def test_members_clamd_does_not_decode_in_place_are_scanned_alone(
     it is: EICAR in one was clean.  Each member
     of such an archive is sent to clamd on its own, and what it finds wins."""
     made = _archive(tmp_path, fmt, {"eicar.com": EICAR, "a.txt": CLEAN}, **options)
-    path = tmp_path / "made.bin"
-    path.write_bytes(made)
-    address = virus.parse_address(clamd.unix_url)
-    assert virus.instream(address, str(path), 10**9, 30)[0].strip("\0") == "stream: OK"
+    assert _clamd_alone(tmp_path, clamd, made) == "stream: OK"
     result, outputs = _scan(tmp_path, made, {"clamd": clamd.unix_url})
     assert (result["verdict"], result["signature"]) == ("infected", f"{EICAR_NAME}.UNOFFICIAL")
     assert outputs[0]["metadata"] == {"verdict": "infected", "signature": result["signature"]}
@@ -431,10 +429,7 @@ def test_a_cab_member_clamd_skips_past_max_file_size_is_never_clean(
     """clamd skips a CAB member past MaxFileSize and says OK, AlertExceedsMax
     or not: a signature at its end was called clean."""
     cab = _cab(b"big.bin", b"\0" * (MAX_FILE + 4096) + MARKER)
-    path = tmp_path / "big.cab"
-    path.write_bytes(cab)
-    address = virus.parse_address(clamd.unix_url)
-    assert virus.instream(address, str(path), 10**9, 30)[0].strip("\0") == "stream: OK"
+    assert _clamd_alone(tmp_path, clamd, cab) == "stream: OK"
     settings = {"clamd": clamd.unix_url, "clamd_max_file_size": MAX_FILE}
     result, _ = _scan(tmp_path, cab, settings)
     assert (result["verdict"], result["reason"]) == (
