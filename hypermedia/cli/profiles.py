@@ -11,7 +11,7 @@ from rich.table import Table
 
 from hypermedia.cli.common import console, engine, json_object, print_json, user_errors
 from hypermedia.cli.queues import known_queues, warn_unknown_queue
-from hypermedia.errors import InvalidRequest, JobError, NotFound
+from hypermedia.errors import InvalidRequest, JobError
 from hypermedia.pipelines import registry, schema
 from hypermedia.queue.profiles import Profiles, price_text
 from hypermedia.queue.queues import Queues
@@ -112,11 +112,12 @@ def show(
 
 
 def _type_of(key: str) -> str:
-    """KEY's job type, carried over like every option left out (a key keeps its type)."""
-    try:
-        return str(profiles().show(key)["job_type"])
-    except NotFound:
-        raise InvalidRequest(f"give --type: no active version of {key!r} names one") from None
+    """KEY's job type, carried over like every option left out (a key keeps
+    its type, all its versions deactivated too)."""
+    job_type = profiles().job_type_of(key)
+    if job_type is None:
+        raise InvalidRequest(f"give --type: {key!r} is a new key")
+    return job_type
 
 
 @app.command("create")

@@ -116,10 +116,15 @@ class Tx(
 
     # -- profiles ------------------------------------------------------------
 
-    def profile(self, key: str, version: str | None = None) -> Row | None:
+    def profile(
+        self, key: str, version: str | None = None, *, active_only: bool = True
+    ) -> Row | None:
+        """Version ``version`` of ``key``, or its newest (active, unless not ``active_only``)."""
         q = sa.select(P).where(P.c.profile_key == key)
         if version is None:
-            q = q.where(P.c.is_active.is_(True)).order_by(P.c.profile_id.desc()).limit(1)
+            if active_only:
+                q = q.where(P.c.is_active.is_(True))
+            q = q.order_by(P.c.profile_id.desc()).limit(1)
         else:
             q = q.where(P.c.profile_version == version)
         row = self.conn.execute(q).first()

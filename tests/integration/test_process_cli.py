@@ -637,6 +637,9 @@ def test_profiles_and_credits_commands(procs: Procs) -> None:
     nothing = hypermedia("jobs", "submit", "debug.sleep", "--profile", key, url=procs.url,
                          home=procs.home)  # fmt: skip
     assert nothing.returncode == 2 and "has no active version" in nothing.stderr
+    # Every version deactivated, the key still has its type: revived without --type.
+    revived = json.loads(procs.cli("profiles", "create", key, "--json"))
+    assert (revived["ref"], revived["job_type"]) == (f"{key}:v3", "debug.sleep")
 
     # A project nothing names yet is most likely a typo: said, and done; asked
     # about, it answered "unlimited, 0 used" as of any real project.
