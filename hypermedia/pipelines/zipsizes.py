@@ -143,6 +143,7 @@ NESTED_DEPTH = 8
 NESTED_BYTES = 512 * 1024 * 1024
 NESTED_MEMBERS = 2000  # archives and compressed streams looked into, in all
 NESTED_HEADS = 200_000  # members whose first bytes are read to tell whether they are one
+NESTED_SCANS = 10_000  # members sent to clamd alone (MemberScan), a few ms each
 _HEAD = archives.HEAD_BYTES  # enough to tell a layer by its magic (an ISO's is at 32 kB)
 
 
@@ -172,7 +173,8 @@ def survey_nested(
     read their bytes as they are, and EICAR in them was clean)."""
     token = _SCAN.set(scan_member)
     try:
-        return _nested(path, scratch, limit, 0, [NESTED_BYTES, NESTED_MEMBERS, NESTED_HEADS])
+        budget = [NESTED_BYTES, NESTED_MEMBERS, NESTED_HEADS, NESTED_SCANS]
+        return _nested(path, scratch, limit, 0, budget)
     finally:
         _SCAN.reset(token)
 
@@ -365,6 +367,13 @@ def _archived(
                 if size > limit:
                     out.overlarge = max(out.overlarge, size)
                     continue
+                if size == 0:
+                    continue  # nothing to scan, nothing inside
+                if scan is not None:
+                    budget[3] -= 1
+                    if budget[3] < 0:  # 100,000 tiny members: as many scans of clamd's
+                        out.unchecked = True
+                        return
                 seen = _Kind(every=scan is not None)
                 inner = archives.unpack(entry, scratch, size, _HEAD, seen)
                 if inner is None:

@@ -362,3 +362,35 @@ def test_a_chance_local_header_signature_in_a_program_is_no_member(tmp_path: Pat
     # A real member behind a program (an SFX) still counts.
     sfx = os.urandom(3000) + _zip({"big": b"x" * 5000})
     assert _survey(tmp_path, sfx).largest == 5000
+
+
+def test_members_sent_to_clamd_alone_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each member of a walked archive goes to clamd on its own: a small
+    7-Zip of 100,000 tiny members was as many scans.  Past NESTED_SCANS the
+    walk stops (unchecked); empty members are not sent."""
+    import libarchive
+
+    path = tmp_path / "many.7z"
+    with libarchive.file_writer(str(path), "7zip") as a:
+        for i in range(5):
+            a.add_file_from_memory(f"m{i}.txt", 3, b"abc")
+        a.add_file_from_memory("empty.txt", 0, b"")
+    sent: list[str] = []
+
+    def scan(member: str) -> tuple[str, str | None, str | None]:
+        sent.append(Path(member).read_bytes().decode())
+        return "clean", None, None
+
+    assert not zipsizes.survey_nested(str(path), str(tmp_path), 10**9, scan).unchecked
+    assert sent == ["abc"] * 5  # the empty one not sent
+    monkeypatch.setattr(zipsizes, "NESTED_SCANS", 3)
+    sent.clear()
+    assert zipsizes.survey_nested(str(path), str(tmp_path), 10**9, scan).unchecked
+    assert len(sent) == 3
+    # What clamd finds in one is the survey's finding, and the walk ends there.
+    found = zipsizes.survey_nested(
+        str(path), str(tmp_path), 10**9, lambda p: ("infected", "Sig.A", None)
+    )
+    assert found.found == "Sig.A"
