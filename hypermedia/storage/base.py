@@ -58,6 +58,11 @@ class ChecksumMismatch(StorageError):
     """The bytes read back are not the bytes written."""
 
 
+class ChecksumMissing(ChecksumMismatch):
+    """The object's row holds no checksum (a legacy producer's): its bytes
+    cannot be verified, so they are not returned, and the error says why."""
+
+
 class BlobGrown(ChecksumMismatch):
     """The blob holds more bytes than its ledger row records."""
 
@@ -65,6 +70,8 @@ class BlobGrown(ChecksumMismatch):
 def algorithm_of(checksum: str) -> str:
     """The algorithm of a stored checksum.  One this version cannot compute is
     refused as a mismatch: bytes that cannot be verified are never returned."""
+    if not checksum:
+        raise ChecksumMissing("the object has no checksum to verify its bytes against")
     try:
         return cs.algorithm_of(checksum)
     except cs.UnknownAlgorithm:

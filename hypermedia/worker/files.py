@@ -18,7 +18,7 @@ from typing import Any
 
 from hypermedia.errors import JobError, NotFound
 from hypermedia.queue.models import Claimed, Output
-from hypermedia.storage.base import BlobMissing, ChecksumMismatch, StorageError
+from hypermedia.storage.base import BlobMissing, ChecksumMismatch, ChecksumMissing, StorageError
 from hypermedia.storage.ledger import Storage
 
 INPUT_NAME = "input"
@@ -47,6 +47,10 @@ def fetch_input(
         # child that Landlock keeps from writing it (see Slot.inbox), or a
         # write through the link would change the stored original.
         storage.download(row, scratch / name, link=link)
+    except ChecksumMissing:  # a legacy row: the bytes may be fine, they cannot be checked
+        raise JobError(
+            "CORRUPT_INPUT", "the input object has no checksum to verify its bytes against"
+        ) from None
     except ChecksumMismatch:
         raise JobError("CORRUPT_INPUT", "the stored input does not match its checksum") from None
     except BlobMissing:

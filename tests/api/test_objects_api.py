@@ -311,6 +311,28 @@ def test_a_small_corrupted_blob_is_refused_and_logged(
         assert got.status_code == 500 and got.json()["code"] == "object_corrupt", headers
 
 
+def test_an_object_without_a_checksum_is_said_so_not_corrupt(
+    client: TestClient, a: Project, svc: Services, tmp_path: Path
+) -> None:
+    """A legacy producer's row holds no checksum: its intact bytes were
+    refused as "do not match its checksum", a corrupt object, in the API and
+    to every job reading it."""
+    from hypermedia.errors import JobError
+    from hypermedia.worker.files import fetch_input
+    from tests.harness import claimed_input
+
+    obj_id = int(str(upload(client, a.admin, b"legacy bytes" * 10)["object_id"]))
+    with svc.storage.db.tx() as tx:
+        tx.update_object(obj_id, ["ready"], {"checksum": ""})
+    url = client.get(f"/v1/objects/{obj_id}/url", headers=bearer(a.admin)).json()["url"]
+    got = client.get(url)
+    assert got.status_code == 500 and got.json()["code"] == "object_corrupt"
+    assert "has no checksum to verify its bytes against" in got.json()["message"]
+    job = claimed_input(svc.storage.get(obj_id), "image.thumbnail")
+    with pytest.raises(JobError, match="has no checksum to verify its bytes against"):
+        fetch_input(svc.storage, job, tmp_path)
+
+
 def test_head_answers_the_download_headers_without_the_bytes(
     client: TestClient, a: Project, svc: Services, caplog: pytest.LogCaptureFixture
 ) -> None:

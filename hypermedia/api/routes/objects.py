@@ -45,6 +45,7 @@ from hypermedia.services import Services
 from hypermedia.storage.base import (
     BlobMissing,
     ChecksumMismatch,
+    ChecksumMissing,
     StorageUnavailable,
     unavailable,
 )
@@ -470,7 +471,8 @@ async def object_content(
         # known before anything is sent, and is the operator's to hear of.
         stack.close()
         log.error("object %s: download refused (%s)", object_id, exc)
-        raise ApiError(500, CORRUPT, code="object_corrupt") from None
+        said = UNCHECKABLE if isinstance(exc, ChecksumMissing) else CORRUPT
+        raise ApiError(500, said, code="object_corrupt") from None
     except _Unsatisfiable as exc:
         stack.close()
         headers = {"Content-Range": f"bytes */{exc.size}"}
@@ -504,6 +506,10 @@ async def object_content(
 
 
 CORRUPT = "the object's stored bytes do not match its checksum; quote the request id"
+UNCHECKABLE = (
+    "the object has no checksum to verify its bytes against (a row written without one); "
+    "quote the request id"
+)
 MISSING = "the object's stored bytes are missing; quote the request id"
 
 
