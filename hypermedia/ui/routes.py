@@ -264,9 +264,10 @@ async def jobs_page(
 
 
 def _before(raw: str | None) -> int | None:
-    if _blank(raw) is None:
+    text = _blank(raw)  # trimmed as the other filters are
+    if text is None:
         return None
-    value = ascii_int(raw)
+    value = ascii_int(text)
     if value is None or not 1 <= value <= 2**62:
         raise InvalidRequest("before must be a job id")
     return value

@@ -121,6 +121,9 @@ def test_job_list_filters_and_pages(client: TestClient, svc: Services, a: Projec
     assert "No jobs match." in none
     older = client.get("/ui/jobs", params={"before": ids[2]}).text
     assert f'/ui/jobs/{ids[1]}"' in older and f'/ui/jobs/{ids[2]}"' not in older
+    # Trimmed as the other filters are (" 7 " was a 422).
+    padded = client.get("/ui/jobs", params={"before": f" {ids[2]} "})
+    assert padded.status_code == 200 and padded.text == older
     bad = client.get("/ui/jobs", params={"status": "bogus"})
     assert bad.status_code == 422 and "status must be one of" in bad.text
     assert "Traceback" not in bad.text
