@@ -18,8 +18,10 @@ they are, so no hash signature can match what is inside, and EICAR in an
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import tempfile
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,6 +40,7 @@ MAGIC = (
     ("ar", 0, b"!<arch>\n"),
     ("zstd", 0, b"\x28\xb5\x2f\xfd"),
     ("lz4", 0, b"\x04\x22\x4d\x18"),
+    ("lz4", 0, b"\x02\x21\x4c\x18"),  # its legacy frame
     ("lzip", 0, b"LZIP"),
     ("compress", 0, b"\x1f\x9d"),
     ("WIM", 0, b"MSWIM\0\0\0"),
@@ -62,14 +65,38 @@ _CHUNK = 1024 * 1024
 def kind_of(head: bytes) -> str | None:
     """The format ``head`` (a file's first HEAD_BYTES) starts, if any here."""
     found = next((k for k, at, magic in MAGIC if head[at : at + len(magic)] == magic), None)
+    if found is None and head[:1] and 0x50 <= head[0] <= 0x5F and head[1:4] == b"\x2a\x4d\x18":
+        found = "zstd"  # a skippable frame (zstd's and lz4's alike), then the data
     return found or ("lzma" if _lzma_alone(head) else None)
 
 
+SEVEN_ZIP = b"7z\xbc\xaf\x27\x1c"
+
+
+def seven_zip_at(path: str) -> int:
+    """Where a 7-Zip archive starts in the file (its signature header's CRC
+    holding), or -1."""
+    with open(path, "rb") as f:
+        try:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # empty
+            return -1
+    with data:
+        at, looked = data.find(SEVEN_ZIP), 0
+        while at >= 0 and looked < 10_000:
+            fields = data[at + 12 : at + 32]
+            if len(fields) == 20 and zlib.crc32(fields) == int.from_bytes(
+                data[at + 8 : at + 12], "little"
+            ):
+                return at
+            at, looked = data.find(SEVEN_ZIP, at + 1), looked + 1
+    return -1
+
+
 def _lzma_alone(head: bytes) -> bool:
-    """An .lzma stream (LZMA_Alone): its properties byte as every encoder
-    writes it (lc=3, lp=0, pb=2), a dictionary of 2^n bytes, then its size
-    or "unknown" (all ones) in 8 bytes."""
-    if len(head) < 13 or head[0] != 0x5D:
+    """An .lzma stream (LZMA_Alone): a properties byte (lc, lp, pb), a
+    dictionary of 2^n bytes, then its size or "unknown" (all ones) in 8 bytes."""
+    if len(head) < 13 or head[0] >= 9 * 5 * 5:  # lc < 9, lp < 5, pb < 5
         return False
     dictionary = int.from_bytes(head[1:5], "little")
     size = int.from_bytes(head[5:13], "little")

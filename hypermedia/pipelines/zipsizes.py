@@ -141,7 +141,7 @@ class _Cover:
 # them: ``unchecked``).
 NESTED_DEPTH = 8
 NESTED_BYTES = 512 * 1024 * 1024
-NESTED_MEMBERS = 2000  # archives and compressed streams looked into, in all
+NESTED_MEMBERS = 10_000  # archives and compressed streams looked into, in all
 NESTED_HEADS = 200_000  # members whose first bytes are read to tell whether they are one
 NESTED_SCANS = 10_000  # members sent to clamd alone (MemberScan), a few ms each
 _HEAD = archives.HEAD_BYTES  # enough to tell a layer by its magic (an ISO's is at 32 kB)
@@ -220,7 +220,8 @@ class _FirstStream(io.RawIOBase):
         self._file = open(path, "rb")  # noqa: SIM115 - closed with this reader
         self._inflate = _DECOMPRESSORS[kind]()
         self._zlib = kind == "gzip"
-        self.joined = False  # once read to its end: more than padding (NULs) after it
+        self._magic = _STREAMS[kind]
+        self.joined = False  # once read to its end: another stream of its kind after it
 
     def readable(self) -> bool:
         return True
@@ -242,10 +243,15 @@ class _FirstStream(io.RawIOBase):
             if got:
                 return bytes(got)
         if not self.joined:
+            # Another stream, after any NULs of padding: a stray byte after
+            # it (a newline) is no stream, and clamd reads it as it is.
             rest = d.unused_data
-            while not self.joined and rest:
-                self.joined = bool(rest.strip(b"\0"))
+            while rest and not rest.strip(b"\0"):
                 rest = self._file.read(_CHUNK)
+            rest = rest.lstrip(b"\0")
+            if len(rest) < 6:
+                rest += self._file.read(6)
+            self.joined = rest.startswith(self._magic)
         return b""
 
     def close(self) -> None:
@@ -269,9 +275,34 @@ def _nested(path: str, scratch: str, limit: int, depth: int, budget: list[int]) 
         _stream(path, kind, out, scratch, limit, depth, budget)
     elif kind in archives.WALKED:
         _archived(path, kind, out, scratch, limit, depth, budget)
-    else:  # a ZIP, a tar, or a ZIP after something else (found from its end)
-        _boxed(path, kind == "tar", out, scratch, limit, depth, budget)
+    elif not _boxed(path, kind == "tar", out, scratch, limit, depth, budget) and kind is None:
+        _seven_zip_within(path, out, scratch, limit, depth, budget)
     return out
+
+
+def _seven_zip_within(
+    path: str, out: Survey, scratch: str, limit: int, depth: int, budget: list[int]
+) -> None:
+    """A 7-Zip after other bytes (a program that unpacks it, an SFX), which
+    clamd finds and unpacks: walked from where it starts."""
+    at = archives.seven_zip_at(path)
+    if at <= 0:
+        return
+    inner = _tail(path, at, scratch)
+    try:
+        _archived(inner, "7z", out, scratch, limit, depth, budget)
+    finally:
+        os.unlink(inner)
+
+
+def _tail(path: str, at: int, scratch: str) -> str:
+    """The file from byte ``at`` on, as a file in ``scratch``."""
+    fd, inner = tempfile.mkstemp(dir=scratch, suffix=".layer")
+    with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
+        src.seek(at)
+        while chunk := src.read(_CHUNK):
+            dst.write(chunk)
+    return inner
 
 
 def _holds_rar(path: str) -> bool:
@@ -294,21 +325,23 @@ def _holds_rar(path: str) -> bool:
 
 def _rar_header(data: Any, at: int) -> bool:
     """A RAR 1.5-4 archive header (``\0``, then CRC-16, type 0x73, flags,
-    size) or a RAR 5 main header (``\1\0``, then CRC-32, size, type 1) at ``at``."""
+    size) or a RAR 5 main or encryption header (``\1\0``, then CRC-32, size,
+    type 1 or 4) at ``at``."""
     if data[at : at + 1] == b"\0" and data[at + 3 : at + 4] == b"\x73":
         size = int.from_bytes(data[at + 6 : at + 8], "little")
         block = data[at + 1 : at + 1 + size]
-        return (
-            size >= 7
-            and len(block) == size
-            and zlib.crc32(block[2:]) & 0xFFFF == (int.from_bytes(block[:2], "little"))
-        )
+        crc = int.from_bytes(block[:2], "little")
+        # Its CRC covers the whole block, or (RAR 1.5-2.x with a comment)
+        # its 13 bytes of fixed fields only.
+        whole, fixed = zlib.crc32(block[2:]) & 0xFFFF, zlib.crc32(block[2:13]) & 0xFFFF
+        return size >= 13 and len(block) == size and crc in (whole, fixed)
     if data[at : at + 2] == b"\1\0":
         size, n = _vint(data, at + 6)
         body = data[at + 6 : at + 6 + n + size]
         kind, _ = _vint(data, at + 6 + n)
         crc = int.from_bytes(data[at + 2 : at + 6], "little")
-        return n > 0 and len(body) == n + size and zlib.crc32(body) == crc and kind == 1
+        # A main header, or an encryption header (headers encrypted: rar -hp).
+        return n > 0 and len(body) == n + size and zlib.crc32(body) == crc and kind in (1, 4)
     return False
 
 

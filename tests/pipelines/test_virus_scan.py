@@ -227,21 +227,56 @@ def test_a_zip_in_a_gzip_a_tar_or_a_stored_zip_is_surveyed_too(
     assert not list(tmp_path.glob("tmp*.layer"))  # what was unpacked to look is gone
 
 
-def _rar(member: bytes, name: bytes = b"member.bin") -> bytes:
+def _rar(member: bytes, name: bytes = b"member.bin", comment: bytes = b"") -> bytes:
     """A RAR 4 archive holding ``member`` stored (method 0x30): no RAR tool
-    is needed to write one, and clamd reads it as any RAR."""
+    is needed to write one, and clamd reads it as any RAR.  With a
+    ``comment``, its archive header carries one as RAR 1.5-2.x wrote it, the
+    header's CRC over its fixed fields only."""
 
-    def block(kind: int, flags: int, fields: bytes) -> bytes:
+    def block(kind: int, flags: int, fields: bytes, covered: int | None = None) -> bytes:
         head = struct.pack("<BHH", kind, flags, 7 + len(fields)) + fields
-        return struct.pack("<H", zlib.crc32(head) & 0xFFFF) + head
+        return struct.pack("<H", zlib.crc32(head[:covered]) & 0xFFFF) + head
 
-    archive = block(0x73, 0, bytes(6))
+    archive = block(0x73, 0x0002 if comment else 0, bytes(6) + comment, 11)
     # packed and unpacked size, host OS, CRC, time, version, method, name length, attributes
     fixed = struct.pack(
         "<IIBIIBBHI", len(member), len(member), 3, zlib.crc32(member), 0, 20, 0x30, len(name), 0o644
     )
     member_head = block(0x74, 0x8000, fixed + name)  # 0x8000: data follows the header
     return b"Rar!\x1a\x07\x00" + archive + member_head + member + block(0x7B, 0x4000, b"")
+
+
+def test_rars_of_every_kind_and_streams_known_by_odd_starts_are_never_clean(
+    tmp_path: Path, clamd: Clamd
+) -> None:
+    """Called clean with EICAR inside: a RAR 2 with a comment (its header's
+    CRC covers the fixed fields only), a RAR 5 with encrypted headers (type
+    4 first), a legacy lz4 frame, a zstd stream behind a skippable frame, an
+    .lzma of other lc/lp/pb; and a 7-Zip behind a program (an SFX).  A
+    newline after a gzip stream is no second stream."""
+    settings = {"clamd": clamd.unix_url}
+    rar5 = b"\x04\x00\x00\x00" + bytes(16)  # type 4 (encryption), flags, version, salt
+    rar5 = bytes([len(rar5)]) + rar5
+    encrypted = b"Rar!\x1a\x07\x01\x00" + struct.pack("<I", zlib.crc32(rar5)) + rar5 + EICAR
+    lc0 = [{"id": lzma.FILTER_LZMA1, "lc": 0, "lp": 0, "pb": 0}]
+    zstd = _archive(tmp_path, "ustar", {"eicar.com": EICAR}, "zstd")
+    for data, reason in (
+        (_rar(EICAR, b"eicar.com", comment=b"a comment"), virus.RAR_UNOPENED),
+        (encrypted, virus.RAR_UNOPENED),
+        (b"\x02\x21\x4c\x18" + bytes(40), "it holds lz4 data"),
+        (b"\x50\x2a\x4d\x18" + struct.pack("<I", 4) + b"skip" + zstd, "it holds zstd data"),
+        (lzma.compress(EICAR, format=lzma.FORMAT_ALONE, filters=lc0), "it holds lzma data"),
+    ):
+        result, _ = _scan(tmp_path, data, settings)
+        assert result["verdict"] == "not_fully_scanned", reason
+        assert result["reason"].startswith(reason), result["reason"]
+    seven = _archive(tmp_path, "7zip", {"eicar.com": EICAR}, compression="bzip2")
+    sfx = b"MZ" + os.urandom(5000) + seven
+    assert _clamd_alone(tmp_path, clamd, sfx) == "stream: OK"  # clamd alone misses it
+    result, _ = _scan(tmp_path, sfx, settings)
+    assert (result["verdict"], result["signature"]) == ("infected", f"{EICAR_NAME}.UNOFFICIAL")
+    result, _ = _scan(tmp_path, gzip.compress(CLEAN) + b"\n", settings)
+    assert (result["verdict"], result["reason"]) == ("clean", None)
 
 
 def test_a_rar_is_never_clean_where_clamd_cannot_unpack_it(tmp_path: Path, clamd: Clamd) -> None:
