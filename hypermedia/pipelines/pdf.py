@@ -438,6 +438,12 @@ def run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         images = pdf_images.scan(ctx.input_path)
         if images.over is not None:
             raise JobError("LIMIT_EXCEEDED", _cut_short(images.over))
+        if images.unfinished:  # a file made to be slow to read: as a render bomb is
+            raise JobError(
+                "LIMIT_EXCEEDED",
+                f"the document's images could not all be checked within "
+                f"{pdf_images.SCAN_SECONDS:g} s (too many streams)",
+            )
         total = len(doc)
         if total > p["max_pages"]:
             raise JobError(

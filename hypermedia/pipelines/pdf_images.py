@@ -25,22 +25,22 @@ from __future__ import annotations
 import ctypes
 import mmap
 import re
-from collections.abc import Callable
+import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 INFLATE_CAP = 1 << 30
 MAX_STREAMS = 500_000  # dictionaries looked at in one file: bounds a hostile one
-MAX_DICT = 64 * 1024  # how far back a stream's dictionary may start
+MAX_DICT = 16 * 1024  # how far back a stream's dictionary may start
+MAX_STEPS = 32  # nested dictionaries passed on the way back to its start
+# The look as a whole: a file of thousands of ">>stream" in a row held an
+# attempt for hours (each one looked back over all the others).
+SCAN_SECONDS = 20.0
 
 _STREAM = re.compile(rb">>\s{0,8}stream(?:\r\n|\n|\r)")
 _INT = rb"\s*(\d{1,10})(?![\d.])"
-_WIDTH = re.compile(rb"/Width" + _INT)
-_HEIGHT = re.compile(rb"/Height" + _INT)
-_BPC = re.compile(rb"/BitsPerComponent" + _INT)
 _MASK = re.compile(rb"/ImageMask\s*true")
-_FILTER = re.compile(rb"/Filter\s*(/[^\s/\[\]<>()]+|\[[^\]]{0,512}\])")
-_COLORSPACE = re.compile(rb"/ColorSpace\s*(/[^\s/\[\]<>()]+|\[[^\]]{0,4096}\]|\d+\s+\d+\s+R)")
 _NAME = re.compile(rb"/([^\s/\[\]<>()]+)")
 _REF = re.compile(rb"(\d{1,10})\s+(\d{1,5})\s+R")
 _N = re.compile(rb"/N" + _INT)
@@ -58,6 +58,7 @@ _MOST_COMPONENTS = 4  # a colour space not read here: the most a common one has
 class Scan:
     over: tuple[int, int] | None = None  # (width, height) of an image over INFLATE_CAP
     sizes: set[tuple[int, int]] = field(default_factory=set)  # of every image dictionary
+    unfinished: bool = False  # SCAN_SECONDS passed before every dictionary was read
 
 
 def scan(path: str) -> Scan:
@@ -74,8 +75,12 @@ def scan(path: str) -> Scan:
 
 def _scanned(data: mmap.mmap, objects: _Objects) -> Scan:
     out = Scan()
+    deadline = time.monotonic() + SCAN_SECONDS
     for n, match in enumerate(_STREAM.finditer(data)):
         if n >= MAX_STREAMS:
+            break
+        if n % 256 == 0 and time.monotonic() > deadline:
+            out.unfinished = True
             break
         start = _dict_start(data, match.start())
         if start < 0:
@@ -83,9 +88,9 @@ def _scanned(data: mmap.mmap, objects: _Objects) -> Scan:
         head = data[start : match.start() + 2]
         if b"/Image" not in head:
             continue
-        width, height = _WIDTH.search(head), _HEIGHT.search(head)
-        if width and height:
-            out.sizes.add((int(width.group(1)), int(height.group(1))))
+        w, h = _number(head, b"Width", objects), _number(head, b"Height", objects)
+        if w is not None and h is not None:
+            out.sizes.add((w, h))
         if out.over is None:
             out.over = _over(head, objects)
     return out
@@ -94,7 +99,7 @@ def _scanned(data: mmap.mmap, objects: _Objects) -> Scan:
 def _dict_start(data: mmap.mmap, end: int) -> int:
     """Where the dictionary whose ``>>`` is at ``end`` begins, or -1."""
     low, pos, depth = max(0, end - MAX_DICT), end + 2, 0
-    while True:
+    for _ in range(2 * MAX_STEPS):
         close, opening = data.rfind(b">>", low, pos), data.rfind(b"<<", low, pos)
         if opening < 0:
             return -1
@@ -104,59 +109,129 @@ def _dict_start(data: mmap.mmap, end: int) -> int:
             depth, pos = depth - 1, opening
             if depth == 0:
                 return opening
+    return -1
 
 
 def _over(head: bytes, objects: _Objects) -> tuple[int, int] | None:
-    width, height = _WIDTH.search(head), _HEIGHT.search(head)
-    found = _FILTER.search(head)
-    if not (width and height and found):
+    w, h = _number(head, b"Width", objects), _number(head, b"Height", objects)
+    filters = _NAME.findall(_value(head, b"Filter", objects) or b"")
+    if w is None or h is None or not filters or filters[-1] not in _CAPPED:
         return None
-    filters = _NAME.findall(found.group(1))
-    if not filters or filters[-1] not in _CAPPED:
-        return None
-    w, h = int(width.group(1)), int(height.group(1))
     if _MASK.search(head):
         bits = 1
     else:
-        bpc = _BPC.search(head)
-        bits = (int(bpc.group(1)) if bpc else 8) * _components(head, objects.body)
+        bpc = _number(head, b"BitsPerComponent", objects)
+        bits = (bpc or 8) * _components(head, objects)
     return (w, h) if (w * bits + 7) // 8 * h > INFLATE_CAP else None
 
 
-def _components(head: bytes, body: Callable[[int], bytes | None]) -> int:
-    found = _COLORSPACE.search(head)
-    if not found:
+def _value(head: bytes, key: bytes, objects: _Objects) -> bytes | None:
+    """The value of ``/key`` in the dictionary ``head``: a name, a number, an
+    array (brackets balanced), or what an ``N G R`` reference points to."""
+    found = re.search(rb"/" + key + rb"(?![^\s/\[\]<>()%])\s*", head)
+    if found is None:
+        return None
+    value = _token(head, found.end())
+    if (ref := _REF.fullmatch(value)) is not None:  # an object of its own
+        body = objects.body(int(ref.group(1))) or b""
+        value = _token(body, len(body) - len(body.lstrip()))
+    return value
+
+
+def _token(text: bytes, at: int) -> bytes:
+    """The value starting at ``at``: an array to its matching bracket, a
+    reference, a name or a number."""
+    if text[at : at + 1] == b"[":
+        depth = 0
+        for i in range(at, min(len(text), at + 8192)):
+            depth += {91: 1, 93: -1}.get(text[i], 0)  # [ and ]
+            if depth == 0:
+                return text[at : i + 1]
+        return text[at : at + 8192]
+    ref = _REF.match(text, at)
+    if ref is not None:
+        return ref.group(0)
+    word = re.match(rb"/?[^\s/\[\]<>()%]*", text[at:])
+    return word.group(0) if word else b""
+
+
+def _number(head: bytes, key: bytes, objects: _Objects) -> int | None:
+    value = _value(head, key, objects)
+    try:  # 20000, +20000, 20000.0: what pdfium reads as the same number
+        return int(float(value)) if value else None
+    except ValueError:
+        return None
+
+
+def _components(head: bytes, objects: _Objects) -> int:
+    space = _value(head, b"ColorSpace", objects)
+    if space is None:
         return 1  # none given: a mask, or a JPEG 2000 (not Flate-coded)
-    space = found.group(1)
-    if (ref := _REF.fullmatch(space)) is not None:  # the space is an object of its own
-        space = body(int(ref.group(1))) or b""
     names = _NAME.findall(space)
     if not names:
         return _MOST_COMPONENTS
     if names[0] == b"ICCBased" and (ref := _REF.search(space)) is not None:
-        n = _N.search(body(int(ref.group(1))) or b"")
+        n = _N.search(objects.body(int(ref.group(1))) or b"")
         return int(n.group(1)) if n else _MOST_COMPONENTS
-    if names[0] == b"DeviceN":
-        inks = re.search(rb"\[([^\]]*)\]", space)
-        return len(_NAME.findall(inks.group(1))) if inks else _MOST_COMPONENTS
+    if names[0] == b"DeviceN":  # [/DeviceN [inks…] alternate tint]
+        inner = space[1:].lstrip()[len(b"/DeviceN") :].lstrip()
+        inks = _token(inner, 0) if inner.startswith(b"[") else b""
+        return len(_NAME.findall(inks)) if inks else _MOST_COMPONENTS
     return _COMPONENTS.get(names[0], _MOST_COMPONENTS)
 
 
 class _Objects:
-    """The start of each ``N G obj`` in the file, found on first use."""
+    """Objects by number: each ``N G obj`` in the file, and those compressed
+    in object streams (PDF 1.5; a colour space there was counted as 4
+    components: an RGB scan of 972 MB refused, a 6-ink one drawn in part).
+    Found on first use; the last definition wins (an incremental update)."""
 
     _OBJ = re.compile(rb"(?<!\d)(\d{1,10})\s+\d{1,5}\s+obj\b")
+    _PACKED = 64 * 1024 * 1024  # object streams inflated in all, at most
 
     def __init__(self, data: mmap.mmap) -> None:
         self.data = data
         self._at: dict[int, int] | None = None
+        self._packed: dict[int, bytes] | None = None
 
     def body(self, number: int) -> bytes | None:
         """The first 4 kB of object ``number``'s body."""
         if self._at is None:
             self._at = {int(m.group(1)): m.end() for m in self._OBJ.finditer(self.data)}
         at = self._at.get(number)
-        return None if at is None else self.data[at : at + 4096]
+        if at is not None:
+            return self.data[at : at + 4096]
+        if self._packed is None:
+            self._packed = {}  # a reference met while unpacking finds none, not a loop
+            self._packed = self._unpack()
+        return self._packed.get(number)
+
+    def _unpack(self) -> dict[int, bytes]:
+        """The objects of every object stream (Flate-coded or not), by number."""
+        found: dict[int, bytes] = {}
+        left = self._PACKED
+        for match in _STREAM.finditer(self.data):
+            start = _dict_start(self.data, match.start())
+            head = self.data[start : match.start() + 2] if start >= 0 else b""
+            if b"/ObjStm" not in head or left <= 0:
+                continue
+            length = _number(head, b"Length", self)
+            first, count = _number(head, b"First", self), _number(head, b"N", self)
+            if length is None or first is None or count is None:
+                continue
+            raw = self.data[match.end() : match.end() + min(length, left)]
+            filters = _NAME.findall(_value(head, b"Filter", self) or b"")
+            if filters and filters != [b"FlateDecode"] and filters != [b"Fl"]:
+                continue  # another coding: its objects stay unknown (4 components)
+            try:
+                packed = zlib.decompressobj().decompress(raw, left) if filters else raw
+            except zlib.error:
+                continue
+            left -= len(packed)
+            pairs = [int(x) for x in packed[:first].split()[: 2 * count]]
+            for number, offset in zip(pairs[::2], pairs[1::2], strict=False):
+                found[number] = packed[first + offset : first + offset + 4096]
+        return found
 
 
 # -- inline images, through pdfium ------------------------------------------------------

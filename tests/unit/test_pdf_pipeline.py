@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from hypermedia.errors import JobError
-from hypermedia.pipelines import pdf, registry
+from hypermedia.pipelines import pdf, pdf_images, registry
 from hypermedia.pipelines.schema import clean_settings
 from hypermedia.storage import sniff
 from tests import pdfs
@@ -671,3 +671,78 @@ def test_memory_stays_under_the_attempt_limit_in_an_empty_environment(tmp_path: 
     assert out["tight"] == "OOM"
     assert out["after"] == [200 * 283]
     assert out["peak_mb"] < limit
+
+
+def _image_dict(tmp_path: Path, fields: bytes, *objects: bytes) -> pdf_images.Scan:
+    """The scan of a PDF holding one image stream with ``fields`` (objects
+    1, 2… are ``objects``; the image is the last one)."""
+    w = pdfs.Writer()
+    for body in objects:
+        w.add(body)
+    image = w.add(pdfs.Writer.stream(b"x", b"/Type /XObject /Subtype /Image " + fields + b" "))
+    content = w.add(pdfs.Writer.stream(b""))
+    path = tmp_path / "scan.pdf"
+    path.write_bytes(
+        pdfs._letter_page(w, content, b"/Resources << /XObject << /Im1 %d 0 R >> >> " % image)
+    )
+    return pdf_images.scan(str(path))
+
+
+def test_image_dictionaries_are_read_as_pdfium_reads_them(tmp_path: Path) -> None:
+    """Indirect /Filter, /BitsPerComponent and sizes, sizes written 20000.0,
+    were not followed (drawn partly black); a DeviceN's alternate space was
+    counted as one more ink (a duotone refused)."""
+    over = (
+        b"/Width 20000 /Height 20000 /ColorSpace /DeviceRGB /BitsPerComponent 8 /Filter 1 0 R",
+        b"/Width 1 0 R /Height 20000.0 /ColorSpace /DeviceRGB /BitsPerComponent 8 "
+        b"/Filter /FlateDecode",
+        b"/Width 14000 /Height 14000 /ColorSpace /DeviceRGB /BitsPerComponent 1 0 R "
+        b"/Filter /FlateDecode",
+    )
+    referenced = (b"[/FlateDecode]", b"20000", b"16")
+    for fields, target in zip(over, referenced, strict=True):
+        assert _image_dict(tmp_path, fields, target).over is not None, fields
+    duotone = (
+        b"/Width 20000 /Height 20000 /BitsPerComponent 8 /Filter /FlateDecode "
+        b"/ColorSpace [/DeviceN [/Black /Spot] /DeviceCMYK 1 0 R]"
+    )
+    assert _image_dict(tmp_path, duotone, b"<< >>").over is None  # 800 MB: two inks
+    six = duotone.replace(b"[/Black /Spot]", b"[/C /M /Y /K /S1 /S2]").replace(b"20000", b"14000")
+    assert _image_dict(tmp_path, six, b"<< >>").over == (14000, 14000)  # 1.18 GB
+
+
+def test_a_file_made_slow_to_scan_is_bounded(tmp_path: Path) -> None:
+    """Thousands of ">>stream" in a row: each looked back over all the others,
+    and a 1 MB file held an attempt for half an hour."""
+    w = pdfs.Writer()
+    bomb = w.add(pdfs.Writer.stream(b"<<" + b">>stream\n" * 7000))
+    path = tmp_path / "slow.pdf"
+    path.write_bytes(pdfs._letter_page(w, bomb))
+    started = time.monotonic()
+    assert pdf_images.scan(str(path)).over is None
+    assert time.monotonic() - started < 5
+
+
+def test_a_colour_space_in_an_object_stream_is_read(tmp_path: Path) -> None:
+    """PDF 1.5 producers pack small objects in object streams: a colour space
+    there was not found and counted as 4 components (an RGB scan of 972 MB
+    refused, a 6-ink image of 1.18 GB drawn in part)."""
+    import zlib
+
+    def scanned(size: int, space: bytes, flate: bool) -> pdf_images.Scan:
+        header = b"8 0 "
+        packed = header + space
+        data = zlib.compress(packed) if flate else packed
+        coding = b"/Filter /FlateDecode " if flate else b""
+        fields = b"/Type /ObjStm /N 1 /First %d %s" % (len(header), coding)
+        image = (
+            b"/Width %d /Height %d /ColorSpace 8 0 R /BitsPerComponent 8 /Filter /FlateDecode"
+            % (size, size)
+        )
+        return _image_dict(tmp_path, image, pdfs.Writer.stream(data, fields))
+
+    for flate in (False, True):
+        assert scanned(18_000, b"/DeviceRGB", flate).over is None  # 972 MB: drawn whole
+        assert scanned(30_000, b"/DeviceGray", flate).over is None  # 900 MB
+        inks = b"[/DeviceN [/C /M /Y /K /S1 /S2] /DeviceCMYK 5 0 R]"
+        assert scanned(14_000, inks, flate).over == (14_000, 14_000)  # 1.18 GB
