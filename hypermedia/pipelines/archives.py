@@ -33,8 +33,6 @@ MAGIC = (
     ("cpio", 0, b"070707"),
     ("cpio", 0, b"070701"),
     ("cpio", 0, b"070702"),
-    ("cpio", 0, b"\xc7\x71"),
-    ("cpio", 0, b"\x71\xc7"),
     ("lha", 2, b"-lh"),
     ("iso", 32769, b"CD001"),
     ("ar", 0, b"!<arch>\n"),
@@ -42,7 +40,6 @@ MAGIC = (
     ("lz4", 0, b"\x04\x22\x4d\x18"),
     ("lz4", 0, b"\x02\x21\x4c\x18"),  # its legacy frame
     ("lzip", 0, b"LZIP"),
-    ("compress", 0, b"\x1f\x9d"),
     ("WIM", 0, b"MSWIM\0\0\0"),
     ("WARC", 0, b"WARC/"),
 )
@@ -67,7 +64,25 @@ def kind_of(head: bytes) -> str | None:
     found = next((k for k, at, magic in MAGIC if head[at : at + len(magic)] == magic), None)
     if found is None and head[:1] and 0x50 <= head[0] <= 0x5F and head[1:4] == b"\x2a\x4d\x18":
         found = "zstd"  # a skippable frame (zstd's and lz4's alike), then the data
+    if found is None and _binary_cpio(head):
+        found = "cpio"
+    if found is None and head[:2] == b"\x1f\x9d" and head[2:3]:
+        # compress (.Z): a flags byte of 9 to 16 bits a code, its bits 5-6 unused
+        found = "compress" if head[2] & 0x60 == 0 and 9 <= head[2] & 0x1F <= 16 else None
     return found or ("lzma" if _lzma_alone(head) else None)
+
+
+def _binary_cpio(head: bytes) -> bool:
+    """The old binary cpio header (magic 070707 in 2 bytes, either order):
+    two bytes alone start one file in 65,536, so its name must fit too: a
+    name size of 1 to 1024 bytes, the name ending in its NUL."""
+    for order in ("little", "big"):
+        if head[:2] != (0o070707).to_bytes(2, order) or len(head) < 26:
+            continue
+        size = int.from_bytes(head[20:22], order)
+        if 1 <= size <= 1024 and head[26 + size - 1 : 26 + size] == b"\0":
+            return True
+    return False
 
 
 SEVEN_ZIP = b"7z\xbc\xaf\x27\x1c"

@@ -394,3 +394,18 @@ def test_members_sent_to_clamd_alone_are_bounded(
         str(path), str(tmp_path), 10**9, lambda p: ("infected", "Sig.A", None)
     )
     assert found.found == "Sig.A"
+
+
+def test_two_byte_magics_need_the_header_behind_them() -> None:
+    """An ordinary file starting with C7 71 (binary cpio's magic) or 1F 9D
+    (compress's) was an archive "that could not be unpacked", or data clamd
+    does not unpack: not_fully_scanned."""
+    from hypermedia.pipelines import archives
+
+    name = b"a.txt\x00"
+    fields = struct.pack("<HHHHHHHHHHHI", 0o070707, 0, 0, 0o100644, 0, 0, 1, 0, 0, 0, len(name), 3)
+    cpio = fields + name + b"abc"
+    assert archives.kind_of(cpio) == "cpio"
+    assert archives.kind_of(b"\xc7\x71" + os.urandom(200).replace(b"\x00", b"\x01")) is None
+    assert archives.kind_of(b"\x1f\x9d\x90" + os.urandom(20)) == "compress"  # 16 bits, block mode
+    assert archives.kind_of(b"\x1f\x9d\x7f" + os.urandom(20)) is None
