@@ -273,17 +273,7 @@ def _claim_only(conn, worker_id, queues, only, n, now, lease_until):
             sel = sel.with_for_update(skip_locked=True)
         found += [(r.priority, r.job_id) for r in conn.execute(sel)]
     picked = [job_id for _, job_id in sorted(found)[:n]]
-    if not picked:
-        return []
-    conn.execute(mysql_claim_update(picked).values(_claim_values(worker_id, now, lease_until)))
-    rows = [
-        dict(r._mapping)
-        for r in conn.execute(
-            sa.select(*CLAIM_COLUMNS).where(
-                J.c.job_id.in_(picked), J.c.claimed_by == worker_id, J.c.status == "claimed"
-            )
-        )
-    ]
+    rows = _take(conn, picked, worker_id, now, lease_until)
     _record_claims(conn, rows, worker_id, now)
     return rows
 
@@ -293,6 +283,13 @@ def _claim_mysql(conn, worker_id, queues, n, now, lease_until):
     # locked ids, then read them back, all in one transaction.  Rows locked
     # but not chosen are released at commit.
     ids = _ready_ids(conn, queues, n, now, lock=True)
+    return _take(conn, ids, worker_id, now, lease_until)
+
+
+def _take(
+    conn: sa.Connection, ids: list[int], worker_id: str, now: datetime, lease_until: datetime
+) -> list[dict[str, Any]]:
+    """Claim the locked queued jobs ``ids`` by primary key, and read them back."""
     if not ids:
         return []
     conn.execute(mysql_claim_update(ids).values(_claim_values(worker_id, now, lease_until)))

@@ -26,8 +26,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 # What starts each format (offsets in the file's first bytes).
+SEVEN_ZIP = b"7z\xbc\xaf\x27\x1c"
 MAGIC = (
-    ("7z", 0, b"7z\xbc\xaf\x27\x1c"),
+    ("7z", 0, SEVEN_ZIP),
     ("cab", 0, b"MSCF\0\0\0\0"),
     ("xar", 0, b"xar!"),
     ("cpio", 0, b"070707"),
@@ -85,26 +86,33 @@ def _binary_cpio(head: bytes) -> bool:
     return False
 
 
-SEVEN_ZIP = b"7z\xbc\xaf\x27\x1c"
-
-
 def seven_zip_at(path: str) -> int:
     """Where a 7-Zip archive starts in the file (its signature header's CRC
     holding), or -1."""
+
+    def holds(data: Any, at: int) -> bool:
+        fields = data[at + 12 : at + 32]
+        crc = int.from_bytes(data[at + 8 : at + 12], "little")
+        return len(fields) == 20 and zlib.crc32(fields) == crc
+
+    return marked_at(path, SEVEN_ZIP, holds)
+
+
+def marked_at(path: str, marker: bytes, holds: Callable[[Any, int], bool]) -> int:
+    """The first offset of ``marker`` in the file where ``holds(data, at)``
+    (what follows it checks out), or -1; a marker alone is a chance match in
+    any program that knows the format.  At most 10,000 candidates."""
     with open(path, "rb") as f:
         try:
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:  # empty
             return -1
     with data:
-        at, looked = data.find(SEVEN_ZIP), 0
+        at, looked = data.find(marker), 0
         while at >= 0 and looked < 10_000:
-            fields = data[at + 12 : at + 32]
-            if len(fields) == 20 and zlib.crc32(fields) == int.from_bytes(
-                data[at + 8 : at + 12], "little"
-            ):
+            if holds(data, at):
                 return at
-            at, looked = data.find(SEVEN_ZIP, at + 1), looked + 1
+            at, looked = data.find(marker, at + 1), looked + 1
     return -1
 
 

@@ -22,7 +22,6 @@ import contextvars
 import functools
 import io
 import lzma
-import mmap
 import os
 import struct
 import tarfile
@@ -309,18 +308,7 @@ def _holds_rar(path: str) -> bool:
     """Whether a RAR archive starts anywhere in the file: its marker followed
     by a header whose CRC holds (the marker alone is in every program that
     knows RAR files: file(1)'s magic database was "a RAR archive")."""
-    with open(path, "rb") as f:
-        try:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:  # empty
-            return False
-    with data:
-        at, looked = data.find(RAR), 0
-        while at >= 0 and looked < 10_000:
-            if _rar_header(data, at + len(RAR)):
-                return True
-            at, looked = data.find(RAR, at + 1), looked + 1
-    return False
+    return archives.marked_at(path, RAR, lambda data, at: _rar_header(data, at + len(RAR))) >= 0
 
 
 def _rar_header(data: Any, at: int) -> bool:
