@@ -246,6 +246,52 @@ def _letter_page(w: Writer, content: int, extra: bytes = b"") -> bytes:
 _PAD = bytes.fromhex("28BF4E5E4E758A4164004E56FFFA01082E2E00B6D0683E802F0CA9FE6453697A")
 
 
+def attached(body: bytes, filters: bytes = b"/FlateDecode", name: bytes = b"a.bin") -> bytes:
+    """A one-page PDF with an embedded file: ``body``, already coded by
+    ``filters`` (a name or an array, written as given)."""
+    w = Writer()
+    data = w.add(w.stream(body, b"/Type /EmbeddedFile /Filter %s " % filters))
+    spec = w.add(b"<< /Type /Filespec /F (%s) /EF << /F %d 0 R >> >>" % (name, data))
+    pages = w.reserve()
+    page = w.add(b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 100 100] >>" % pages)
+    w.set(pages, b"<< /Type /Pages /Kids [%d 0 R] /Count 1 >>" % page)
+    files = b"<< /EmbeddedFiles << /Names [(%s) %d 0 R] >> >>" % (name, spec)
+    return w.build(w.add(b"<< /Type /Catalog /Pages %d 0 R /Names %s >>" % (pages, files)))
+
+
+def lzw(data: bytes) -> bytes:
+    """``data`` coded as PDF's LZWDecode undoes it (PDF 32000 §7.4.4.2: the
+    first 10-bit code follows the creation of entry 511, and so on; a clear
+    code when the table is full), written here from the standard's text."""
+    table = {bytes([i]): i for i in range(256)}
+    codes, width, word = [(256, 9)], 9, b""
+    for byte in data:
+        grown = word + bytes([byte])
+        if grown in table:
+            word = grown
+            continue
+        codes.append((table[word], width))
+        table[grown] = len(table) + 2  # 256 and 257 are taken
+        if len(table) + 2 == 4095:
+            codes.append((256, width))
+            table, width = {bytes([i]): i for i in range(256)}, 9
+        elif len(table) + 2 >= 1 << width:
+            width += 1
+        word = bytes([byte])
+    if word:
+        codes.append((table[word], width))
+    codes.append((257, width))
+    bits, held, out = 0, 0, bytearray()
+    for code, size in codes:
+        bits, held = (bits << size) | code, held + size
+        while held >= 8:
+            held -= 8
+            out.append((bits >> held) & 0xFF)
+    if held:
+        out.append((bits << (8 - held)) & 0xFF)
+    return bytes(out)
+
+
 def rc4(key: bytes, data: bytes) -> bytes:
     s = list(range(256))
     j = 0

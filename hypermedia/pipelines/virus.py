@@ -403,8 +403,8 @@ def _zip_reason(zip_: zipsizes.Survey, limit: int) -> str | None:
         )
     if zip_.overflowed:
         return (
-            f"a gzip, bzip2 or xz stream in it unpacks to more than clamd's MaxFileSize "
-            f"({limit}): clamd scanned only its first MaxFileSize bytes"
+            f"a compressed stream in it (gzip, bzip2, xz, or a PDF's) unpacks to more "
+            f"than clamd's MaxFileSize ({limit}): clamd scanned only its first MaxFileSize bytes"
         )
     if zip_.largest == zipsizes.UNKNOWN or zip_.unsized:
         return (

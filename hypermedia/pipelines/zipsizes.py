@@ -22,17 +22,19 @@ import contextvars
 import functools
 import io
 import lzma
+import mmap
 import os
 import struct
 import tarfile
 import tempfile
+import time
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
-from hypermedia.pipelines import archives
+from hypermedia.pipelines import archives, pdf_streams
 
 LOCAL = b"PK\x03\x04"
 RAR = b"Rar!\x1a\x07"
@@ -143,6 +145,7 @@ NESTED_BYTES = 512 * 1024 * 1024
 NESTED_MEMBERS = 10_000  # archives and compressed streams looked into, in all
 NESTED_HEADS = 200_000  # members whose first bytes are read to tell whether they are one
 NESTED_SCANS = 10_000  # members sent to clamd alone (MemberScan), a few ms each
+PDF_SECONDS = 20.0  # a PDF's streams looked into, at most (a hostile one has millions)
 _HEAD = archives.HEAD_BYTES  # enough to tell a layer by its magic (an ISO's is at 32 kB)
 
 
@@ -187,7 +190,7 @@ def _layer(head: bytes) -> str | None:
     if head[257:262] == b"ustar" or _v7_tar(head):  # POSIX and GNU tar, and the older one
         return "tar"
     stream = next((kind for kind, magic in _STREAMS.items() if head.startswith(magic)), None)
-    return stream or archives.kind_of(head)
+    return stream or archives.kind_of(head) or ("pdf" if pdf_streams.is_pdf(head) else None)
 
 
 def _v7_tar(head: bytes) -> bool:
@@ -274,9 +277,76 @@ def _nested(path: str, scratch: str, limit: int, depth: int, budget: list[int]) 
         _stream(path, kind, out, scratch, limit, depth, budget)
     elif kind in archives.WALKED:
         _archived(path, kind, out, scratch, limit, depth, budget)
-    elif not _boxed(path, kind == "tar", out, scratch, limit, depth, budget) and kind is None:
-        _seven_zip_within(path, out, scratch, limit, depth, budget)
+    else:
+        if kind == "pdf":
+            _pdf(path, out, scratch, limit, depth, budget)
+        boxed = _boxed(path, kind == "tar", out, scratch, limit, depth, budget)
+        if not boxed and kind in (None, "pdf"):
+            _seven_zip_within(path, out, scratch, limit, depth, budget)
     return out
+
+
+def _pdf(path: str, out: Survey, scratch: str, limit: int, depth: int, budget: list[int]) -> None:
+    """Each stream of a PDF whose decoded data is a layer (clamd scans every
+    decoded stream as a file of its own), unpacked and surveyed; one that
+    decodes past ``limit`` is ``overflowed``.  A stream's first bytes are
+    decoded to tell, and count against NESTED_HEADS."""
+    deadline = time.monotonic() + PDF_SECONDS
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        for stream in pdf_streams.streams(data):
+            budget[2] -= 1
+            if budget[2] < 0 or time.monotonic() > deadline:
+                out.unchecked = True
+                return
+            chunks = pdf_streams.decoded(data, stream)
+            head = _first(chunks, _HEAD)
+            kind = _layer(head)
+            if kind == "rar":
+                out.rar = True
+            if kind is None or kind == "rar":
+                continue
+            budget[1] -= 1
+            if depth >= NESTED_DEPTH or budget[1] < 0:
+                out.unchecked = True
+                return
+            cap = min(limit, budget[0])
+            inner = _spooled(head, chunks, scratch, cap + 1)
+            try:
+                size = os.path.getsize(inner)
+                budget[0] -= size
+                if size > limit:
+                    out.overflowed = True
+                elif size > cap:
+                    out.unchecked = True
+                else:
+                    out.add(_nested(inner, scratch, limit, depth + 1, budget))
+            finally:
+                os.unlink(inner)
+
+
+def _first(chunks: Iterator[bytes], most: int) -> bytes:
+    """At least ``most`` bytes from ``chunks`` (fewer only at their end)."""
+    head = bytearray()
+    while len(head) < most and (chunk := next(chunks, None)) is not None:
+        head += chunk
+    return bytes(head)
+
+
+def _spooled(head: bytes, chunks: Iterator[bytes], scratch: str, most: int) -> str:
+    """``head`` and what follows it in ``chunks``, to a file in ``scratch``:
+    no more than ``most`` bytes."""
+    fd, inner = tempfile.mkstemp(dir=scratch, suffix=".layer")
+    try:
+        with os.fdopen(fd, "wb") as dst:
+            dst.write(head[:most])
+            left = most - len(head)
+            while left > 0 and (chunk := next(chunks, None)) is not None:
+                dst.write(chunk[:left])
+                left -= len(chunk)
+    except BaseException:
+        os.unlink(inner)
+        raise
+    return inner
 
 
 def _seven_zip_within(

@@ -35,6 +35,7 @@ from hypermedia.pipelines import registry, virus, zipsizes
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob
 from hypermedia.storage.ledger import Storage
+from tests import pdfs
 from tests.integration._procs import Procs, attempts, eventually, sqlite_only, tail, wait_job
 from tests.pipelines.conftest import (
     EICAR,
@@ -492,6 +493,41 @@ def test_formats_clamd_does_not_unpack_are_never_clean(tmp_path: Path, clamd: Cl
         assert result["reason"] == (
             f"it holds {name} data, which clamd does not unpack: what is inside was not scanned"
         )
+
+
+def test_what_a_pdf_holds_is_surveyed_as_clamd_decodes_it(tmp_path: Path, clamd: Clamd) -> None:
+    """clamd undoes a PDF's stream filters (Flate, ASCIIHex, LZW…) and unpacks
+    the archives it finds there: a ZIP in a method it does not decode, xz
+    streams joined, a RAR, a ZIP member past MaxFileSize embedded in a PDF
+    were OK from clamd, and clean."""
+    settings = {"clamd": clamd.unix_url, "clamd_max_file_size": MAX_FILE}
+    lzma_zip = io.BytesIO()
+    with zipfile.ZipFile(lzma_zip, "w", zipfile.ZIP_LZMA) as z:
+        z.writestr("m.txt", b"x" + MARKER)
+    joined = lzma.compress(b"hello\n") + lzma.compress(EICAR)
+    for pdf, reason in (
+        (pdfs.attached(zlib.compress(lzma_zip.getvalue())), "a ZIP member is compressed by"),
+        (pdfs.attached(pdfs.lzw(joined), b"/LZW"), "a gzip, bzip2 or xz file in it holds"),
+        (pdfs.attached(_rar(EICAR).hex().encode() + b">", b"/AHx"), virus.RAR_UNOPENED),
+        (
+            pdfs.attached(zlib.compress(_zip(b"\0" * (MAX_FILE + 4096) + MARKER))),
+            f"a ZIP member of {MAX_FILE + 4096 + len(MARKER)} bytes is over",
+        ),
+    ):
+        assert _clamd_alone(tmp_path, clamd, pdf) == "stream: OK"
+        result, _ = _scan(tmp_path, pdf, settings)
+        assert result["verdict"] == "not_fully_scanned", reason
+        assert result["reason"].startswith(reason)
+    # What clamd reads through the same filters it finds; ordinary PDFs stay clean.
+    for filters, coded in (
+        (b"/LZW", pdfs.lzw(_zip(EICAR))),
+        (b"[/AHx /Fl]", zlib.compress(_zip(EICAR)).hex().encode() + b">"),
+    ):
+        result, _ = _scan(tmp_path, pdfs.attached(coded, filters), settings)
+        assert (result["verdict"], result["signature"]) == ("infected", f"{EICAR_NAME}.UNOFFICIAL")
+    for pdf in (pdfs.attached(zlib.compress(_zip(CLEAN))), pdfs.realistic(pages=3)):
+        result, _ = _scan(tmp_path, pdf, settings)
+        assert (result["verdict"], result["reason"]) == ("clean", None)
 
 
 def test_a_member_in_a_method_clamd_does_not_decode_is_never_clean(

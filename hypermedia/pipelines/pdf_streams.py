@@ -1,0 +1,231 @@
+"""What clamd decodes from a PDF: each stream, its filters undone.
+
+clamd reads every stream of a PDF through its filters (Flate, ASCIIHex,
+ASCII85, LZW, RunLength) and scans what comes out as a file of its own: a
+ZIP there is unzipped, an xz stream unpacked, each with the same limits as
+at the top.  So a ZIP whose member clamd cannot decode (LZMA), a RAR, or
+xz streams joined, embedded in a PDF, were OK from clamd and called clean.
+``streams`` finds each stream and ``decoded`` undoes its filters lazily, in
+chunks, for ``zipsizes`` to tell whether what comes out is a layer to
+survey.  Nothing is decoded in whole unless it is one.
+
+A filter not undone here (an image's DCT, JPX, JBIG2 or CCITT coding, a
+Crypt filter) ends the chain: what came before it is the stream, as clamd
+scans it.  Predictors (``/DecodeParms``) and encrypted files' streams are
+not undone: their bytes are read as they are.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import mmap
+import re
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from hypermedia.pipelines import pdf_images
+
+_CHUNK = 1024 * 1024
+_SLICE = 64 * 1024  # input taken at a time by decoders whose output may swell
+_NAME = re.compile(rb"/([^\s/\[\]<>()]+)")
+_ENDSTREAM = b"endstream"
+_A85_GROUPS = re.compile(rb"(?:z|[!-u]{5})*")
+
+
+def is_pdf(head: bytes) -> bool:
+    """Whether ``head`` (a file's first bytes) starts a PDF as clamd tells one:
+    ``%PDF-`` in its first kilobyte (readers allow junk before it)."""
+    return b"%PDF-" in head[:1024]
+
+
+@dataclass(frozen=True)
+class Stream:
+    filters: tuple[bytes, ...]  # by name, first applied first
+    start: int  # the raw data's first byte in the file
+    end: int  # one past its last
+
+
+def streams(data: mmap.mmap) -> Iterator[Stream]:
+    """Every stream of the PDF in ``data``, in file order.  Its data ends at
+    ``/Length`` when that is a number (or a reference to one) within the
+    file, else at the next ``endstream``."""
+    objects = pdf_images._Objects(data)
+    for match in pdf_images._STREAM.finditer(data):
+        start = pdf_images._dict_start(data, match.start())
+        if start < 0:
+            continue
+        head = data[start : match.start() + 2]
+        begin = match.end()
+        length = pdf_images._number(head, b"Length", objects)
+        if length is not None and 0 <= length <= len(data) - begin:
+            end = begin + length
+        else:
+            found = data.find(_ENDSTREAM, begin)
+            end = len(data) if found < 0 else found
+        filters = _NAME.findall(pdf_images._value(head, b"Filter", objects) or b"")
+        yield Stream(tuple(filters), begin, end)
+
+
+def decoded(data: mmap.mmap, stream: Stream) -> Iterator[bytes]:
+    """The stream's data with each filter undone in turn, in chunks, up to
+    the first filter not undone here.  A filter's data found damaged ends
+    the stream where it went wrong (clamd scans what it decoded so far)."""
+    chunks: Iterator[bytes] = _raw(data, stream.start, stream.end)
+    for name in stream.filters:
+        decoder = _DECODERS.get(name)
+        if decoder is None:
+            break
+        chunks = decoder(chunks)
+    return _tolerant(chunks)
+
+
+def _raw(data: mmap.mmap, start: int, end: int) -> Iterator[bytes]:
+    for at in range(start, end, _CHUNK):
+        yield data[at : min(end, at + _CHUNK)]
+
+
+def _tolerant(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    try:
+        yield from chunks
+    except (ValueError, zlib.error, binascii.Error):
+        return
+
+
+def _slices(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    for chunk in chunks:
+        for at in range(0, len(chunk), _SLICE):
+            yield chunk[at : at + _SLICE]
+
+
+def _flate(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    d = zlib.decompressobj()
+    for chunk in chunks:
+        data = chunk
+        while data and not d.eof:
+            out = d.decompress(data, _CHUNK)
+            data = d.unconsumed_tail
+            if out:
+                yield out
+        if d.eof:
+            return
+    if tail := d.flush():
+        yield tail
+
+
+def _hex(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    carry = b""
+    for chunk in chunks:
+        text = carry + re.sub(rb"\s+", b"", chunk)
+        end = text.find(b">")
+        if end >= 0:
+            text = text[:end]
+            yield binascii.unhexlify(text + b"0" * (len(text) % 2))  # an odd digit: 0 follows
+            return
+        keep = len(text) - len(text) % 2
+        text, carry = text[:keep], text[keep:]
+        yield binascii.unhexlify(text)
+    if carry:
+        yield binascii.unhexlify(carry + b"0")
+
+
+def _a85(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    carry = b""
+    for chunk in chunks:
+        text = carry + re.sub(rb"\s+", b"", chunk)
+        end = text.find(b"~>")
+        if end >= 0:
+            yield base64.a85decode(text[:end])  # a last short group is padded
+            return
+        groups = _A85_GROUPS.match(text)  # always matches: "" at least
+        keep = groups.end() if groups else 0
+        if len(text) - keep >= 5:  # not a group: a character ASCII85 does not use
+            raise ValueError("not ASCII85")
+        text, carry = text[:keep], text[keep:]
+        yield base64.a85decode(text)
+    if carry:
+        yield base64.a85decode(carry)
+
+
+def _run_length(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    carry, out = b"", bytearray()
+    for chunk in _slices(chunks):
+        data, at = carry + chunk, 0
+        while at < len(data):
+            n = data[at]
+            if n == 128:  # end of data
+                yield bytes(out)
+                return
+            if n < 128:  # the next n + 1 bytes as they are
+                if at + 1 + n + 1 > len(data):
+                    break
+                out += data[at + 1 : at + n + 2]
+                at += n + 2
+            else:  # the next byte, 257 - n times
+                if at + 1 >= len(data):
+                    break
+                out += data[at + 1 : at + 2] * (257 - n)
+                at += 2
+            if len(out) >= _CHUNK:
+                yield bytes(out)
+                out.clear()
+        carry = data[at:]
+        if out:
+            yield bytes(out)
+            out.clear()
+
+
+def _lzw(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """PDF's LZW (codes of 9 to 12 bits, first bit first; 256 clears the
+    table, 257 ends the data; the code grows one entry early, the default
+    ``EarlyChange`` of 1)."""
+    table = [bytes([i]) for i in range(256)] + [b"", b""]
+    width, bits, held, prev = 9, 0, 0, b""
+    out = bytearray()
+    for chunk in _slices(chunks):
+        for byte in chunk:
+            bits, held = (bits << 8) | byte, held + 8
+            if held < width:
+                continue
+            held -= width
+            code, bits = bits >> held, bits & ((1 << held) - 1)
+            if code == 256:
+                del table[258:]
+                width, prev = 9, b""
+                continue
+            if code == 257:
+                yield bytes(out)
+                return
+            if code < len(table):
+                entry = table[code]
+            elif code == len(table) and prev:
+                entry = prev + prev[:1]
+            else:
+                raise ValueError("an LZW code past its table")
+            if prev and len(table) < 4096:
+                table.append(prev + entry[:1])
+            out += entry
+            prev = entry
+            if len(table) + 1 >= 1 << width and width < 12:
+                width += 1
+            if len(out) >= _CHUNK:
+                yield bytes(out)
+                out.clear()
+        if out:
+            yield bytes(out)
+            out.clear()
+
+
+_DECODERS: dict[bytes, Callable[[Iterator[bytes]], Iterator[bytes]]] = {
+    b"FlateDecode": _flate,
+    b"Fl": _flate,
+    b"ASCIIHexDecode": _hex,
+    b"AHx": _hex,
+    b"ASCII85Decode": _a85,
+    b"A85": _a85,
+    b"LZWDecode": _lzw,
+    b"LZW": _lzw,
+    b"RunLengthDecode": _run_length,
+    b"RL": _run_length,
+}
