@@ -54,8 +54,8 @@ MEANING: dict[int, str] = {
     404: "No such {what} in the token's project (`not_found`)",
     408: "The body stalled: nothing came for the idle timeout (`request_timeout`)",
     413: "The body is larger than the server's limit (`payload_too_large`)",
-    422: "The request is not valid (`invalid_request`; request validation lists each "
-    "field in `details`)",
+    422: "The request is not valid, or its URL's %-escapes are not UTF-8 "
+    "(`invalid_request`; request validation lists each field in `details`)",
     429: "Too many requests for this token (`rate_limited`)",
     503: "The database or storage is unavailable, or the database not migrated yet "
     "(`database_unavailable`, `database_not_migrated`, `storage_unavailable`): send it again",
@@ -117,16 +117,15 @@ EXTRA: dict[tuple[str, str], dict[int, str]] = {
 
 def answers(method: str, path: str, op: dict[str, Any]) -> dict[int, str]:
     """The error statuses ``op`` can give, each with what it means there."""
-    codes: dict[int, str] = {}
-    if "422" in op["responses"]:  # FastAPI's: the operation has parameters or a body
-        codes[422] = MEANING[422]
+    # Any request, whatever the route: app.BodyLimit reads a body sent even
+    # to a GET (a length over the limit, a stall, ambiguous framing), and
+    # deps.utf8_url refuses %-escapes that are not UTF-8 in any URL.
+    codes = {s: MEANING[s] for s in (400, 408, 413, 422)}
     scopes = [s for req in op.get("security", ()) for ss in req.values() for s in ss]
     if scopes:  # deps.scoped: a token looked up in the database, rate-limited, scoped
         scope = " or ".join(f"`{s}`" for s in scopes)
         codes |= {s: MEANING[s] for s in (401, 429, 503)}
         codes[403] = MEANING[403].format(scope=scope)
-    if "requestBody" in op:  # app.BodyLimit, or an upload's own limit
-        codes |= {400: MEANING[400], 408: MEANING[408], 413: MEANING[413]}
     # A row named in the path (a queue's name is none: any name can be paused).
     names = [p["name"] for p in op.get("parameters", ()) if p["in"] == "path"]
     rows = [ROWS.get(n, n.removesuffix("_id")) for n in names if n.endswith("_id") or n in ROWS]

@@ -61,7 +61,9 @@ def put(
     files: list[Path] = typer.Argument(
         ..., dir_okay=False, readable=True, callback=existing_inputs
     ),
-    pool: str | None = typer.Option(None, "--pool", help="default: HYPERMEDIA_DEFAULT_POOL (local)"),
+    pool: str | None = typer.Option(
+        None, "--pool", help="default: HYPERMEDIA_DEFAULT_POOL (local)"
+    ),
     mime: str | None = typer.Option(
         None, "--mime", help="a media type, type/subtype (default: detected from the bytes)"
     ),

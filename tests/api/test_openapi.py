@@ -122,9 +122,9 @@ def test_404_on_routes_with_a_row_in_the_path_and_409_where_a_state_refuses(
     content = paths["/v1/objects/{object_id}/content"]["get"]["responses"]
     assert {"200", "206", "403", "404", "416", "500", "503"} <= set(content)
     assert "application/octet-stream" in content["206"]["content"]
-    # Every route with a body: a 400 for an ambiguous length (app.BodyLimit).
-    bodies = [(m, p) for m, p, op in operations(doc) if "requestBody" in op]
-    assert bodies and all("400" in paths[p][m.lower()]["responses"] for m, p in bodies)
+    # Every route, a body or not: app.BodyLimit and deps.utf8_url guard them all.
+    for method, path, op in operations(doc):
+        assert {"400", "408", "413", "422"} <= set(op["responses"]), (method, path)
     ready = paths["/readyz"]["get"]["responses"]["503"]["content"]["application/json"]
     assert ready["schema"] == {"$ref": "#/components/schemas/Readiness"}
 
@@ -195,3 +195,19 @@ def test_real_error_answers_validate_against_the_declared_schema(
     # Request validation's details are the declared ErrorDetail items.
     r = client.post("/v1/jobs", headers=admin, json={"priority": 99})
     assert r.json()["details"][0]["loc"] == ["body", "priority"]
+
+
+def test_every_route_gives_the_guards_statuses_it_declares(
+    client: TestClient, doc: dict[str, Any], a: Project
+) -> None:
+    """A length over the body limit (413) and a URL whose %-escapes are not
+    UTF-8 (422) are answered by every route, a GET's too: the document said
+    so only of routes with a body, or with parameters."""
+    for method, path, _ in operations(doc):
+        target = url(path)
+        too_long = client.request(
+            method, target, headers={**bearer(a.admin), "Content-Length": str(10**15)}
+        )
+        assert too_long.status_code == 413, (method, path, too_long.text[:200])
+        not_utf8 = client.request(method, target + "?x=%FF", headers=bearer(a.admin))
+        assert not_utf8.status_code == 422, (method, path, not_utf8.text[:200])
