@@ -149,6 +149,60 @@ def test_malformed_forms_are_422(client: TestClient, a: Project, svc: Services) 
     assert leftovers(svc) == []
 
 
+def test_a_form_framed_two_ways_is_422(client: TestClient, a: Project, svc: Services) -> None:
+    """A parameter or a part's header given twice was read "last wins": a
+    proxy in front reading the first checked one field and the server stored
+    another (``name="evil"; name="file"``)."""
+    h = bearer(a.admin)
+    part = b"--%s\r\n%s\r\n\r\nDATA\r\n--%s--\r\n"
+    for headers, body in (
+        (
+            {"Content-Type": f"multipart/form-data; boundary=xx; boundary={BOUNDARY}"},
+            form([("file", "q.txt", b"DATA")]),
+        ),
+        (
+            FORM,
+            part
+            % (
+                BOUNDARY.encode(),
+                b'Content-Disposition: form-data; name="evil"; name="file"; filename="q.txt"',
+                BOUNDARY.encode(),
+            ),
+        ),
+        (
+            FORM,
+            part
+            % (
+                BOUNDARY.encode(),
+                b'Content-Disposition: form-data; name="file"; filename="a.txt"; FILENAME="b.txt"',
+                BOUNDARY.encode(),
+            ),
+        ),
+        (
+            FORM,
+            part
+            % (
+                BOUNDARY.encode(),
+                b'Content-Disposition: form-data; name="evil"\r\n'
+                b'Content-Disposition: form-data; name="file"; filename="q.txt"',
+                BOUNDARY.encode(),
+            ),
+        ),
+    ):
+        r = client.post("/v1/objects", content=body, headers={**h, **headers})
+        assert r.status_code == 422, (headers, body)
+        assert "twice" in r.json()["message"] or "repeats" in r.json()["message"]
+    assert svc.storage.list() == []
+    # A "; name=" inside a quoted file name is no parameter.
+    odd = part % (
+        BOUNDARY.encode(),
+        b'Content-Disposition: form-data; name="file"; filename="a; name=b.txt"',
+        BOUNDARY.encode(),
+    )
+    r = client.post("/v1/objects", content=odd, headers={**h, **FORM})
+    assert r.status_code == 201 and r.json()["filename"] == "a; name=b.txt", r.text
+
+
 def test_a_media_type_that_only_begins_like_multipart_is_a_raw_body(
     client: TestClient, a: Project
 ) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -234,6 +235,7 @@ async def _receive_form(
     # python-multipart's streaming parser rather than ``request.form()``: the
     # file part goes straight to our temp file, counted as it arrives, so the
     # cap holds mid-stream and nothing is spooled to a second file first.
+    _unrepeated(request.headers["content-type"].encode("latin-1"), "the Content-Type")
     _, options = parse_options_header(request.headers["content-type"])
     boundary = options.get(b"boundary", b"")
     if not 0 < len(boundary) <= 200:
@@ -264,6 +266,20 @@ async def _receive_form(
         raise InvalidRequest("the multipart body is incomplete")
     if not form.has_file:
         raise InvalidRequest("a multipart upload needs a 'file' part")
+
+
+# A parameter of a header value: its name, then a quoted string (whose
+# "; name=" is no parameter) or a token.
+_PARAMETER = re.compile(rb';\s*([^\s=;"]+)\s*=\s*(?:"(?:[^"\\]|\\.)*"|[^;]*)')
+
+
+def _unrepeated(value: bytes, what: str) -> None:
+    """Refuses a header value that gives a parameter twice (``boundary=``,
+    ``name=``, ``filename=``): the parser kept the last, a proxy in front may
+    read the first, so a field checked as one was stored as another."""
+    names = [m.group(1).lower() for m in _PARAMETER.finditer(value)]
+    if len(names) != len(set(names)):
+        raise InvalidRequest(f"{what} gives one of its parameters twice")
 
 
 class _Form:
@@ -304,11 +320,16 @@ class _Form:
         self._value += data[start:end]
 
     def _header_end(self) -> None:
-        self._headers[self._name.lower()] = self._value
+        name = self._name.lower()
+        if name in self._headers:  # which one counts is the reader's guess (a proxy's may differ)
+            raise InvalidRequest("a multipart part repeats one of its headers")
+        self._headers[name] = self._value
         self._name, self._value = b"", b""
 
     def _headers_finished(self) -> None:
-        _, options = parse_options_header(self._headers.get(b"content-disposition", b""))
+        disposition = self._headers.get(b"content-disposition", b"")
+        _unrepeated(disposition, "a multipart part's Content-Disposition")
+        _, options = parse_options_header(disposition)
         name = options.get(b"name", b"").decode("utf-8", "replace")
         if name == "file" and not self.has_file:
             self.has_file, self._part = True, "file"
