@@ -65,6 +65,7 @@ _HTTP_CODES = {
     408: "request_timeout",
     411: "length_required",
     413: "payload_too_large",
+    412: "precondition_failed",
     415: "unsupported_media_type",
     416: "range_not_satisfiable",
     422: "invalid_request",

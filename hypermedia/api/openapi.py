@@ -69,6 +69,7 @@ CODES = {
     408: "request_timeout",
     409: "conflict",
     411: "length_required",
+    412: "precondition_failed",
     413: "payload_too_large",
     416: "range_not_satisfiable",
     422: "invalid_request",
@@ -99,6 +100,7 @@ EXTRA: dict[tuple[str, str], dict[int, str]] = {
     ("GET", "/v1/objects/{object_id}/content"): {
         403: "A bad, expired or forged link, all alike (`forbidden`)",
         404: "The object is gone since the link was made (`not_found`)",
+        412: "`If-Match` names another version (`precondition_failed`)",
         416: "The range starts past the object's end (`range_not_satisfiable`; "
         "`Content-Range: bytes */SIZE`)",
         500: "The stored bytes no longer match their checksum (`object_corrupt`)",

@@ -1,9 +1,12 @@
-"""HTTP byte ranges (RFC 9110 §14) for the signed download: one range or none.
+"""HTTP byte ranges (RFC 9110 §14) for the signed download: one range or
+none; and its preconditions (§13: ``If-Match``, ``If-None-Match``).
 
 A client seeking in a video or resuming a cut download asks for a part.  Only
 a single range is served; several (``bytes=0-1,5-9``), another unit or a
 header that does not parse are ignored, as the RFC allows, and the whole body
-is sent (200).  A range that starts past the end is 416.
+is sent (200).  A range that starts past the end is 416.  A cache holding
+the object asks with ``If-None-Match`` and is told 304; a client that must
+have one version asks with ``If-Match`` and is told 412 for another.
 """
 
 from __future__ import annotations
@@ -25,6 +28,36 @@ class RangeNotSatisfiable(Exception):
 def etag(checksum: str) -> str:
     """A strong validator: the bytes are the object's, whose checksum never changes."""
     return '"' + checksum.replace(":", "-") + '"'
+
+
+# One entity tag of a list: weak or strong, its opaque part quoted.
+_TAG = re.compile(r'[ \t]*(W/)?("[\x21\x23-\x7e\x80-\xff]*")[ \t]*')
+
+
+def precondition(if_match: str | None, if_none_match: str | None, tag: str) -> int | None:
+    """The status the preconditions answer for the object whose ETag is
+    ``tag`` (412, or 304 for a GET or HEAD), or None to go on (RFC 9110
+    §13.2.2: If-Match first, compared strongly; If-None-Match weakly).  A
+    header that does not parse matches nothing."""
+    if if_match is not None and not _matches(if_match, tag, weak=False):
+        return 412
+    if if_none_match is not None and _matches(if_none_match, tag, weak=True):
+        return 304
+    return None
+
+
+def _matches(header: str, tag: str, *, weak: bool) -> bool:
+    if header.strip() == "*":  # any version: the object exists
+        return True
+    for item in header.split(","):
+        found = _TAG.fullmatch(item)
+        if found is None:
+            continue  # an empty list element, or not a tag
+        if found.group(1) and not weak:
+            continue  # a weak tag never matches strongly
+        if found.group(2) == tag:
+            return True
+    return False
 
 
 def byte_range(

@@ -576,6 +576,39 @@ def test_a_range_is_a_206_part_and_the_whole_a_checked_body(
     assert cut.status_code == 500 and cut.json()["code"] == "object_corrupt"
 
 
+def test_a_cache_revalidates_with_the_etag_and_a_version_is_insisted_on(
+    client: TestClient, a: Project
+) -> None:
+    """If-None-Match naming the ETag is a 304 without a body (it was the
+    whole body again); If-Match naming another version is a 412 (the body
+    was sent)."""
+    data = os.urandom(5000)
+    obj = upload(client, a.admin, data)
+    url = client.get(f"/v1/objects/{obj['object_id']}/url", headers=bearer(a.admin)).json()["url"]
+    tag = client.head(url).headers["etag"]
+    for method in ("GET", "HEAD"):
+        for asked in (tag, f"W/{tag}", "*", f'"x", {tag}', f" {tag} , "):
+            r = client.request(method, url, headers={"If-None-Match": asked})
+            assert r.status_code == 304 and r.content == b"", (method, asked)
+            assert r.headers["etag"] == tag and "content-length" not in r.headers
+        for asked in ('"sha256-00"', tag[:-2] + '"', "garbage"):
+            r = client.request(method, url, headers={"If-None-Match": asked})
+            assert r.status_code == 200, (method, asked)
+        for asked in ('"sha256-00"', f"W/{tag}", "garbage"):  # If-Match compares strongly
+            r = client.request(method, url, headers={"If-Match": asked, "Range": "bytes=0-9"})
+            assert r.status_code == 412, (method, asked)
+            if method == "GET":
+                assert r.json()["code"] == "precondition_failed"
+    for asked in (tag, "*", f'"a", {tag}'):
+        r = client.get(url, headers={"If-Match": asked, "Range": "bytes=0-9"})
+        assert r.status_code == 206 and r.content == data[:10], asked
+    # If-Match is decided first (RFC 9110 §13.2.2); a bad link is still 403.
+    both = client.get(url, headers={"If-Match": '"other"', "If-None-Match": tag})
+    assert both.status_code == 412
+    forged = client.get(url[:-4] + "0000", headers={"If-None-Match": tag})
+    assert forged.status_code == 403
+
+
 def test_one_listings_cursor_is_refused_by_another(client: TestClient, a: Project) -> None:
     """Job and object cursors had one form: an object cursor paged jobs from
     that id on (a 200 of another listing's page)."""

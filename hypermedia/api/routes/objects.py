@@ -35,7 +35,7 @@ from hypermedia.api.deps import Id, Whole, owned, scoped, services
 from hypermedia.api.errors import ApiError
 from hypermedia.api.openapi import upload_body
 from hypermedia.api.paging import decode_cursor, page
-from hypermedia.api.ranges import RangeNotSatisfiable, byte_range, etag
+from hypermedia.api.ranges import RangeNotSatisfiable, byte_range, etag, precondition
 from hypermedia.api.strict_json import StrictJSONRoute, is_head
 from hypermedia.auth.tokens import Principal
 from hypermedia.config import Settings
@@ -457,7 +457,8 @@ def object_url(
         "A bad, expired or forged signature answers 403, all three alike. The bytes are "
         "checked against the object's checksum as they stream; on a mismatch the body "
         "ends short of its Content-Length. One byte range (Range: bytes=A-B) is a 206 "
-        "with just that part; one starting past the end is a 416."
+        "with just that part; one starting past the end is a 416. `If-None-Match` "
+        "naming the ETag is a 304 without a body; `If-Match` naming another is a 412."
     ),
     response_class=StreamingResponse,
     responses={
@@ -466,6 +467,7 @@ def object_url(
             "description": "One byte range of them (`Range: bytes=A-B`), with `Content-Range`",
             "content": {"application/octet-stream": {}},
         },
+        304: {"description": "Not modified: `If-None-Match` names this object's ETag"},
     },
 )
 async def object_content(
@@ -494,6 +496,12 @@ async def object_content(
         log.error("object %s: download refused (%s)", object_id, exc)
         said = UNCHECKABLE if isinstance(exc, ChecksumMissing) else CORRUPT
         raise ApiError(500, said, code="object_corrupt") from None
+    except _Precondition as exc:
+        stack.close()
+        if exc.status == 412:
+            raise ApiError(412, "the object is not the version If-Match names") from None
+        # Not modified: what the cache holds is these bytes (RFC 9110 §15.4.5).
+        return Response(status_code=304, headers={"ETag": exc.tag, **_NOT_CACHED})
     except _Unsatisfiable as exc:
         stack.close()
         headers = {"Content-Range": f"bytes */{exc.size}"}
@@ -541,6 +549,15 @@ def _still_ready(st: Storage, object_id: int) -> bool:
         return False
 
 
+class _Precondition(HypermediaError):
+    """If-Match or If-None-Match answered: 412, or 304."""
+
+    def __init__(self, status: int, tag: str) -> None:
+        super().__init__("precondition")
+        self.status = status
+        self.tag = tag
+
+
 class _Unsatisfiable(HypermediaError):
     def __init__(self, size: int) -> None:
         super().__init__("range not satisfiable")
@@ -559,8 +576,12 @@ def _start(
     if row["state"] != "ready":
         raise InvalidRequest(f"object {object_id} is {row['state']}, not ready")
     size = int(row["size"])
+    tag = etag(row["checksum"])
+    status = precondition(asked.get("if-match"), asked.get("if-none-match"), tag)
+    if status is not None:
+        raise _Precondition(status, tag)
     try:
-        part = byte_range(asked.get("range"), size, asked.get("if-range"), etag(row["checksum"]))
+        part = byte_range(asked.get("range"), size, asked.get("if-range"), tag)
     except RangeNotSatisfiable:
         raise _Unsatisfiable(size) from None
     # Opened for HEAD too (a blob gone missing answers as a GET would), read for GET.
@@ -577,6 +598,9 @@ def _start(
     return row, part, src, first
 
 
+_NOT_CACHED = {"Cache-Control": "private, no-store"}
+
+
 def _download_headers(row: Row, part: tuple[int, int] | None) -> tuple[int, dict[str, str]]:
     # Always an attachment, never sniffed: these bytes are served from the
     # API's own origin, where the dashboard's cookie lives.
@@ -587,7 +611,7 @@ def _download_headers(row: Row, part: tuple[int, int] | None) -> tuple[int, dict
         "ETag": etag(row["checksum"]),
         "Content-Disposition": attachment(row["filename"]),
         "X-Content-Type-Options": "nosniff",
-        "Cache-Control": "private, no-store",
+        **_NOT_CACHED,
     }
     if part is None:
         return 200, headers
