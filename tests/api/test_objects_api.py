@@ -203,6 +203,26 @@ def test_a_form_framed_two_ways_is_422(client: TestClient, a: Project, svc: Serv
     assert r.status_code == 201 and r.json()["filename"] == "a; name=b.txt", r.text
 
 
+def test_a_forms_preamble_is_ignored(client: TestClient, a: Project) -> None:
+    """Text before the first boundary (RFC 2046 §5.1.1) was "the multipart
+    body is malformed"; a chunk boundary anywhere in it changes nothing."""
+    h = {**bearer(a.admin), **FORM}
+    body = form([("file", "q.txt", b"DATA")])
+    for preamble in (b"", b"\r\n", b"This is a multi-part message.\r\n", b"x" * 70_000 + b"\r\n"):
+        whole = preamble + body
+        for cut in (1, 7, len(preamble) + 3, len(whole) // 2):
+            r = client.post(
+                "/v1/objects",
+                content=iter([whole[:cut], whole[cut:]]),
+                headers={**h, "Content-Length": str(len(whole))},
+            )
+            assert r.status_code == 201, (preamble[:20], cut, r.text)
+            assert (r.json()["filename"], r.json()["size"]) == ("q.txt", 4)
+    no_boundary = b"only a preamble, no boundary at all\r\n" * 3
+    r = client.post("/v1/objects", content=no_boundary, headers=h)
+    assert r.status_code == 422 and "incomplete" in r.json()["message"], r.text
+
+
 def test_a_media_type_that_only_begins_like_multipart_is_a_raw_body(
     client: TestClient, a: Project
 ) -> None:

@@ -242,13 +242,14 @@ async def _receive_form(
         raise InvalidRequest("a multipart body needs a boundary")
     form = _Form(upload, limit, text_fields)
     parser = MultipartParser(boundary, form.callbacks())
+    preamble = _Preamble(boundary)
     received = 0
     try:
         async for chunk in chunks:
             received += len(chunk)
             if received > limit + FORM_OVERHEAD:
                 raise _too_large(limit)
-            parser.write(chunk)
+            parser.write(preamble.dropped(chunk))
             if form.pending:  # the file bytes of this chunk, written off the event loop
                 data = b"".join(form.pending)
                 form.pending.clear()
@@ -266,6 +267,30 @@ async def _receive_form(
         raise InvalidRequest("the multipart body is incomplete")
     if not form.has_file:
         raise InvalidRequest("a multipart upload needs a 'file' part")
+
+
+class _Preamble:
+    """Drops what a form sends before its first boundary (RFC 2046 §5.1.1: a
+    preamble is to be ignored), which the parser took for a malformed body."""
+
+    def __init__(self, boundary: bytes) -> None:
+        self.first = b"--" + boundary
+        self.held = b""
+        self.done = False
+
+    def dropped(self, chunk: bytes) -> bytes:
+        if self.done:
+            return chunk
+        data = self.held + chunk
+        at = 0 if data.startswith(self.first) else data.find(b"\r\n" + self.first)
+        if at < 0:
+            if self.first.startswith(data):  # the boundary's start, so far
+                self.held = data
+            else:  # the last bytes may start a delimiter the next chunk ends
+                self.held = data[-(len(self.first) + 1) :]
+            return b""
+        self.done = True
+        return data[at:]
 
 
 # A parameter of a header value: its name, then a quoted string (whose
