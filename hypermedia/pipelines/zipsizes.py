@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
-from hypermedia.pipelines import archives, pdf_streams
+from hypermedia.pipelines import archives, mail_parts, pdf_streams
 
 LOCAL = b"PK\x03\x04"
 RAR = b"Rar!\x1a\x07"
@@ -190,7 +190,11 @@ def _layer(head: bytes) -> str | None:
     if head[257:262] == b"ustar" or _v7_tar(head):  # POSIX and GNU tar, and the older one
         return "tar"
     stream = next((kind for kind, magic in _STREAMS.items() if head.startswith(magic)), None)
-    return stream or archives.kind_of(head) or ("pdf" if pdf_streams.is_pdf(head) else None)
+    if stream or (stream := archives.kind_of(head)):
+        return stream
+    if pdf_streams.is_pdf(head):
+        return "pdf"
+    return "mail" if mail_parts.is_mail(head) else None
 
 
 def _v7_tar(head: bytes) -> bool:
@@ -280,48 +284,76 @@ def _nested(path: str, scratch: str, limit: int, depth: int, budget: list[int]) 
     else:
         if kind == "pdf":
             _pdf(path, out, scratch, limit, depth, budget)
+        elif kind == "mail":
+            _mail(path, out, scratch, limit, depth, budget)
         boxed = _boxed(path, kind == "tar", out, scratch, limit, depth, budget)
-        if not boxed and kind in (None, "pdf"):
+        if not boxed and kind in (None, "pdf", "mail"):
             _seven_zip_within(path, out, scratch, limit, depth, budget)
     return out
 
 
 def _pdf(path: str, out: Survey, scratch: str, limit: int, depth: int, budget: list[int]) -> None:
     """Each stream of a PDF whose decoded data is a layer (clamd scans every
-    decoded stream as a file of its own), unpacked and surveyed; one that
-    decodes past ``limit`` is ``overflowed``.  A stream's first bytes are
-    decoded to tell, and count against NESTED_HEADS."""
+    decoded stream as a file of its own), unpacked and surveyed.  A
+    stream's first bytes are decoded to tell, and count against NESTED_HEADS."""
     deadline = time.monotonic() + PDF_SECONDS
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         for stream in pdf_streams.streams(data):
-            budget[2] -= 1
-            if budget[2] < 0 or time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 out.unchecked = True
                 return
             chunks = pdf_streams.decoded(data, stream)
-            head = _first(chunks, _HEAD)
-            kind = _layer(head)
-            if kind == "rar":
-                out.rar = True
-            if kind is None or kind == "rar":
-                continue
-            budget[1] -= 1
-            if depth >= NESTED_DEPTH or budget[1] < 0:
-                out.unchecked = True
+            if not _decoded_layer(chunks, out, scratch, limit, depth, budget):
                 return
-            cap = min(limit, budget[0])
-            inner = _spooled(head, chunks, scratch, cap + 1)
-            try:
-                size = os.path.getsize(inner)
-                budget[0] -= size
-                if size > limit:
-                    out.overflowed = True
-                elif size > cap:
-                    out.unchecked = True
-                else:
-                    out.add(_nested(inner, scratch, limit, depth + 1, budget))
-            finally:
-                os.unlink(inner)
+
+
+def _mail(path: str, out: Survey, scratch: str, limit: int, depth: int, budget: list[int]) -> None:
+    """Each part of a mail whose decoded payload is a layer (clamd scans
+    every attachment as a file of its own), surveyed."""
+    if os.path.getsize(path) > mail_parts.MAIL_BYTES:
+        out.unchecked = True  # parsed in memory: too large to look into here
+        return
+    try:
+        for payload in mail_parts.payloads(path):
+            if not _decoded_layer(iter([payload]), out, scratch, limit, depth, budget):
+                return
+    except Exception:  # not a mail Python's parser reads: clamd may have read it
+        out.unread = True
+
+
+def _decoded_layer(
+    chunks: Iterator[bytes], out: Survey, scratch: str, limit: int, depth: int, budget: list[int]
+) -> bool:
+    """What a PDF stream or a mail part decodes to, surveyed when it is a
+    layer; one past ``limit`` is ``overflowed``.  False once a budget is spent."""
+    budget[2] -= 1
+    if budget[2] < 0:
+        out.unchecked = True
+        return False
+    head = _first(chunks, _HEAD)
+    kind = _layer(head)
+    if kind == "rar":
+        out.rar = True
+    if kind is None or kind == "rar":
+        return True
+    budget[1] -= 1
+    if depth >= NESTED_DEPTH or budget[1] < 0:
+        out.unchecked = True
+        return False
+    cap = min(limit, budget[0])
+    inner = _spooled(head, chunks, scratch, cap + 1)
+    try:
+        size = os.path.getsize(inner)
+        budget[0] -= size
+        if size > limit:
+            out.overflowed = True
+        elif size > cap:
+            out.unchecked = True
+        else:
+            out.add(_nested(inner, scratch, limit, depth + 1, budget))
+    finally:
+        os.unlink(inner)
+    return True
 
 
 def _first(chunks: Iterator[bytes], most: int) -> bytes:

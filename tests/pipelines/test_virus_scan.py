@@ -46,6 +46,7 @@ from tests.pipelines.conftest import (
     STREAM_MAX,
     Clamd,
 )
+from tests.unit.test_mail_parts import mail, mbox
 from tests.unit.test_zipsizes import _streamed
 
 pytestmark = pytest.mark.timeout(120)
@@ -527,6 +528,37 @@ def test_what_a_pdf_holds_is_surveyed_as_clamd_decodes_it(tmp_path: Path, clamd:
         assert (result["verdict"], result["signature"]) == ("infected", f"{EICAR_NAME}.UNOFFICIAL")
     for pdf in (pdfs.attached(zlib.compress(_zip(CLEAN))), pdfs.realistic(pages=3)):
         result, _ = _scan(tmp_path, pdf, settings)
+        assert (result["verdict"], result["reason"]) == ("clean", None)
+
+
+def test_what_a_mail_carries_is_surveyed_as_clamd_decodes_it(tmp_path: Path, clamd: Clamd) -> None:
+    """clamd decodes a mail's attachments (base64, quoted-printable), an
+    mbox's every message, and unpacks the archives it finds: a ZIP in LZMA,
+    xz streams joined, a RAR, a ZIP member past MaxFileSize attached to a
+    mail were OK from clamd, and clean."""
+    settings = {"clamd": clamd.unix_url, "clamd_max_file_size": MAX_FILE}
+    lzma_zip = io.BytesIO()
+    with zipfile.ZipFile(lzma_zip, "w", zipfile.ZIP_LZMA) as z:
+        z.writestr("m.txt", b"x" + MARKER)
+    joined = lzma.compress(b"hello\n") + lzma.compress(EICAR)
+    for data, reason in (
+        (mail(lzma_zip.getvalue()), "a ZIP member is compressed by"),
+        (mail(joined, cte="quoted-printable"), "a gzip, bzip2 or xz file in it holds"),
+        (mail(_rar(EICAR)), virus.RAR_UNOPENED),
+        (
+            mail(_zip(b"\0" * (MAX_FILE + 4096) + MARKER)),
+            f"a ZIP member of {MAX_FILE + 4096 + len(MARKER)} bytes is over",
+        ),
+        (mbox(mail(CLEAN), mail(lzma_zip.getvalue())), "a ZIP member is compressed by"),
+    ):
+        assert _clamd_alone(tmp_path, clamd, data) == "stream: OK"
+        result, _ = _scan(tmp_path, data, settings)
+        assert result["verdict"] == "not_fully_scanned", reason
+        assert result["reason"].startswith(reason)
+    result, _ = _scan(tmp_path, mail(CLEAN, _zip(EICAR)), settings)  # clamd finds it itself
+    assert (result["verdict"], result["signature"]) == ("infected", f"{EICAR_NAME}.UNOFFICIAL")
+    for data in (mail(CLEAN, _zip(CLEAN)), mbox(mail(CLEAN), mail(b"%PDF-1.7 text"))):
+        result, _ = _scan(tmp_path, data, settings)
         assert (result["verdict"], result["reason"]) == ("clean", None)
 
 
