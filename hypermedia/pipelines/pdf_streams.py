@@ -82,8 +82,8 @@ def decoded(data: mmap.mmap, stream: Stream) -> Iterator[bytes]:
 
 
 def _raw(data: mmap.mmap, start: int, end: int) -> Iterator[bytes]:
-    for at in range(start, end, _CHUNK):
-        yield data[at : min(end, at + _CHUNK)]
+    for at in range(start, end, _SLICE):
+        yield data[at : min(end, at + _SLICE)]
 
 
 def _tolerant(chunks: Iterator[bytes]) -> Iterator[bytes]:
@@ -104,7 +104,7 @@ def _flate(chunks: Iterator[bytes]) -> Iterator[bytes]:
     for chunk in chunks:
         data = chunk
         while data and not d.eof:
-            out = d.decompress(data, _CHUNK)
+            out = d.decompress(data, _SLICE)
             data = d.unconsumed_tail
             if out:
                 yield out
