@@ -223,6 +223,22 @@ def test_a_forms_preamble_is_ignored(client: TestClient, a: Project) -> None:
     assert r.status_code == 422 and "incomplete" in r.json()["message"], r.text
 
 
+def test_a_body_short_of_its_content_length_is_not_stored(
+    client: TestClient, a: Project, svc: Services
+) -> None:
+    """A server that ends the body early (the test client does) had the cut
+    upload stored whole: 201 with the bytes that came."""
+    h = bearer(a.admin)
+    r = client.post("/v1/objects", content=b"abc", headers={**h, "Content-Length": "10"})
+    assert r.status_code == 400 and "interrupted" in r.json()["message"], r.text
+    body = form([("file", "q.txt", b"DATA")])
+    long = {**h, **FORM, "Content-Length": str(len(body) + 5)}
+    r = client.post("/v1/objects", content=body, headers=long)
+    assert r.status_code == 400 and "interrupted" in r.json()["message"], r.text
+    assert svc.storage.list() == []
+    assert leftovers(svc) == []
+
+
 def test_a_media_type_that_only_begins_like_multipart_is_a_raw_body(
     client: TestClient, a: Project
 ) -> None:

@@ -155,9 +155,13 @@ async def receive_upload(
             with open(upload.path, "wb") as out:
                 chunks = _chunks(request, settings.upload_idle_seconds)
                 if multipart:
-                    await _receive_form(request, chunks, out, upload, limit, text_fields)
+                    got = await _receive_form(request, chunks, out, upload, limit, text_fields)
                 else:
-                    await _receive_raw(chunks, out, upload, limit)
+                    got = await _receive_raw(chunks, out, upload, limit)
+            if declared is not None and got != declared:
+                # uvicorn keeps to the length itself; a server that ended the
+                # body early had a cut upload stored as a whole one.
+                raise ClientDisconnect
         except ClientDisconnect:
             raise ApiError(400, "the upload was interrupted") from None
         except InvalidRequest as exc:  # a form refused part-way: the rest goes unread
@@ -215,13 +219,15 @@ async def _chunks(request: Request, idle: float) -> AsyncIterator[bytes]:
 
 async def _receive_raw(
     chunks: AsyncIterator[bytes], out: BinaryIO, upload: Upload, limit: int
-) -> None:
+) -> int:
+    """The body to ``out``; the bytes received."""
     async for chunk in chunks:
         upload.size += len(chunk)
         if upload.size > limit:
             raise _too_large(limit)
         if chunk:
             await run_in_threadpool(out.write, chunk)
+    return upload.size
 
 
 async def _receive_form(
@@ -231,7 +237,8 @@ async def _receive_form(
     upload: Upload,
     limit: int,
     text_fields: frozenset[str],
-) -> None:
+) -> int:
+    """The form's file part to ``out``, its fields to ``upload``; the bytes received."""
     # python-multipart's streaming parser rather than ``request.form()``: the
     # file part goes straight to our temp file, counted as it arrives, so the
     # cap holds mid-stream and nothing is spooled to a second file first.
@@ -267,6 +274,7 @@ async def _receive_form(
         raise InvalidRequest("the multipart body is incomplete")
     if not form.has_file:
         raise InvalidRequest("a multipart upload needs a 'file' part")
+    return received
 
 
 class _Preamble:
