@@ -335,10 +335,20 @@ def _security(user: str, owner: str, permissions: int, file_id: bytes) -> tuple[
     return o, u, key
 
 
+def _object_key(key: bytes, num: int) -> bytes:
+    """The RC4 key of object ``num`` (generation 0): algorithm 1, 128-bit."""
+    return hashlib.md5(key + num.to_bytes(3, "little") + b"\x00\x00").digest()[:16]
+
+
 def encrypted(
-    user_password: str = "secret", owner_password: str = "owner", pages: int = 1
+    user_password: str = "secret",
+    owner_password: str = "owner",
+    pages: int = 1,
+    attachment: bytes | None = None,
 ) -> bytes:
-    """``document(pages)`` encrypted with RC4-128; empty ``user_password``: opens without one."""
+    """``document(pages)`` encrypted with RC4-128; empty ``user_password``:
+    opens without one.  With ``attachment``: an embedded file, Flate-coded
+    then encrypted as every stream is."""
     file_id = hashlib.md5(b"hypermedia test " + user_password.encode()).digest()
     permissions = -3904  # print and copy allowed, the rest not (bits 1-2 and 13-32 set)
     o, u, key = _security(user_password, owner_password, permissions, file_id)
@@ -348,7 +358,7 @@ def encrypted(
     kids = []
     for n in range(1, pages + 1):
         num = len(w.objects) + 1
-        obj_key = hashlib.md5(key + num.to_bytes(3, "little") + b"\x00\x00").digest()[:16]
+        obj_key = _object_key(key, num)
         content = w.add(Writer.stream(rc4(obj_key, _page_content(n, *LETTER))))
         kids.append(
             w.add(
@@ -356,7 +366,18 @@ def encrypted(
                 b"/Resources << /Font << /F1 %d 0 R >> >> >>" % (tree, content, font)
             )
         )
-    w.set(catalog, b"<< /Type /Catalog /Pages %d 0 R >>" % tree)
+    names = b""
+    if attachment is not None:
+        num = len(w.objects) + 1
+        obj_key = _object_key(key, num)
+        coded = rc4(obj_key, zlib.compress(attachment))
+        data = w.add(Writer.stream(coded, b"/Type /EmbeddedFile /Filter /FlateDecode "))
+        num += 1
+        obj_key = _object_key(key, num)
+        name = rc4(obj_key, b"a.bin").hex().encode()  # strings are encrypted too
+        spec = w.add(b"<< /Type /Filespec /F <%s> /EF << /F %d 0 R >> >>" % (name, data))
+        names = b"/Names << /EmbeddedFiles << /Names [(a) %d 0 R] >> >>" % spec
+    w.set(catalog, b"<< /Type /Catalog /Pages %d 0 R %s >>" % (tree, names))
     refs = b" ".join(b"%d 0 R" % k for k in kids)
     w.set(tree, b"<< /Type /Pages /Kids [%s] /Count %d >>" % (refs, len(kids)))
     enc = w.add(

@@ -11,8 +11,10 @@ survey.  Nothing is decoded in whole unless it is one.
 
 A filter not undone here (an image's DCT, JPX, JBIG2 or CCITT coding, a
 Crypt filter) ends the chain: what came before it is the stream, as clamd
-scans it.  Predictors (``/DecodeParms``) and encrypted files' streams are
-not undone: their bytes are read as they are.
+scans it.  Predictors (``/DecodeParms``) are not undone.  An encrypted
+file's streams are ciphertext as bytes: clamd decrypts one that opens
+without a password, so its embedded files are read through pdfium instead
+(``decrypted_attachments``), and one that needs a password is ``Locked``.
 """
 
 from __future__ import annotations
@@ -79,6 +81,34 @@ def decoded(data: mmap.mmap, stream: Stream) -> Iterator[bytes]:
             break
         chunks = decoder(chunks)
     return _tolerant(chunks)
+
+
+class Locked(Exception):
+    """The PDF needs a password to open: clamd cannot read what is inside either."""
+
+
+def decrypted_attachments(path: str) -> Iterator[Iterator[bytes]]:
+    """Each embedded file of the PDF at ``path``, decrypted and decoded by
+    pdfium, in chunks: for an encrypted PDF, whose streams are ciphertext as
+    bytes.  Raises Locked if it needs a password; a file pdfium cannot open
+    otherwise has none to give."""
+    import pypdfium2
+
+    try:
+        doc = pypdfium2.PdfDocument(path)
+    except pypdfium2.PdfiumError as exc:
+        if exc.err_code == pypdfium2.raw.FPDF_ERR_PASSWORD:
+            raise Locked from None
+        return
+    try:
+        for i in range(doc.count_attachments()):
+            try:
+                data = memoryview(doc.get_attachment(i).get_data()).cast("B")
+            except pypdfium2.PdfiumError:  # a spec without a stream
+                continue
+            yield (data[at : at + _SLICE].tobytes() for at in range(0, len(data), _SLICE))
+    finally:
+        doc.close()
 
 
 def _raw(data: mmap.mmap, start: int, end: int) -> Iterator[bytes]:

@@ -396,6 +396,8 @@ def _zip_reason(zip_: zipsizes.Survey, limit: int) -> str | None:
     """Why clamd's OK for a ZIP is not clean: a member it read in part, or not at all."""
     if zip_.encrypted:
         return "a ZIP member is encrypted: clamd could not read it"
+    if zip_.locked:
+        return "a PDF in it needs a password to open: clamd could not read what is inside"
     if zip_.largest > limit:
         return (
             f"a ZIP member of {zip_.largest} bytes is over clamd's MaxFileSize ({limit}): "

@@ -74,6 +74,7 @@ class Survey:
     unopened: str = ""  # a format in it that clamd does not unpack (archives.UNOPENED)
     overlarge: int = 0  # the largest member past MaxFileSize of another archive in it
     unread: bool = False  # a layer in it could not be unpacked here to be checked
+    locked: bool = False  # a PDF in it needs a password to open
 
     def add(self, inner: Survey) -> None:
         """What a ZIP inside this one declares, counted as this one's (the
@@ -92,6 +93,7 @@ class Survey:
         self.unopened = self.unopened or inner.unopened
         self.overlarge = max(self.overlarge, inner.overlarge)
         self.unread |= inner.unread
+        self.locked |= inner.locked
 
 
 def survey(path: str) -> Survey:
@@ -305,6 +307,14 @@ def _pdf(path: str, out: Survey, scratch: str, limit: int, depth: int, budget: l
             chunks = pdf_streams.decoded(data, stream)
             if not _decoded_layer(chunks, out, scratch, limit, depth, budget):
                 return
+        encrypted = data.find(b"/Encrypt") >= 0
+    if encrypted:
+        try:
+            for chunks in pdf_streams.decrypted_attachments(path):
+                if not _decoded_layer(chunks, out, scratch, limit, depth, budget):
+                    return
+        except pdf_streams.Locked:
+            out.locked = True
 
 
 def _mail(path: str, out: Survey, scratch: str, limit: int, depth: int, budget: list[int]) -> None:

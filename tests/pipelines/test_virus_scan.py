@@ -519,6 +519,16 @@ def test_what_a_pdf_holds_is_surveyed_as_clamd_decodes_it(tmp_path: Path, clamd:
         result, _ = _scan(tmp_path, pdf, settings)
         assert result["verdict"] == "not_fully_scanned", reason
         assert result["reason"].startswith(reason)
+    # Encrypted: clamd decrypts one that needs no password (its attachments are
+    # read through pdfium here) and reads nothing of one that needs a password.
+    for pdf, reason in (
+        (pdfs.encrypted("", attachment=lzma_zip.getvalue()), "a ZIP member is compressed by"),
+        (pdfs.encrypted("secret", attachment=EICAR), "a PDF in it needs a password to open"),
+    ):
+        assert _clamd_alone(tmp_path, clamd, pdf) == "stream: OK"
+        result, _ = _scan(tmp_path, pdf, settings)
+        assert result["verdict"] == "not_fully_scanned", reason
+        assert result["reason"].startswith(reason)
     # What clamd reads through the same filters it finds; ordinary PDFs stay clean.
     for filters, coded in (
         (b"/LZW", pdfs.lzw(_zip(EICAR))),
@@ -526,7 +536,11 @@ def test_what_a_pdf_holds_is_surveyed_as_clamd_decodes_it(tmp_path: Path, clamd:
     ):
         result, _ = _scan(tmp_path, pdfs.attached(coded, filters), settings)
         assert (result["verdict"], result["signature"]) == ("infected", f"{EICAR_NAME}.UNOFFICIAL")
-    for pdf in (pdfs.attached(zlib.compress(_zip(CLEAN))), pdfs.realistic(pages=3)):
+    for pdf in (
+        pdfs.attached(zlib.compress(_zip(CLEAN))),
+        pdfs.realistic(pages=3),
+        pdfs.encrypted("", attachment=CLEAN),
+    ):
         result, _ = _scan(tmp_path, pdf, settings)
         assert (result["verdict"], result["reason"]) == ("clean", None)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hypermedia.pipelines import pdf_streams, zipsizes
-from tests.pdfs import Writer, attached, lzw
+from tests.pdfs import Writer, attached, encrypted, lzw
 
 
 def _streams(tmp_path: Path, pdf: bytes) -> list[bytes]:
@@ -148,3 +148,12 @@ def test_a_pdf_of_many_streams_is_looked_into_within_bounds(
     assert _survey(tmp_path, pdf).unchecked
     monkeypatch.setattr(zipsizes, "NESTED_HEADS", 200)
     assert not _survey(tmp_path, pdf).unchecked
+
+
+def test_an_encrypted_pdfs_attachments_are_read_through_pdfium(tmp_path: Path) -> None:
+    """Its streams are ciphertext as bytes, which clamd decrypts when no
+    password is needed; one that needs a password clamd cannot read."""
+    assert _survey(tmp_path, encrypted("", attachment=_lzma_zip(b"x"))).undecoded
+    assert _survey(tmp_path, encrypted("", attachment=b"plain text")) == zipsizes.Survey()
+    assert _survey(tmp_path, encrypted("secret", attachment=b"x")).locked
+    assert not _survey(tmp_path, attached(zlib.compress(b"x"))).locked
