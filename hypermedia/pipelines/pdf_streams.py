@@ -33,6 +33,7 @@ _CHUNK = 1024 * 1024
 _SLICE = 64 * 1024  # input taken at a time by decoders whose output may swell
 _NAME = re.compile(rb"/([^\s/\[\]<>()]+)")
 _ENDSTREAM = b"endstream"
+_LOOK_BACK = 1024 * 1024
 _A85_GROUPS = re.compile(rb"(?:z|[!-u]{5})*")
 
 
@@ -54,18 +55,25 @@ def streams(data: mmap.mmap) -> Iterator[Stream]:
     ``/Length`` when that is a number (or a reference to one) within the
     file, else at the next ``endstream``."""
     objects = pdf_images._Objects(data)
+    floor = 0  # the last stream's start: no dictionary begins before it
+    ahead = -2  # the next "endstream" found, -1 if there is none
     for match in pdf_images._STREAM.finditer(data):
         start = pdf_images._dict_start(data, match.start())
         if start < 0:
-            continue
-        head = data[start : match.start() + 2]
+            # A dictionary too long or too nested for that look (padded past
+            # 16 kB: clamd reads it whole): from its object's start instead.
+            low = max(floor, match.start() - _LOOK_BACK)
+            start = data.rfind(b"obj", low, match.start())
+        head = data[start : match.start() + 2] if start >= 0 else b""
+        floor = match.end()
         begin = match.end()
         length = pdf_images._number(head, b"Length", objects)
         if length is not None and 0 <= length <= len(data) - begin:
             end = begin + length
         else:
-            found = data.find(_ENDSTREAM, begin)
-            end = len(data) if found < 0 else found
+            if ahead != -1 and ahead < begin:  # -1: none after an earlier stream, so none here
+                ahead = data.find(_ENDSTREAM, begin)  # (each search to the end was quadratic)
+            end = len(data) if ahead < 0 else ahead
         filters = _NAME.findall(pdf_images._value(head, b"Filter", objects) or b"")
         yield Stream(tuple(filters), begin, end)
 
