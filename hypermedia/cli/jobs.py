@@ -87,6 +87,8 @@ def submit(
         if wait:
             until = math.inf if wait_timeout is None else time.monotonic() + wait_timeout
         eng = engine(wait_out=until)
+        if queue is not None and queue not in known_queues(Queues(eng)):
+            warn_unknown_queue(queue)  # queued for ever, most likely: said before it is
         job = NewJob(
             job_type,
             parsed,

@@ -86,6 +86,18 @@ def test_an_empty_job_listing_for_an_unknown_type_or_queue_says_so(home: Path) -
     )
 
 
+def test_a_job_submitted_to_a_queue_nothing_uses_is_warned_of(home: Path) -> None:
+    """`jobs submit --queue imagse` queued a job no worker would ever claim,
+    and said nothing."""
+    typo = _ok("jobs", "submit", "debug.noop", "--queue", "imagse", home=home)
+    assert "warning: no pipeline, profile or job uses queue imagse (a typo?)" in typo.stderr
+    assert typo.stdout.strip().endswith("queued")
+    known = _ok("jobs", "submit", "debug.noop", "--queue", "images", home=home)
+    assert known.stderr == ""
+    again = _ok("jobs", "submit", "debug.noop", "--queue", "imagse", home=home)
+    assert again.stderr == ""  # a job uses it now: said once
+
+
 def test_resume_says_whether_the_queue_was_paused(home: Path) -> None:
     _ok("queues", "pause", "bulk", home=home)
     resumed = _ok("queues", "resume", "bulk", home=home)
