@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import stat
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,40 +103,67 @@ def get(
     sigterm_as_ctrl_c()
     with user_errors():
         st = storage()
-        if output is None:
-            with st.open(object_id) as src:
-                while chunk := src.read(1024 * 1024):
-                    sys.stdout.buffer.write(chunk)
-            return
-        target = download_target(output)
-        # Unbuffered, each chunk written whole: a buffered file dropped the rest
-        # of a chunk the disk took only part of, and the cut file looked done.
-        if target is None:  # a pipe, a device, a symlink to one: written as it is
-            with st.open(object_id) as src, open(output, "wb", buffering=0) as out:
-                while chunk := src.read(1024 * 1024):
-                    write_whole(out.fileno(), chunk, "-o")
-            return
-        # A new file of our own beside it (made exclusively: ".NAME.part"
-        # removed a file the user had by that name, or wrote through a
-        # symlink someone left there), renamed over the target once checked.
-        # A get killed on the spot left its part behind for good: each one
-        # is held (flock) while written, and the next get here removes those
-        # nobody holds.
-        leftovers.sweep_files(target.parent, f"{PART_PREFIX}*.part")
-        tmp: Path | None = None
-        try:
-            # A SIGTERM just after the part was made (before its name was
-            # kept) left it behind: held until it is named.
-            with stop_signals_held():
-                fd, tmp = _part_file(target.parent)
-            with os.fdopen(fd, "wb", buffering=0) as out, st.open(object_id) as src:
-                os.fchmod(out.fileno(), 0o666 & ~_umask())  # as open() would have made it
-                while chunk := src.read(1024 * 1024):
-                    write_whole(out.fileno(), chunk, "-o")
-            tmp.replace(target)  # never leave a half or unverified file under the name
-        finally:
-            if tmp is not None:
-                tmp.unlink(missing_ok=True)
+        with _where_blob_failed(st, object_id):
+            _get(st, object_id, output)
+
+
+@contextlib.contextmanager
+def _where_blob_failed(st: Any, object_id: int) -> Iterator[None]:
+    """A blob missing or damaged, said with its object, pool and key (what a
+    restore from backup needs, as ``objects verify`` says it): it was "no
+    blob under this key", naming none."""
+    from hypermedia.storage.base import BlobMissing, ChecksumMismatch, ChecksumMissing
+
+    try:
+        yield
+    except (BlobMissing, ChecksumMismatch) as exc:
+        if isinstance(exc, ChecksumMissing):
+            raise
+        row = st.get(object_id)
+        where = (
+            f"pool {_pool_names(st).get(row['pool_id'], row['pool_id'])}, key {row['storage_key']}"
+        )
+        what = "no blob under its key" if isinstance(exc, BlobMissing) else str(exc)
+        raise type(exc)(
+            f"object {object_id}: {what} ({where}); `hypermedia objects verify` checks them all"
+        ) from None
+
+
+def _get(st: Any, object_id: int, output: Path | None) -> None:
+    if output is None:
+        with st.open(object_id) as src:
+            while chunk := src.read(1024 * 1024):
+                sys.stdout.buffer.write(chunk)
+        return
+    target = download_target(output)
+    # Unbuffered, each chunk written whole: a buffered file dropped the rest
+    # of a chunk the disk took only part of, and the cut file looked done.
+    if target is None:  # a pipe, a device, a symlink to one: written as it is
+        with st.open(object_id) as src, open(output, "wb", buffering=0) as out:
+            while chunk := src.read(1024 * 1024):
+                write_whole(out.fileno(), chunk, "-o")
+        return
+    # A new file of our own beside it (made exclusively: ".NAME.part"
+    # removed a file the user had by that name, or wrote through a
+    # symlink someone left there), renamed over the target once checked.
+    # A get killed on the spot left its part behind for good: each one
+    # is held (flock) while written, and the next get here removes those
+    # nobody holds.
+    leftovers.sweep_files(target.parent, f"{PART_PREFIX}*.part")
+    tmp: Path | None = None
+    try:
+        # A SIGTERM just after the part was made (before its name was
+        # kept) left it behind: held until it is named.
+        with stop_signals_held():
+            fd, tmp = _part_file(target.parent)
+        with os.fdopen(fd, "wb", buffering=0) as out, st.open(object_id) as src:
+            os.fchmod(out.fileno(), 0o666 & ~_umask())  # as open() would have made it
+            while chunk := src.read(1024 * 1024):
+                write_whole(out.fileno(), chunk, "-o")
+        tmp.replace(target)  # never leave a half or unverified file under the name
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
 
 
 def _part_file(folder: Path) -> tuple[int, Path]:

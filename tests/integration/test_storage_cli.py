@@ -88,10 +88,19 @@ def test_corrupted_download_is_refused_and_not_written(driver: Driver, tmp_path:
     blob = next((home / "storage" / "objects" / str(row["object_id"])).iterdir())
     blob.write_bytes(os.urandom(300_000))
     out = tmp_path / "out.bin"
-    proc = hypermedia("objects", "get", str(row["object_id"]), "-o", str(out), url=url, home=home)
+    oid = row["object_id"]
+    proc = hypermedia("objects", "get", str(oid), "-o", str(out), url=url, home=home)
     assert proc.returncode == 1
     assert "checksum" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists() and not list(tmp_path.glob(".hypermedia-*"))
+    # Which object, pool and key (a restore's needs): it was "no blob under this key".
+    key = blob.relative_to(home / "storage").as_posix()
+    assert f"error: object {oid}: the stored bytes do not match" in proc.stderr
+    assert f"(pool local, key {key}); `hypermedia objects verify`" in proc.stderr
+    blob.unlink()
+    gone = hypermedia("objects", "get", str(oid), url=url, home=home)
+    assert gone.returncode == 1
+    assert f"error: object {oid}: no blob under its key (pool local, key {key})" in gone.stderr
 
 
 @pytest.mark.parametrize(
