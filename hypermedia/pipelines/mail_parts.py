@@ -9,12 +9,14 @@ message too, and of every message of an mbox), for ``zipsizes`` to tell
 whether one is a layer to survey.
 
 A mail is parsed whole in memory (Python's ``email``), so one larger than
-MAIL_BYTES is not looked into (``zipsizes`` says so).  Uuencoded or BinHex
-text inside a plain-text body, which clamd also decodes, is not.
+MAIL_BYTES is not looked into (``zipsizes`` says so).  Uuencoded files in a
+text part are decoded too (``uu_blocks``), as clamd decodes them there and
+in any file that starts as one; BinHex is not.
 """
 
 from __future__ import annotations
 
+import binascii
 import mailbox
 import re
 from collections.abc import Iterator
@@ -26,6 +28,7 @@ MAIL_BYTES = 128 * 1024 * 1024
 # A header line ("Name: value", RFC 5322 §2.2: printable ASCII but ":" in
 # its name) or an mbox "From " line, first.
 _FIRST = re.compile(rb"(?:From |[!-9;-~]{1,76}:)")
+_UU_BEGIN = re.compile(rb"^begin [0-7]{3,4} [^\r\n]+", re.M)
 # A part of MIME: what makes clamd decode a mail's body rather than read it.
 _MIME = re.compile(rb"^(?:content-type|content-transfer-encoding|mime-version)[ \t]*:", re.I | re.M)
 
@@ -61,3 +64,35 @@ def _leaves(message: Message) -> Iterator[bytes]:
         data = part.get_payload(decode=True)
         if isinstance(data, bytes) and data:
             yield data
+            if part.get_content_maintype() == "text":  # where mailers put uuencoded files
+                yield from uu_blocks(data)
+
+
+def is_uu(head: bytes) -> bool:
+    """Whether ``head`` starts a uuencoded file (``begin 644 name``), which
+    clamd decodes wherever it is, a mail or not."""
+    return _UU_BEGIN.match(head) is not None
+
+
+def uu_blocks(data: bytes) -> Iterator[bytes]:
+    """Each uuencoded file in ``data``, decoded (a damaged line ends it)."""
+    for begin in _UU_BEGIN.finditer(data):
+        out = bytearray()
+        at = data.find(b"\n", begin.end()) + 1  # past its line's end, LF or CRLF
+        at = at or len(data)
+        while at < len(data):
+            end = data.find(b"\n", at)
+            end = len(data) if end < 0 else end
+            line = data[at:end].rstrip(b"\r")
+            at = end + 1
+            if line == b"end" or not line:
+                break
+            # The length character says how many bytes; encoders differ on
+            # the padding after them (the binascii documentation's workaround).
+            size = (((line[0] - 32) & 63) * 4 + 5) // 3
+            try:
+                out += binascii.a2b_uu(line[:size])
+            except binascii.Error:
+                break
+        if out:
+            yield bytes(out)

@@ -196,7 +196,9 @@ def _layer(head: bytes) -> str | None:
         return stream
     if pdf_streams.is_pdf(head):
         return "pdf"
-    return "mail" if mail_parts.is_mail(head) else None
+    if mail_parts.is_mail(head):
+        return "mail"
+    return "uu" if mail_parts.is_uu(head) else None
 
 
 def _v7_tar(head: bytes) -> bool:
@@ -286,10 +288,10 @@ def _nested(path: str, scratch: str, limit: int, depth: int, budget: list[int]) 
     else:
         if kind == "pdf":
             _pdf(path, out, scratch, limit, depth, budget)
-        elif kind == "mail":
-            _mail(path, out, scratch, limit, depth, budget)
+        elif kind in ("mail", "uu"):
+            _mail(path, out, scratch, limit, depth, budget, uu=kind == "uu")
         boxed = _boxed(path, kind == "tar", out, scratch, limit, depth, budget)
-        if not boxed and kind in (None, "pdf", "mail"):
+        if not boxed and kind in (None, "pdf", "mail", "uu"):
             _seven_zip_within(path, out, scratch, limit, depth, budget)
     return out
 
@@ -317,14 +319,22 @@ def _pdf(path: str, out: Survey, scratch: str, limit: int, depth: int, budget: l
             out.locked = True
 
 
-def _mail(path: str, out: Survey, scratch: str, limit: int, depth: int, budget: list[int]) -> None:
-    """Each part of a mail whose decoded payload is a layer (clamd scans
-    every attachment as a file of its own), surveyed."""
+def _mail(
+    path: str, out: Survey, scratch: str, limit: int, depth: int, budget: list[int], *, uu: bool
+) -> None:
+    """Each part of a mail (or each file uuencoded in a file that starts as
+    one) whose decoded payload is a layer, surveyed: clamd scans every
+    attachment as a file of its own."""
     if os.path.getsize(path) > mail_parts.MAIL_BYTES:
-        out.unchecked = True  # parsed in memory: too large to look into here
+        out.unchecked = True  # read in memory: too large to look into here
         return
     try:
-        for payload in mail_parts.payloads(path):
+        if uu:
+            with open(path, "rb") as f:
+                payloads = mail_parts.uu_blocks(f.read())
+        else:
+            payloads = mail_parts.payloads(path)
+        for payload in payloads:
             if not _decoded_layer(iter([payload]), out, scratch, limit, depth, budget):
                 return
     except Exception:  # not a mail Python's parser reads: clamd may have read it

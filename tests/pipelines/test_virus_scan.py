@@ -46,7 +46,7 @@ from tests.pipelines.conftest import (
     STREAM_MAX,
     Clamd,
 )
-from tests.unit.test_mail_parts import mail, mbox
+from tests.unit.test_mail_parts import mail, mbox, text_mail, uu
 from tests.unit.test_zipsizes import _streamed
 
 pytestmark = pytest.mark.timeout(120)
@@ -564,13 +564,16 @@ def test_what_a_mail_carries_is_surveyed_as_clamd_decodes_it(tmp_path: Path, cla
             f"a ZIP member of {MAX_FILE + 4096 + len(MARKER)} bytes is over",
         ),
         (mbox(mail(CLEAN), mail(lzma_zip.getvalue())), "a ZIP member is compressed by"),
+        (text_mail(b"Hello,\n\n" + uu(lzma_zip.getvalue())), "a ZIP member is compressed by"),
+        (uu(lzma_zip.getvalue()), "a ZIP member is compressed by"),  # clamd decodes it alone
     ):
         assert _clamd_alone(tmp_path, clamd, data) == "stream: OK"
         result, _ = _scan(tmp_path, data, settings)
         assert result["verdict"] == "not_fully_scanned", reason
         assert result["reason"].startswith(reason)
-    result, _ = _scan(tmp_path, mail(CLEAN, _zip(EICAR)), settings)  # clamd finds it itself
-    assert (result["verdict"], result["signature"]) == ("infected", f"{EICAR_NAME}.UNOFFICIAL")
+    for data in (mail(CLEAN, _zip(EICAR)), uu(_zip(EICAR))):  # what clamd finds itself
+        result, _ = _scan(tmp_path, data, settings)
+        assert (result["verdict"], result["signature"]) == ("infected", f"{EICAR_NAME}.UNOFFICIAL")
     for data in (mail(CLEAN, _zip(CLEAN)), mbox(mail(CLEAN), mail(b"%PDF-1.7 text"))):
         result, _ = _scan(tmp_path, data, settings)
         assert (result["verdict"], result["reason"]) == ("clean", None)

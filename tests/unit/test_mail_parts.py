@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import binascii
 import email
 import email.policy
 import io
@@ -30,6 +31,17 @@ def lzma_zip(member: bytes) -> bytes:
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_LZMA) as z:
         z.writestr("m.bin", member)
     return buf.getvalue()
+
+
+def uu(data: bytes, name: bytes = b"a.zip") -> bytes:
+    """``data`` uuencoded as uuencode(1) writes it."""
+    lines = [binascii.b2a_uu(data[i : i + 45]) for i in range(0, len(data), 45)]
+    return b"begin 644 " + name + b"\n" + b"".join(lines) + b"`\nend\n"
+
+
+def text_mail(body: bytes) -> bytes:
+    """A mail whose plain-text body is ``body`` (no attachment parts)."""
+    return b"From: a@example.org\nMIME-Version: 1.0\nContent-Type: text/plain\n\n" + body
 
 
 def mbox(*messages: bytes) -> bytes:
@@ -91,3 +103,18 @@ def test_layers_attached_to_a_mail_are_surveyed(
     assert _survey(tmp_path, plain) == zipsizes.Survey()
     monkeypatch.setattr(mail_parts, "MAIL_BYTES", len(plain) - 1)  # parsed in memory: bounded
     assert _survey(tmp_path, plain).unchecked
+
+
+def test_uuencoded_files_are_decoded_in_text_parts_and_alone(tmp_path: Path) -> None:
+    """clamd decodes "begin 644 name" blocks in a mail's text and in a file
+    that starts as one; a padded or CRLF line is read as uudecode reads it."""
+    data = bytes(range(256)) * 7
+    assert list(mail_parts.uu_blocks(uu(data))) == [data]
+    crlf = uu(data).replace(b"\n", b"\r\n")
+    assert list(mail_parts.uu_blocks(b"Hello\r\n\r\n" + crlf + crlf)) == [data, data]
+    body = b"see below\n\n" + uu(b"first") + b"\nand\n" + uu(b"second")
+    assert _payloads(tmp_path, text_mail(body))[1:] == [b"first", b"second"]
+    assert mail_parts.is_uu(uu(b"x")) and not mail_parts.is_uu(b"begin the story\n")
+    assert _survey(tmp_path, text_mail(b"hi\n" + uu(lzma_zip(b"x")))).undecoded
+    assert _survey(tmp_path, uu(lzma_zip(b"x"))).undecoded
+    assert _survey(tmp_path, uu(b"plain text")) == zipsizes.Survey()
