@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import math
 import mmap
 import re
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,6 +33,17 @@ from dataclasses import dataclass
 from hypermedia.pipelines import pdf_images
 
 _CHUNK = 1024 * 1024
+# ">>", blanks and comments, "stream", blanks, an end of line: clamd finds a
+# stream past 20 spaces, a comment line or a blank before the line's end,
+# which pdf_images' stricter look (pdfium's reading) passed over.
+_STREAM = re.compile(
+    rb">>(?:[ \t\r\n\f\0]{1,1024}|%[^\r\n]{0,1024}){0,16}stream[ \t\f\0]{0,64}(?:\r\n|\n|\r)"
+)
+# Codings of pictures, and encryption: clamd undoes none of them, and stops
+# there.  Any other name it does not know it passes over (so is it here).
+_FINAL = frozenset(
+    {b"DCTDecode", b"DCT", b"JPXDecode", b"JBIG2Decode", b"CCITTFaxDecode", b"CCF", b"Crypt"}
+)
 _SLICE = 64 * 1024  # input taken at a time by decoders whose output may swell
 _NAME = re.compile(rb"/([^\s/\[\]<>()]+)")
 _ENDSTREAM = b"endstream"
@@ -52,12 +66,16 @@ class Stream:
 
 def streams(data: mmap.mmap) -> Iterator[Stream]:
     """Every stream of the PDF in ``data``, in file order.  Its data ends at
-    ``/Length`` when that is a number (or a reference to one) within the
-    file, else at the next ``endstream``."""
+    the next ``endstream`` (or without one, the next stream's start), or at
+    ``/Length`` (a number, or a reference to one) when that says more, or
+    what is between is only the end of its line."""
     objects = pdf_images._Objects(data)
     floor = 0  # the last stream's start: no dictionary begins before it
     ahead = -2  # the next "endstream" found, -1 if there is none
-    for match in pdf_images._STREAM.finditer(data):
+    matches = _STREAM.finditer(data)
+    following = next(matches, None)
+    while (match := following) is not None:
+        following = next(matches, None)
         start = pdf_images._dict_start(data, match.start())
         if start < 0:
             # A dictionary too long or too nested for that look (padded past
@@ -68,36 +86,56 @@ def streams(data: mmap.mmap) -> Iterator[Stream]:
         floor = match.end()
         begin = match.end()
         length = pdf_images._number(head, b"Length", objects)
+        if ahead != -1 and ahead < begin:  # -1: none after an earlier stream, so none here
+            ahead = data.find(_ENDSTREAM, begin)  # (each search to the end was quadratic)
+        end = ahead  # without an "endstream" after it, the next stream's start ends it
+        if ahead < 0:
+            end = len(data) if following is None else following.start()
         if length is not None and 0 <= length <= len(data) - begin:
-            end = begin + length
-        else:
-            if ahead != -1 and ahead < begin:  # -1: none after an earlier stream, so none here
-                ahead = data.find(_ENDSTREAM, begin)  # (each search to the end was quadratic)
-            end = len(data) if ahead < 0 else ahead
+            # The furthest of the two: clamd reads to "endstream" past a
+            # /Length that says less, and data may hold "endstream" itself;
+            # the end of line before "endstream" is no data.
+            told = begin + length
+            if ahead < 0 or ahead < told or not data[told:ahead].strip():
+                end = told
         filters = _NAME.findall(pdf_images._value(head, b"Filter", objects) or b"")
         yield Stream(tuple(filters), begin, end)
 
 
-def decoded(data: mmap.mmap, stream: Stream) -> Iterator[bytes]:
+class Late(Exception):
+    """The deadline passed while a stream was decoded."""
+
+
+def decoded(data: mmap.mmap, stream: Stream, deadline: float = math.inf) -> Iterator[bytes]:
     """The stream's data with each filter undone in turn, in chunks, up to
-    the first filter not undone here.  A filter's data found damaged ends
-    the stream where it went wrong (clamd scans what it decoded so far)."""
+    a picture's coding (``_FINAL``); a name not known is passed over, as
+    clamd does.  A filter's data found damaged ends the stream where it went
+    wrong (clamd scans what it decoded so far).  Raises Late past ``deadline``
+    (a chunk, maybe empty, comes at least every 64 kB of input)."""
     chunks: Iterator[bytes] = _raw(data, stream.start, stream.end)
     for name in stream.filters:
-        decoder = _DECODERS.get(name)
-        if decoder is None:
+        if name in _FINAL:
             break
-        chunks = decoder(chunks)
-    return _tolerant(chunks)
+        decoder = _DECODERS.get(name)
+        if decoder is not None:
+            chunks = decoder(chunks)
+    return _timed(_tolerant(chunks), deadline)
+
+
+def _timed(chunks: Iterator[bytes], deadline: float) -> Iterator[bytes]:
+    for chunk in chunks:
+        if time.monotonic() > deadline:
+            raise Late
+        yield chunk
 
 
 class Locked(Exception):
     """The PDF needs a password to open: clamd cannot read what is inside either."""
 
 
-def decrypted_attachments(path: str) -> Iterator[Iterator[bytes]]:
+def decrypted_attachments(path: str) -> Iterator[Callable[[], Iterator[bytes]]]:
     """Each embedded file of the PDF at ``path``, decrypted and decoded by
-    pdfium, in chunks: for an encrypted PDF, whose streams are ciphertext as
+    pdfium, as a function giving its chunks: for an encrypted PDF, whose streams are ciphertext as
     bytes.  Raises Locked if it needs a password; a file pdfium cannot open
     otherwise has none to give."""
     import pypdfium2
@@ -114,9 +152,14 @@ def decrypted_attachments(path: str) -> Iterator[Iterator[bytes]]:
                 data = memoryview(doc.get_attachment(i).get_data()).cast("B")
             except pypdfium2.PdfiumError:  # a spec without a stream
                 continue
-            yield (data[at : at + _SLICE].tobytes() for at in range(0, len(data), _SLICE))
+            yield functools.partial(_pieces, data)
     finally:
         doc.close()
+
+
+def _pieces(data: memoryview) -> Iterator[bytes]:
+    for at in range(0, len(data), _SLICE):
+        yield data[at : at + _SLICE].tobytes()
 
 
 def _raw(data: mmap.mmap, start: int, end: int) -> Iterator[bytes]:
@@ -144,8 +187,7 @@ def _flate(chunks: Iterator[bytes]) -> Iterator[bytes]:
         while data and not d.eof:
             out = d.decompress(data, _SLICE)
             data = d.unconsumed_tail
-            if out:
-                yield out
+            yield out  # empty too: the deadline is checked between
         if d.eof:
             return
     if tail := d.flush():
@@ -209,9 +251,8 @@ def _run_length(chunks: Iterator[bytes]) -> Iterator[bytes]:
                 yield bytes(out)
                 out.clear()
         carry = data[at:]
-        if out:
-            yield bytes(out)
-            out.clear()
+        yield bytes(out)  # empty too: the deadline is checked between
+        out.clear()
 
 
 def _lzw(chunks: Iterator[bytes]) -> Iterator[bytes]:
@@ -250,9 +291,8 @@ def _lzw(chunks: Iterator[bytes]) -> Iterator[bytes]:
             if len(out) >= _CHUNK:
                 yield bytes(out)
                 out.clear()
-        if out:
-            yield bytes(out)
-            out.clear()
+        yield bytes(out)  # empty too: the deadline is checked between
+        out.clear()
 
 
 _DECODERS: dict[bytes, Callable[[Iterator[bytes]], Iterator[bytes]]] = {

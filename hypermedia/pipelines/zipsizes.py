@@ -21,7 +21,9 @@ import bz2
 import contextvars
 import functools
 import io
+import itertools
 import lzma
+import math
 import mmap
 import os
 import struct
@@ -147,7 +149,11 @@ NESTED_BYTES = 512 * 1024 * 1024
 NESTED_MEMBERS = 10_000  # archives and compressed streams looked into, in all
 NESTED_HEADS = 200_000  # members whose first bytes are read to tell whether they are one
 NESTED_SCANS = 10_000  # members sent to clamd alone (MemberScan), a few ms each
-PDF_SECONDS = 20.0  # a PDF's streams looked into, at most (a hostile one has millions)
+NESTED_READ = 8 * NESTED_BYTES  # members read to their end for an archive after other bytes
+# PDFs' streams decoded, at most, in all (a hostile one has millions, or
+# decodes to nothing for minutes; a ZIP of PDFs holds many).
+PDF_SECONDS = 20.0
+_PDF_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("pdf", default=math.inf)
 _HEAD = archives.HEAD_BYTES  # enough to tell a layer by its magic (an ISO's is at 32 kB)
 
 
@@ -176,10 +182,12 @@ def survey_nested(
     member compressed by BZip2, Deflate or BCJ2, a zisofs ISO's file: it
     read their bytes as they are, and EICAR in them was clean)."""
     token = _SCAN.set(scan_member)
+    late = _PDF_DEADLINE.set(time.monotonic() + PDF_SECONDS)
     try:
-        budget = [NESTED_BYTES, NESTED_MEMBERS, NESTED_HEADS, NESTED_SCANS]
+        budget = [NESTED_BYTES, NESTED_MEMBERS, NESTED_HEADS, NESTED_SCANS, NESTED_READ]
         return _nested(path, scratch, limit, 0, budget)
     finally:
+        _PDF_DEADLINE.reset(late)
         _SCAN.reset(token)
 
 
@@ -191,7 +199,7 @@ def _layer(head: bytes) -> str | None:
         return "rar"
     if head[257:262] == b"ustar" or _v7_tar(head):  # POSIX and GNU tar, and the older one
         return "tar"
-    stream = next((kind for kind, magic in _STREAMS.items() if head.startswith(magic)), None)
+    stream = next((kind for kind, whole in _STREAM_HEADS.items() if whole(head)), None)
     if stream or (stream := archives.kind_of(head)):
         return stream
     if pdf_streams.is_pdf(head):
@@ -213,6 +221,26 @@ def _v7_tar(head: bytes) -> bool:
 
 
 _STREAMS = {"gzip": b"\x1f\x8b", "bzip2": b"BZh", "xz": b"\xfd7zXZ\x00"}
+# A stream's start, past its magic: two or three bytes alone begin one in
+# 65,536 pictures (a PDF's pixels of (31, 139, 34) were "a gzip stream that
+# could not be unpacked").  gzip: deflate, no reserved flag, an XFL of 0, 2
+# or 4 and a known OS (RFC 1952 §2.3); bzip2: a level, then a block's or the
+# end's magic.
+_STREAM_HEADS: dict[str, Callable[[bytes], bool]] = {
+    "gzip": lambda h: (
+        h[:3] == b"\x1f\x8b\x08"
+        and len(h) >= 10
+        and h[3] & 0xE0 == 0
+        and h[8] in (0, 2, 4)
+        and (h[9] <= 13 or h[9] == 255)
+    ),
+    "bzip2": lambda h: (
+        h[:3] == b"BZh"
+        and h[3:4] in (b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"8", b"9")
+        and h[4:10] in (b"1AY&SY", b"\x17\x72\x45\x38\x50\x90")
+    ),
+    "xz": lambda h: h.startswith(_STREAMS["xz"]),
+}
 _DECOMPRESSORS: dict[str, Callable[[], Any]] = {
     "gzip": lambda: zlib.decompressobj(31),
     "bzip2": bz2.BZ2Decompressor,
@@ -300,20 +328,23 @@ def _pdf(path: str, out: Survey, scratch: str, limit: int, depth: int, budget: l
     """Each stream of a PDF whose decoded data is a layer (clamd scans every
     decoded stream as a file of its own), unpacked and surveyed.  A
     stream's first bytes are decoded to tell, and count against NESTED_HEADS."""
-    deadline = time.monotonic() + PDF_SECONDS
+    deadline = _PDF_DEADLINE.get()
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        for stream in pdf_streams.streams(data):
-            if time.monotonic() > deadline:
-                out.unchecked = True
-                return
-            chunks = pdf_streams.decoded(data, stream)
-            if not _decoded_layer(chunks, out, scratch, limit, depth, budget):
-                return
+        try:
+            for stream in pdf_streams.streams(data):
+                if time.monotonic() > deadline:
+                    raise pdf_streams.Late
+                decode = functools.partial(pdf_streams.decoded, data, stream, deadline)
+                if not _decoded_layer(decode, out, scratch, limit, depth, budget):
+                    return
+        except pdf_streams.Late:  # for all the PDFs in it together
+            out.unchecked = True
+            return
         encrypted = data.find(b"/Encrypt") >= 0
     if encrypted:
         try:
-            for chunks in pdf_streams.decrypted_attachments(path):
-                if not _decoded_layer(chunks, out, scratch, limit, depth, budget):
+            for attached in pdf_streams.decrypted_attachments(path):
+                if not _decoded_layer(attached, out, scratch, limit, depth, budget):
                     return
         except pdf_streams.Locked:
             out.locked = True
@@ -335,27 +366,42 @@ def _mail(
         else:
             payloads = mail_parts.payloads(path)
         for payload in payloads:
-            if not _decoded_layer(iter([payload]), out, scratch, limit, depth, budget):
+            if not _decoded_layer(
+                functools.partial(iter, [payload]), out, scratch, limit, depth, budget
+            ):
                 return
+    except mail_parts.TooLarge:
+        out.unchecked = True
     except Exception:  # not a mail Python's parser reads: clamd may have read it
         out.unread = True
 
 
 def _decoded_layer(
-    chunks: Iterator[bytes], out: Survey, scratch: str, limit: int, depth: int, budget: list[int]
+    decode: Callable[[], Iterator[bytes]],
+    out: Survey,
+    scratch: str,
+    limit: int,
+    depth: int,
+    budget: list[int],
 ) -> bool:
-    """What a PDF stream or a mail part decodes to, surveyed when it is a
-    layer; one past ``limit`` is ``overflowed``.  False once a budget is spent."""
+    """What a PDF stream or a mail part decodes to (``decode()``'s chunks),
+    surveyed when it is a layer, or holds one after other bytes (clamd finds
+    a ZIP, a RAR or a 7-Zip anywhere: a program's, a picture's, a NUL's);
+    one past ``limit`` is ``overflowed``.  False once a budget is spent."""
     budget[2] -= 1
     if budget[2] < 0:
         out.unchecked = True
         return False
+    chunks = decode()
     head = _first(chunks, _HEAD)
     kind = _layer(head)
     if kind == "rar":
         out.rar = True
-    if kind is None or kind == "rar":
+    if kind == "rar" or (kind is None and not _marked(head, chunks)):
         return True
+    if kind is None:  # read to the marker: from the start again, to be kept
+        chunks = decode()
+        head = _first(chunks, _HEAD)
     budget[1] -= 1
     if depth >= NESTED_DEPTH or budget[1] < 0:
         out.unchecked = True
@@ -374,6 +420,37 @@ def _decoded_layer(
     finally:
         os.unlink(inner)
     return True
+
+
+_MARKERS = (LOCAL, RAR, archives.SEVEN_ZIP)
+_LONGEST = max(len(m) for m in _MARKERS)
+
+
+def _marked(head: bytes, chunks: Iterator[bytes]) -> bool:
+    """Whether an archive's marker is in ``head`` or what follows it."""
+    tail = b""
+    for chunk in itertools.chain([head], chunks):
+        window = tail + chunk
+        if any(m in window for m in _MARKERS):
+            return True
+        tail = window[-(_LONGEST - 1) :]
+    return False
+
+
+def _read_through(f: IO[bytes], head: bytes, size: int, out: Survey, budget: list[int]) -> bool:
+    """Whether the rest of an archive member holds an archive's marker (a
+    program with a ZIP after its code: clamd finds and unpacks it).  Every
+    such member is read to its end, within NESTED_READ in all."""
+    budget[4] -= size
+    if budget[4] < 0:
+        out.unchecked = True
+        return False
+    return _marked(head, iter(functools.partial(f.read, _CHUNK), b""))
+
+
+def _marked_file(path: str) -> bool:
+    with open(path, "rb") as f:
+        return _marked(b"", iter(functools.partial(f.read, _CHUNK), b""))
 
 
 def _first(chunks: Iterator[bytes], most: int) -> bytes:
@@ -524,7 +601,7 @@ def _archived(
                 try:
                     if scan is not None and _scanned_alone(scan, inner, out):
                         return  # found: nothing more to learn
-                    if seen.kind is None:
+                    if seen.kind is None and not _marked_file(inner):
                         continue
                     budget[1] -= 1
                     if depth >= NESTED_DEPTH or budget[1] < 0:
@@ -576,10 +653,11 @@ def _members(
             if box.undecoded(member):
                 out.undecoded = True
                 continue
-            with box.open(member) as head:
-                kind = _layer(head.read(_HEAD))
-            if kind is None:
-                continue
+            with box.open(member) as f:
+                head = f.read(_HEAD)
+                kind = _layer(head)
+                if kind is None and not _read_through(f, head, size, out, budget):
+                    continue
             if kind == "rar":  # known by its start: nothing to unpack
                 out.rar = True
                 continue

@@ -8,6 +8,7 @@ waits out in retry_wait.
 
 from __future__ import annotations
 
+import base64
 import bz2
 import contextlib
 import gzip
@@ -543,6 +544,92 @@ def test_what_a_pdf_holds_is_surveyed_as_clamd_decodes_it(tmp_path: Path, clamd:
     ):
         result, _ = _scan(tmp_path, pdf, settings)
         assert (result["verdict"], result["reason"]) == ("clean", None)
+
+
+def _embedded(dictionary: bytes, data: bytes, before_stream: bytes = b"\n") -> bytes:
+    """A PDF with one embedded file whose dictionary and data are as given."""
+    w = pdfs.Writer()
+    obj = w.add(b"<< " + dictionary + b" >>" + before_stream + b"stream\n" + data + b"\nendstream")
+    spec = w.add(b"<< /Type /Filespec /F (a.bin) /EF << /F %d 0 R >> >>" % obj)
+    return w.build(
+        w.add(b"<< /Type /Catalog /Names << /EmbeddedFiles << /Names [(a) %d 0 R] >> >> >>" % spec)
+    )
+
+
+def _raw_mail(part_headers: bytes, body: bytes) -> bytes:
+    return (
+        b"From: a@example.org\nMIME-Version: 1.0\n"
+        b'Content-Type: multipart/mixed; boundary="BB"\n\n--BB\nContent-Type: text/plain\n\nhi\n'
+        b"--BB\n" + part_headers + b"\n\n" + body + b"\n--BB--\n"
+    )
+
+
+def test_odd_pdfs_and_mails_clamd_reads_are_surveyed_as_it_reads_them(
+    tmp_path: Path, clamd: Clamd
+) -> None:
+    """Each was an LZMA ZIP clamd unpacked (EICAR in a deflated one in the
+    same place is found) and called clean here: a /Length that says less, an
+    unknown filter before Flate, "stream" after blanks or a comment, a ZIP
+    after other bytes, base64 under a header Python does not decode, a mail
+    with its headers padded past 32 kB."""
+    lzma_zip = io.BytesIO()
+    with zipfile.ZipFile(lzma_zip, "w", zipfile.ZIP_LZMA) as z:
+        z.writestr("m.txt", b"x" + MARKER)
+    b64 = base64.encodebytes
+    padded = b"From: a@b\n" + b"X-Pad: " + b"a" * 70 + b"\n" * 1
+    padded += (b"X-Pad: " + b"a" * 70 + b"\n") * 560
+    builders = {
+        "a /Length that says less": lambda z: _embedded(
+            b"/Length 10 /Filter /FlateDecode", zlib.compress(z)
+        ),
+        "an unknown filter first": lambda z: _embedded(
+            b"/Filter [/Foo /FlateDecode]", zlib.compress(z)
+        ),
+        "blanks before stream": lambda z: _embedded(
+            b"/Filter /Fl", zlib.compress(z), b" " * 20 + b"\n"
+        ),
+        "a comment before stream": lambda z: _embedded(b"/Filter /Fl", zlib.compress(z), b"\n%c\n"),
+        "bytes before the ZIP": lambda z: pdfs.attached(zlib.compress(b"\0" + z)),
+        "bytes before it in a mail": lambda z: mail(b"MZ" + z),
+        "a program in a ZIP": lambda z: _zip(b"MZ" + bytes(100) + z),
+        "base64 ": lambda z: _raw_mail(b"Content-Transfer-Encoding: base64 ", b64(z)),
+        "7bit base64": lambda z: _raw_mail(b"Content-Transfer-Encoding: 7bit base64", b64(z)),
+        "no boundary": lambda z: _raw_mail(b"Content-Transfer-Encoding: base64", b64(z)).replace(
+            b'; boundary="BB"', b""
+        ),
+        "headers past 32 kB": lambda z: (
+            padded + b"MIME-Version: 1.0\nContent-Type: "
+            b"application/zip\nContent-Transfer-Encoding: base64\n\n" + b64(z)
+        ),
+        "a blank line first": lambda z: b"\n" + mail(z),
+    }
+    settings = {"clamd": clamd.unix_url}
+    for what, build in builders.items():
+        found = _clamd_alone(tmp_path, clamd, build(_zip(EICAR)))
+        assert found == f"stream: {EICAR_NAME}.UNOFFICIAL FOUND", what  # clamd reads it there
+        hidden = build(lzma_zip.getvalue())
+        assert _clamd_alone(tmp_path, clamd, hidden) == "stream: OK", what
+        result, _ = _scan(tmp_path, hidden, settings)
+        assert result["verdict"] == "not_fully_scanned", what
+        assert result["reason"].startswith("a ZIP member is compressed by"), what
+
+
+def test_pictures_whose_pixels_begin_like_a_stream_stay_clean(tmp_path: Path, clamd: Clamd) -> None:
+    """A PDF picture of (31, 139, 34) pixels, Flate-coded, decodes to bytes
+    starting 1f 8b (gzip's magic), (66, 90, 104) to "BZh": both were "an
+    archive or stream in it could not be unpacked here"."""
+    for pixel in (bytes([31, 139, 34]), bytes([66, 90, 104]), bytes([31, 139, 8])):
+        w = pdfs.Writer()
+        image = w.add(
+            w.stream(
+                zlib.compress(pixel * 256),
+                b"/Type /XObject /Subtype /Image /Width 16 /Height 16 /ColorSpace /DeviceRGB "
+                b"/BitsPerComponent 8 /Filter /FlateDecode ",
+            )
+        )
+        pdf = w.build(w.add(b"<< /Type /Catalog /I %d 0 R >>" % image))
+        result, _ = _scan(tmp_path, pdf, {"clamd": clamd.unix_url})
+        assert (result["verdict"], result["reason"]) == ("clean", None), pixel
 
 
 def test_what_a_mail_carries_is_surveyed_as_clamd_decodes_it(tmp_path: Path, clamd: Clamd) -> None:
