@@ -64,11 +64,31 @@ def test_odd_endings_of_text_filters_decode_as_readers_do(tmp_path: Path) -> Non
     assert _streams(tmp_path, attached(b"z 9jqo ^ 9jqo~>", b"/A85")) == [bytes(4) + b"Man Man"]
 
 
-def test_a_filter_not_undone_ends_the_chain(tmp_path: Path) -> None:
-    """An image's coding is left as it is: what came before it is the stream."""
+def test_a_pictures_coding_ends_the_chain_and_an_unknown_name_is_passed_over(
+    tmp_path: Path,
+) -> None:
+    """An image's coding is left as it is: what came before it is the stream.
+    A name clamd does not know it passes over, and so is it here."""
     jpeg = b"\xff\xd8\xff\xe0 not really a jpeg"
     assert _streams(tmp_path, attached(zlib.compress(jpeg), b"[/Fl /DCTDecode]")) == [jpeg]
     assert _streams(tmp_path, attached(jpeg, b"/DCTDecode")) == [jpeg]
+    assert _streams(tmp_path, attached(zlib.compress(jpeg), b"[/Foo /Fl]")) == [jpeg]
+
+
+def test_stream_keywords_are_found_past_blanks_and_comments(tmp_path: Path) -> None:
+    w = Writer()
+    objs = [
+        w.add(b"<< /Length 3 >>" + between + b"stream" + after + b"abc\nendstream")
+        for between, after in (
+            (b" " * 20 + b"\n", b"\n"),
+            (b"\n% a comment\n", b"\r\n"),
+            (b"\n", b" \n"),
+        )
+    ]
+    refs = b" ".join(b"%d 0 R" % o for o in objs)
+    assert (
+        _streams(tmp_path, w.build(w.add(b"<< /Type /Catalog /S [%s] >>" % refs))) == [b"abc"] * 3
+    )
 
 
 def test_damaged_data_ends_the_stream_where_it_went_wrong(tmp_path: Path) -> None:
