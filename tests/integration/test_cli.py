@@ -313,7 +313,9 @@ def test_submit_wait_gives_up_after_its_timeout(embedded_home: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 1
     assert "not ended within 0.5 s; the jobs go on" in proc.stderr
-    job_id = proc.stderr.split()[1]  # "job N queued; waiting until they end"
+    assert "no pipeline, profile or job uses queue nobody-serves (a typo?)" in proc.stderr
+    waiting = next(line for line in proc.stderr.splitlines() if "waiting until" in line)
+    job_id = waiting.split()[1]  # "job N queued; waiting until they end"
     assert proc.stdout.splitlines() == [f"job {job_id} queued", "1 queued"]
 
 
