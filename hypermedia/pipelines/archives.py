@@ -157,14 +157,18 @@ def unpack(
             break
     if not wanted(head[:head_bytes]):
         return None
+    return spooled(head, blocks, scratch, most)
+
+
+def spooled(head: bytes, rest: Iterator[bytes], scratch: str, most: int) -> str:
+    """``head`` and what follows it in ``rest``, to a new file in
+    ``scratch``: no more than ``most`` bytes."""
     fd, inner = tempfile.mkstemp(dir=scratch, suffix=".layer")
     try:
         with os.fdopen(fd, "wb") as dst:
             dst.write(head[:most])
             left = most - len(head)
-            for block in blocks:
-                if left <= 0:
-                    break
+            while left > 0 and (block := next(rest, None)) is not None:
                 dst.write(block[:left])
                 left -= len(block)
     except BaseException:

@@ -194,38 +194,48 @@ def _flate(chunks: Iterator[bytes]) -> Iterator[bytes]:
         yield tail
 
 
-def _hex(chunks: Iterator[bytes]) -> Iterator[bytes]:
+def _text_coded(
+    chunks: Iterator[bytes],
+    end: bytes,
+    whole: Callable[[bytes], int],
+    decode: Callable[[bytes], bytes],
+) -> Iterator[bytes]:
+    """A text coding's data (blanks anywhere), up to ``end``: ``whole(text)``
+    says how much of it is whole groups, decoded now; the rest waits for the
+    next chunk; the last, maybe short, group is decoded as it is."""
     carry = b""
     for chunk in chunks:
         text = carry + re.sub(rb"\s+", b"", chunk)
-        end = text.find(b">")
-        if end >= 0:
-            text = text[:end]
-            yield binascii.unhexlify(text + b"0" * (len(text) % 2))  # an odd digit: 0 follows
+        at = text.find(end)
+        if at >= 0:
+            yield decode(text[:at])
             return
-        keep = len(text) - len(text) % 2
+        keep = whole(text)
         text, carry = text[:keep], text[keep:]
-        yield binascii.unhexlify(text)
+        yield decode(text)
     if carry:
-        yield binascii.unhexlify(carry + b"0")
+        yield decode(carry)
+
+
+def _hex(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    def whole(text: bytes) -> int:
+        return len(text) - len(text) % 2
+
+    def decode(text: bytes) -> bytes:
+        return binascii.unhexlify(text + b"0" * (len(text) % 2))  # an odd digit: 0 follows
+
+    return _text_coded(chunks, b">", whole, decode)
 
 
 def _a85(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    carry = b""
-    for chunk in chunks:
-        text = carry + re.sub(rb"\s+", b"", chunk)
-        end = text.find(b"~>")
-        if end >= 0:
-            yield base64.a85decode(text[:end])  # a last short group is padded
-            return
+    def whole(text: bytes) -> int:
         groups = _A85_GROUPS.match(text)  # always matches: "" at least
         keep = groups.end() if groups else 0
         if len(text) - keep >= 5:  # not a group: a character ASCII85 does not use
             raise ValueError("not ASCII85")
-        text, carry = text[:keep], text[keep:]
-        yield base64.a85decode(text)
-    if carry:
-        yield base64.a85decode(carry)
+        return keep
+
+    return _text_coded(chunks, b"~>", whole, base64.a85decode)  # a short last group is padded
 
 
 def _run_length(chunks: Iterator[bytes]) -> Iterator[bytes]:

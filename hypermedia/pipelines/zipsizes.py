@@ -407,7 +407,7 @@ def _decoded_layer(
         out.unchecked = True
         return False
     cap = min(limit, budget[0])
-    inner = _spooled(head, chunks, scratch, cap + 1)
+    inner = archives.spooled(head, chunks, scratch, cap + 1)
     try:
         size = os.path.getsize(inner)
         budget[0] -= size
@@ -459,23 +459,6 @@ def _first(chunks: Iterator[bytes], most: int) -> bytes:
     while len(head) < most and (chunk := next(chunks, None)) is not None:
         head += chunk
     return bytes(head)
-
-
-def _spooled(head: bytes, chunks: Iterator[bytes], scratch: str, most: int) -> str:
-    """``head`` and what follows it in ``chunks``, to a file in ``scratch``:
-    no more than ``most`` bytes."""
-    fd, inner = tempfile.mkstemp(dir=scratch, suffix=".layer")
-    try:
-        with os.fdopen(fd, "wb") as dst:
-            dst.write(head[:most])
-            left = most - len(head)
-            while left > 0 and (chunk := next(chunks, None)) is not None:
-                dst.write(chunk[:left])
-                left -= len(chunk)
-    except BaseException:
-        os.unlink(inner)
-        raise
-    return inner
 
 
 def _seven_zip_within(

@@ -497,18 +497,25 @@ def test_formats_clamd_does_not_unpack_are_never_clean(tmp_path: Path, clamd: Cl
         )
 
 
+def _lzma_zip(member: bytes) -> bytes:
+    """A ZIP whose member is compressed by LZMA (method 14): Python reads
+    it, clamd does not."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_LZMA) as z:
+        z.writestr("m.txt", member)
+    return buf.getvalue()
+
+
 def test_what_a_pdf_holds_is_surveyed_as_clamd_decodes_it(tmp_path: Path, clamd: Clamd) -> None:
     """clamd undoes a PDF's stream filters (Flate, ASCIIHex, LZW…) and unpacks
     the archives it finds there: a ZIP in a method it does not decode, xz
     streams joined, a RAR, a ZIP member past MaxFileSize embedded in a PDF
     were OK from clamd, and clean."""
     settings = {"clamd": clamd.unix_url, "clamd_max_file_size": MAX_FILE}
-    lzma_zip = io.BytesIO()
-    with zipfile.ZipFile(lzma_zip, "w", zipfile.ZIP_LZMA) as z:
-        z.writestr("m.txt", b"x" + MARKER)
+    lzma_zip = _lzma_zip(b"x" + MARKER)
     joined = lzma.compress(b"hello\n") + lzma.compress(EICAR)
     for pdf, reason in (
-        (pdfs.attached(zlib.compress(lzma_zip.getvalue())), "a ZIP member is compressed by"),
+        (pdfs.attached(zlib.compress(lzma_zip)), "a ZIP member is compressed by"),
         (pdfs.attached(pdfs.lzw(joined), b"/LZW"), "a gzip, bzip2 or xz file in it holds"),
         (pdfs.attached(_rar(EICAR).hex().encode() + b">", b"/AHx"), virus.RAR_UNOPENED),
         (
@@ -523,7 +530,7 @@ def test_what_a_pdf_holds_is_surveyed_as_clamd_decodes_it(tmp_path: Path, clamd:
     # Encrypted: clamd decrypts one that needs no password (its attachments are
     # read through pdfium here) and reads nothing of one that needs a password.
     for pdf, reason in (
-        (pdfs.encrypted("", attachment=lzma_zip.getvalue()), "a ZIP member is compressed by"),
+        (pdfs.encrypted("", attachment=lzma_zip), "a ZIP member is compressed by"),
         (pdfs.encrypted("secret", attachment=EICAR), "a PDF in it needs a password to open"),
     ):
         assert _clamd_alone(tmp_path, clamd, pdf) == "stream: OK"
@@ -572,9 +579,7 @@ def test_odd_pdfs_and_mails_clamd_reads_are_surveyed_as_it_reads_them(
     unknown filter before Flate, "stream" after blanks or a comment, a ZIP
     after other bytes, base64 under a header Python does not decode, a mail
     with its headers padded past 32 kB."""
-    lzma_zip = io.BytesIO()
-    with zipfile.ZipFile(lzma_zip, "w", zipfile.ZIP_LZMA) as z:
-        z.writestr("m.txt", b"x" + MARKER)
+    lzma_zip = _lzma_zip(b"x" + MARKER)
     b64 = base64.encodebytes
     padded = b"From: a@b\n" + b"X-Pad: " + b"a" * 70 + b"\n" * 1
     padded += (b"X-Pad: " + b"a" * 70 + b"\n") * 560
@@ -607,7 +612,7 @@ def test_odd_pdfs_and_mails_clamd_reads_are_surveyed_as_it_reads_them(
     for what, build in builders.items():
         found = _clamd_alone(tmp_path, clamd, build(_zip(EICAR)))
         assert found == f"stream: {EICAR_NAME}.UNOFFICIAL FOUND", what  # clamd reads it there
-        hidden = build(lzma_zip.getvalue())
+        hidden = build(lzma_zip)
         assert _clamd_alone(tmp_path, clamd, hidden) == "stream: OK", what
         result, _ = _scan(tmp_path, hidden, settings)
         assert result["verdict"] == "not_fully_scanned", what
@@ -638,21 +643,19 @@ def test_what_a_mail_carries_is_surveyed_as_clamd_decodes_it(tmp_path: Path, cla
     xz streams joined, a RAR, a ZIP member past MaxFileSize attached to a
     mail were OK from clamd, and clean."""
     settings = {"clamd": clamd.unix_url, "clamd_max_file_size": MAX_FILE}
-    lzma_zip = io.BytesIO()
-    with zipfile.ZipFile(lzma_zip, "w", zipfile.ZIP_LZMA) as z:
-        z.writestr("m.txt", b"x" + MARKER)
+    lzma_zip = _lzma_zip(b"x" + MARKER)
     joined = lzma.compress(b"hello\n") + lzma.compress(EICAR)
     for data, reason in (
-        (mail(lzma_zip.getvalue()), "a ZIP member is compressed by"),
+        (mail(lzma_zip), "a ZIP member is compressed by"),
         (mail(joined, cte="quoted-printable"), "a gzip, bzip2 or xz file in it holds"),
         (mail(_rar(EICAR)), virus.RAR_UNOPENED),
         (
             mail(_zip(b"\0" * (MAX_FILE + 4096) + MARKER)),
             f"a ZIP member of {MAX_FILE + 4096 + len(MARKER)} bytes is over",
         ),
-        (mbox(mail(CLEAN), mail(lzma_zip.getvalue())), "a ZIP member is compressed by"),
-        (text_mail(b"Hello,\n\n" + uu(lzma_zip.getvalue())), "a ZIP member is compressed by"),
-        (uu(lzma_zip.getvalue()), "a ZIP member is compressed by"),  # clamd decodes it alone
+        (mbox(mail(CLEAN), mail(lzma_zip)), "a ZIP member is compressed by"),
+        (text_mail(b"Hello,\n\n" + uu(lzma_zip)), "a ZIP member is compressed by"),
+        (uu(lzma_zip), "a ZIP member is compressed by"),  # clamd decodes it alone
     ):
         assert _clamd_alone(tmp_path, clamd, data) == "stream: OK"
         result, _ = _scan(tmp_path, data, settings)
@@ -681,10 +684,8 @@ def test_a_member_in_a_method_clamd_does_not_decode_is_never_clean(
         assert result["reason"].startswith(
             "a ZIP member is compressed by a method clamd does not decode"
         )
-    lzma_zip = io.BytesIO()
-    with zipfile.ZipFile(lzma_zip, "w", zipfile.ZIP_LZMA) as z:
-        z.writestr("m.txt", b"x" + MARKER)
-    result, _ = _scan(tmp_path, lzma_zip.getvalue(), {"clamd": clamd.unix_url})
+    lzma_zip = _lzma_zip(b"x" + MARKER)
+    result, _ = _scan(tmp_path, lzma_zip, {"clamd": clamd.unix_url})
     assert (result["verdict"], result["signature"]) == ("not_fully_scanned", None)
 
 
