@@ -445,7 +445,10 @@ def _read_through(f: IO[bytes], head: bytes, size: int, out: Survey, budget: lis
     if budget[4] < 0:
         out.unchecked = True
         return False
-    return _marked(head, iter(functools.partial(f.read, _CHUNK), b""))
+    try:
+        return _marked(head, iter(functools.partial(f.read, _CHUNK), b""))
+    except Exception:  # a CRC that fails at its end: no layer in it, as before
+        return False
 
 
 def _marked_file(path: str) -> bool:
