@@ -5,13 +5,14 @@ ASCII85, LZW, RunLength) and scans what comes out as a file of its own: a
 ZIP there is unzipped, an xz stream unpacked, each with the same limits as
 at the top.  So a ZIP whose member clamd cannot decode (LZMA), a RAR, or
 xz streams joined, embedded in a PDF, were OK from clamd and called clean.
-``streams`` finds each stream and ``decoded`` undoes its filters lazily, in
-chunks, for ``zipsizes`` to tell whether what comes out is a layer to
-survey.  Nothing is decoded in whole unless it is one.
+``streams`` finds each stream as clamd finds one and ``decoded`` undoes its
+filters lazily, in chunks, for ``zipsizes`` to tell whether what comes out
+is a layer to survey, or holds one after other bytes.
 
-A filter not undone here (an image's DCT, JPX, JBIG2 or CCITT coding, a
-Crypt filter) ends the chain: what came before it is the stream, as clamd
-scans it.  Predictors (``/DecodeParms``) are not undone.  An encrypted
+A picture's coding (DCT, JPX, JBIG2, CCITT) or a Crypt filter ends the
+chain: what came before it is the stream, as clamd scans it; a name not
+known is passed over, as clamd does.  Predictors (``/DecodeParms``) are
+not undone.  An encrypted
 file's streams are ciphertext as bytes: clamd decrypts one that opens
 without a password, so its embedded files are read through pdfium instead
 (``decrypted_attachments``), and one that needs a password is ``Locked``.
@@ -134,10 +135,10 @@ class Locked(Exception):
 
 
 def decrypted_attachments(path: str) -> Iterator[Callable[[], Iterator[bytes]]]:
-    """Each embedded file of the PDF at ``path``, decrypted and decoded by
-    pdfium, as a function giving its chunks: for an encrypted PDF, whose streams are ciphertext as
-    bytes.  Raises Locked if it needs a password; a file pdfium cannot open
-    otherwise has none to give."""
+    """Each embedded file (of the name tree) of the PDF at ``path``,
+    decrypted and decoded by pdfium, as a function giving its chunks: for an
+    encrypted PDF, whose streams are ciphertext as bytes.  Raises Locked if
+    it needs a password; a file pdfium cannot open otherwise has none to give."""
     import pypdfium2
 
     try:
