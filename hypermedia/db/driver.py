@@ -146,24 +146,17 @@ def _check_options(u: sa.URL) -> None:
         _check_sqlite_options(u)
 
 
-# What SQLAlchemy's pysqlite dialect passes to sqlite3.connect; any other
-# option it dropped with a SAWarning (a traceback line on stderr) and ran on.
-_SQLITE_OPTIONS = frozenset(
-    {"uri", "timeout", "isolation_level", "detect_types", "check_same_thread", "cached_statements"}
-)
-# With uri=true the rest go into SQLite's own URI (sqlite.org/uri.html).
-_SQLITE_URI_OPTIONS = frozenset({"vfs", "mode", "cache", "psow", "nolock", "immutable", "modeof"})
-
-
 def _check_sqlite_options(u: sa.URL) -> None:
-    as_uri = str(u.query.get("uri", "")).lower() in ("true", "1", "yes", "on")
-    known = _SQLITE_OPTIONS | (_SQLITE_URI_OPTIONS if as_uri else frozenset())
+    """None: the engine sets its own busy timeout, transactions and threads
+    (``isolation_level`` or ``check_same_thread`` would undo them), and
+    ``uri=true`` opened a new, empty file named ``hypermedia.db?mode=ro``
+    (SQLAlchemy hands the path to sqlite3 as if it were a ``file:`` URI).
+    An unknown one was a SAWarning, then ignored."""
     for name in u.query:
-        if name not in known:
-            raise InvalidRequest(
-                f"the database URL's option {name[:50]!r} is not one SQLite's driver knows"
-                + ("" if as_uri or name not in _SQLITE_URI_OPTIONS else " without uri=true")
-            )
+        raise InvalidRequest(
+            f"the database URL's option {name[:50]!r} is not taken: a SQLite URL is "
+            "sqlite:///PATH alone"
+        )
 
 
 def _check_pg_options(u: sa.URL) -> None:

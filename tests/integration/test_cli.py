@@ -275,8 +275,10 @@ def test_the_default_worker_serves_a_queue_a_profile_names_later(
         ("postgresql://u:s3cret@h/db?bogus_opt=1", {}, "'bogus_opt' is not one PostgreSQL"),
         ("mariadb://u:s3cret@h/db?bogus=1", {}, "'bogus' is not one MariaDB's driver knows"),
         # SQLAlchemy's SAWarning (a traceback line), then ran on without it:
-        ("sqlite:////nonexistent/x.db?bogus=1", {}, "'bogus' is not one SQLite's driver knows"),
-        ("sqlite:////nonexistent/x.db?mode=ro", {}, "driver knows without uri=true"),
+        ("sqlite:////nonexistent/x.db?bogus=1", {}, "option 'bogus' is not taken: a SQLite"),
+        # uri=true opened a new, empty file named "x.db?mode=ro"; timeout=abc a ValueError:
+        ("sqlite:////nonexistent/x.db?uri=true&mode=ro", {}, "option 'uri' is not taken"),
+        ("sqlite:////nonexistent/x.db?timeout=abc", {}, "URL is sqlite:///PATH alone"),
         # Read as the host "cret@127.0.0.1", named in every connection error:
         ("postgresql://u:s3@cret@127.0.0.1/db", {}, "user name or password (write it as %40)"),
         ("", {"HYPERMEDIA_JOB_RETENTION_DAYS": "abc"}, "HYPERMEDIA_JOB_RETENTION_DAYS must be a"),
