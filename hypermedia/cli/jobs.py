@@ -33,7 +33,7 @@ from hypermedia.cli.queues import known_queues, warn_unknown_queue
 from hypermedia.errors import InvalidRequest
 from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
-from hypermedia.queue.models import NewJob
+from hypermedia.queue.models import NewJob, check_queue_name
 from hypermedia.queue.queues import Queues
 from hypermedia.queue.states import TERMINAL
 
@@ -88,6 +88,7 @@ def submit(
             until = math.inf if wait_timeout is None else time.monotonic() + wait_timeout
         eng = engine(wait_out=until)
         if queue is not None and queue not in known_queues(Queues(eng)):
+            check_queue_name(queue)  # a name no job may have is refused, not warned of
             warn_unknown_queue(queue)  # queued for ever, most likely: said before it is
         job = NewJob(
             job_type,

@@ -112,11 +112,11 @@ def _where_blob_failed(st: Any, object_id: int) -> Iterator[None]:
     """A blob missing or damaged, said with its object, pool and key (what a
     restore from backup needs, as ``objects verify`` says it): it was "no
     blob under this key", naming none."""
-    from hypermedia.storage.base import BlobMissing, ChecksumMismatch, ChecksumMissing
+    from hypermedia.storage.base import BlobMissing, ChecksumMismatch, ChecksumMissing, UnsafeKey
 
     try:
         yield
-    except (BlobMissing, ChecksumMismatch) as exc:
+    except (BlobMissing, ChecksumMismatch, UnsafeKey) as exc:
         if isinstance(exc, ChecksumMissing):
             raise
         row = st.get(object_id)

@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -192,7 +193,51 @@ def test_a_form_framed_two_ways_is_422(client: TestClient, a: Project, svc: Serv
         r = client.post("/v1/objects", content=body, headers={**h, **headers})
         assert r.status_code == 422, (headers, body)
         assert "twice" in r.json()["message"] or "repeats" in r.json()["message"]
+    for headers, body in (
+        (
+            FORM,
+            part
+            % (
+                BOUNDARY.encode(),
+                b'Content-Disposition: form-data; name="file"; '
+                b"filename=\"a.txt\"; filename*=UTF-8''b.txt",
+                BOUNDARY.encode(),
+            ),
+        ),
+        (
+            FORM,
+            part
+            % (
+                BOUNDARY.encode(),
+                b'Content-Disposition: form-data; name="file"; filename*0="b"; filename*1=".txt"',
+                BOUNDARY.encode(),
+            ),
+        ),
+        (
+            {"Content-Type": f"multipart/form-data; boundary=xx; boundary*=''{BOUNDARY}"},
+            form([("file", "q.txt", b"DATA")]),
+        ),
+    ):
+        r = client.post("/v1/objects", content=body, headers={**h, **headers})
+        assert r.status_code == 422 and "twice" in r.json()["message"], (headers, body)
+    # Two Content-Type lines: which one a reader keeps is its guess (the test
+    # client joins them into one; a server hands both on).
+    raw = [(b"authorization", f"Bearer {a.admin}".encode())]
+    raw += [
+        (b"content-type", f"multipart/form-data; boundary={b}".encode()) for b in (BOUNDARY, "o")
+    ]
+    body = form([("file", "q.txt", b"DATA")])
+    r = client.post("/v1/objects", content=body, headers=httpx.Headers(raw))
+    assert r.status_code == 422 and "twice" in r.json()["message"], r.text
     assert svc.storage.list() == []
+    # RFC 5987's filename* alone is read (the name was empty).
+    alone = part % (
+        BOUNDARY.encode(),
+        b"Content-Disposition: form-data; name=\"file\"; filename*=UTF-8''%E2%82%AC%20rate.txt",
+        BOUNDARY.encode(),
+    )
+    r = client.post("/v1/objects", content=alone, headers={**h, **FORM})
+    assert r.status_code == 201 and r.json()["filename"] == "\u20ac rate.txt", r.text
     # A "; name=" inside a quoted file name is no parameter.
     odd = part % (
         BOUNDARY.encode(),
@@ -218,6 +263,16 @@ def test_a_forms_preamble_is_ignored(client: TestClient, a: Project) -> None:
             )
             assert r.status_code == 201, (preamble[:20], cut, r.text)
             assert (r.json()["filename"], r.json()["size"]) == ("q.txt", 4)
+    # "--boundary" inside a line is no delimiter, wherever the chunks split.
+    evil = b"xx--" + BOUNDARY.encode() + b'\r\nContent-Disposition: form-data; name="file"; '
+    evil += b'filename="evil"\r\n\r\nEVIL\r\n--' + BOUNDARY.encode() + b"--\r\n"
+    for cut in range(1, len(BOUNDARY) + 8):
+        r = client.post(
+            "/v1/objects",
+            content=iter([evil[:cut], evil[cut:]]),
+            headers={**h, "Content-Length": str(len(evil))},
+        )
+        assert r.status_code == 422, (cut, r.text)
     no_boundary = b"only a preamble, no boundary at all\r\n" * 3
     r = client.post("/v1/objects", content=no_boundary, headers=h)
     assert r.status_code == 422 and "incomplete" in r.json()["message"], r.text
@@ -638,6 +693,11 @@ def test_a_cache_revalidates_with_the_etag_and_a_version_is_insisted_on(
     for asked in (tag, "*", f'"a", {tag}'):
         r = client.get(url, headers={"If-Match": asked, "Range": "bytes=0-9"})
         assert r.status_code == 206 and r.content == data[:10], asked
+    # Several lines of a list header are one list (RFC 9110 §5.3).
+    two = httpx.Headers([(b"if-none-match", b'"x"'), (b"if-none-match", tag.encode())])
+    assert client.get(url, headers=two).status_code == 304
+    two = httpx.Headers([(b"if-match", b'"x"'), (b"if-match", tag.encode())])
+    assert client.get(url, headers=two).status_code == 200
     # If-Match is decided first (RFC 9110 §13.2.2); a bad link is still 403.
     both = client.get(url, headers={"If-Match": '"other"', "If-None-Match": tag})
     assert both.status_code == 412

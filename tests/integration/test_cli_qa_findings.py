@@ -96,6 +96,9 @@ def test_a_job_submitted_to_a_queue_nothing_uses_is_warned_of(home: Path) -> Non
     assert known.stderr == ""
     again = _ok("jobs", "submit", "debug.noop", "--queue", "imagse", home=home)
     assert again.stderr == ""  # a job uses it now: said once
+    bad = hypermedia("jobs", "submit", "debug.noop", "--queue", "BULK", url="", home=home)
+    assert bad.returncode == 2 and "warning" not in bad.stderr  # refused, not warned of
+    assert "a queue name has 1 to 50 characters" in bad.stderr
 
 
 def test_resume_says_whether_the_queue_was_paused(home: Path) -> None:

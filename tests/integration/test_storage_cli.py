@@ -101,6 +101,9 @@ def test_corrupted_download_is_refused_and_not_written(driver: Driver, tmp_path:
     gone = hypermedia("objects", "get", str(oid), url=url, home=home)
     assert gone.returncode == 1
     assert f"error: object {oid}: no blob under its key (pool local, key {key})" in gone.stderr
+    blob.mkdir()  # a folder planted where the blob was: never followed, and named
+    planted = hypermedia("objects", "get", str(oid), url=url, home=home)
+    assert planted.returncode == 1 and f"(pool local, key {key})" in planted.stderr
 
 
 @pytest.mark.parametrize(

@@ -288,3 +288,22 @@ def test_a_form_refused_part_way_is_not_read_on(tmp_path: Path) -> None:
         assert b"unexpected or repeated form field" in answer
         _closed_after(answer, s)
         _nothing_made(home)
+
+
+def test_a_form_with_two_content_type_lines_is_refused(tmp_path: Path) -> None:
+    """The server read the first line's boundary and stored the file; a proxy
+    keeping the last reads another form (the test client joins the lines,
+    so only a raw socket shows it)."""
+    body = (
+        b'--B0undary\r\nContent-Disposition: form-data; name="file"; filename="q.txt"\r\n\r\n'
+        b"DATA\r\n--B0undary--\r\n"
+    )
+    extra = "Content-Type: multipart/form-data; boundary=other\r\n"
+    kind = "multipart/form-data; boundary=B0undary"
+    with _upload(tmp_path, len(body), extra=extra, kind=kind) as (s, home):
+        s.sendall(body)
+        answer = _answer(s, b'"invalid_request"')
+        assert answer.startswith(b"HTTP/1.1 422"), answer[:300]
+        assert b"Content-Type twice" in answer
+        listed = hypermedia("objects", "ls", "--json", url="", home=home)
+        assert listed.returncode == 0 and json.loads(listed.stdout) == []

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, BinaryIO
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote_to_bytes, urlsplit
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -242,6 +242,8 @@ async def _receive_form(
     # python-multipart's streaming parser rather than ``request.form()``: the
     # file part goes straight to our temp file, counted as it arrives, so the
     # cap holds mid-stream and nothing is spooled to a second file first.
+    if len(request.headers.getlist("content-type")) > 1:  # which one counts: the reader's guess
+        raise InvalidRequest("the request gives its Content-Type twice")
     _unrepeated(request.headers["content-type"].encode("latin-1"), "the Content-Type")
     _, options = parse_options_header(request.headers["content-type"])
     boundary = options.get(b"boundary", b"")
@@ -279,23 +281,32 @@ async def _receive_form(
 
 class _Preamble:
     """Drops what a form sends before its first boundary (RFC 2046 §5.1.1: a
-    preamble is to be ignored), which the parser took for a malformed body."""
+    preamble is to be ignored), which the parser took for a malformed body.
+    The boundary starts the body, or a line (CRLF before it), wherever the
+    chunks happen to split: a "--boundary" inside a line is no delimiter."""
 
     def __init__(self, boundary: bytes) -> None:
         self.first = b"--" + boundary
+        self.delimiter = b"\r\n" + self.first
         self.held = b""
+        self.at_start = True  # nothing dropped yet: the body may begin with it
         self.done = False
 
     def dropped(self, chunk: bytes) -> bytes:
         if self.done:
             return chunk
         data = self.held + chunk
-        at = 0 if data.startswith(self.first) else data.find(b"\r\n" + self.first)
-        if at < 0:
+        if self.at_start:
+            if data.startswith(self.first):
+                self.done = True
+                return data
             if self.first.startswith(data):  # the boundary's start, so far
                 self.held = data
-            else:  # the last bytes may start a delimiter the next chunk ends
-                self.held = data[-(len(self.first) + 1) :]
+                return b""
+            self.at_start = False
+        at = data.find(self.delimiter)
+        if at < 0:  # its last bytes may start a delimiter the next chunk ends
+            self.held = data[-(len(self.delimiter) - 1) :]
             return b""
         self.done = True
         return data[at:]
@@ -303,16 +314,33 @@ class _Preamble:
 
 # A parameter of a header value: its name, then a quoted string (whose
 # "; name=" is no parameter) or a token.
-_PARAMETER = re.compile(rb';\s*([^\s=;"]+)\s*=\s*(?:"(?:[^"\\]|\\.)*"|[^;]*)')
+_PARAMETER = re.compile(rb';\s*([^\s=;"]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;]*)')
 
 
 def _unrepeated(value: bytes, what: str) -> None:
     """Refuses a header value that gives a parameter twice (``boundary=``,
     ``name=``, ``filename=``): the parser kept the last, a proxy in front may
-    read the first, so a field checked as one was stored as another."""
-    names = [m.group(1).lower() for m in _PARAMETER.finditer(value)]
+    read the first, so a field checked as one was stored as another.  An
+    RFC 2231 form (``filename*=``, ``filename*0=``) is the same parameter."""
+    names = [m.group(1).lower().split(b"*")[0] for m in _PARAMETER.finditer(value)]
     if len(names) != len(set(names)):
         raise InvalidRequest(f"{what} gives one of its parameters twice")
+
+
+def _filename(disposition: bytes, options: dict[bytes, bytes]) -> str:
+    """The part's file name: ``filename``, or RFC 5987's ``filename*``
+    (``UTF-8''%E2%82%AC.txt``), which some clients send alone (the parser
+    drops it: the name was empty)."""
+    params = {m.group(1).lower(): m.group(2) for m in _PARAMETER.finditer(disposition)}
+    extended = params.get(b"filename*")
+    if extended is None:
+        return options.get(b"filename", b"").decode("utf-8", "replace")
+    charset, _, rest = extended.strip().strip(b'"').partition(b"'")
+    encoded = unquote_to_bytes(rest.partition(b"'")[2])
+    try:
+        return encoded.decode(charset.decode("ascii", "replace") or "utf-8", "replace")
+    except LookupError:  # a charset Python does not know
+        return encoded.decode("utf-8", "replace")
 
 
 class _Form:
@@ -366,7 +394,7 @@ class _Form:
         name = options.get(b"name", b"").decode("utf-8", "replace")
         if name == "file" and not self.has_file:
             self.has_file, self._part = True, "file"
-            self.upload.filename = options.get(b"filename", b"").decode("utf-8", "replace")
+            self.upload.filename = _filename(disposition, options)
         elif name in self.text_fields and name not in self.upload.fields:
             self._part = name
         else:
@@ -582,6 +610,12 @@ def _still_ready(st: Storage, object_id: int) -> bool:
         return False
 
 
+def _joined(headers: Headers, name: str) -> str | None:
+    """A list header sent on several lines, as one (RFC 9110 §5.3)."""
+    lines = headers.getlist(name)
+    return ", ".join(lines) if lines else None
+
+
 class _Precondition(HypermediaError):
     """If-Match or If-None-Match answered: 412, or 304."""
 
@@ -610,7 +644,7 @@ def _start(
         raise InvalidRequest(f"object {object_id} is {row['state']}, not ready")
     size = int(row["size"])
     tag = etag(row["checksum"])
-    status = precondition(asked.get("if-match"), asked.get("if-none-match"), tag)
+    status = precondition(_joined(asked, "if-match"), _joined(asked, "if-none-match"), tag)
     if status is not None:
         raise _Precondition(status, tag)
     try:
