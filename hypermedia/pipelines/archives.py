@@ -118,8 +118,11 @@ def marked_at(path: str, marker: bytes, holds: Callable[[Any, int], bool]) -> in
 
 def _lzma_alone(head: bytes) -> bool:
     """An .lzma stream (LZMA_Alone): a properties byte (lc, lp, pb), a
-    dictionary of 2^n bytes, then its size or "unknown" (all ones) in 8 bytes."""
-    if len(head) < 13 or head[0] >= 9 * 5 * 5:  # lc < 9, lp < 5, pb < 5
+    dictionary of 2^n bytes, then its size or "unknown" (all ones) in 8 bytes.
+    Properties of 0 (lc = lp = pb = 0), which no tool's presets write, are
+    taken for other data: a MATLAB v4 file starts so (scipy's wheels hold
+    some) and was "lzma data, which clamd does not unpack"."""
+    if len(head) < 13 or not 0 < head[0] < 9 * 5 * 5:  # lc < 9, lp < 5, pb < 5
         return False
     dictionary = int.from_bytes(head[1:5], "little")
     size = int.from_bytes(head[5:13], "little")

@@ -20,6 +20,7 @@ import binascii
 import mailbox
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from email import policy
 from email.message import Message
 from email.parser import BytesParser
@@ -28,10 +29,16 @@ MAIL_BYTES = 128 * 1024 * 1024
 MAIL_PARTS = 10_000  # lines that may start a part ("--"), at most
 # A header line ("Name: value", RFC 5322 §2.2: printable ASCII but ":" in
 # its name) or an mbox "From " line, first.
-_FIRST = re.compile(rb"(?:>?From |[!-9;-~]{1,76}:)")
-# Lines of base64 alone (16 characters at least, a last one with its "="s),
-# as many as follow one another.
-_BASE64_LINES = re.compile(rb"(?:^[A-Za-z0-9+/]{16,}={0,2}[ \t]*\r?(?:\n|\Z))+", re.M)
+_FIRST = re.compile(rb"(?:>?From |[^\x00-\x20:\x7f]{1,998}:)")
+# Lines of base64 alone (the first of 8 characters at least, a last one
+# shorter, with its "="s), and blank lines among them, as many as follow.
+# (A run starts at a line of base64: blank lines first would make the search
+# quadratic over a file of newlines.)
+_BASE64_LINES = re.compile(
+    rb"^[A-Za-z0-9+/]{8,}={0,2}[ \t]*\r?(?:\n|\Z)"
+    rb"(?:^(?:[A-Za-z0-9+/]{2,}={0,2})?[ \t]*\r?(?:\n|\Z))*",
+    re.M,
+)
 _UU_BEGIN = re.compile(rb"^begin [0-7]{3,4} [^\r\n]+", re.M)
 _BLANK_LINE = re.compile(rb"\r?\n\r?\n")
 # A part of MIME: what makes clamd decode a mail's body rather than read it.
@@ -39,22 +46,23 @@ _MIME = re.compile(rb"^(?:content-type|content-transfer-encoding|mime-version)[ 
 
 
 def is_mail(head: bytes) -> bool:
-    """Whether ``head`` (a file's first 32 kB) starts a MIME mail: a header
-    line first (after blank lines, if any), and a MIME header in it or no
-    end of the headers yet."""
+    """Whether ``head`` (a file's first 32 kB) holds a MIME mail: a MIME
+    header at a line's start anywhere in it (clamd reads a mail after other
+    text), or header lines first that go on past it."""
+    if _MIME.search(head) is not None:  # clamd reads a mail after other text too
+        return True
+    head = head.removeprefix(b"\xef\xbb\xbf")
     start = len(head) - len(head.lstrip(b"\r\n"))  # blank lines first: clamd reads on
-    if _FIRST.match(head, start) is None:
-        return False
-    # A MIME header in it, or headers that go on past it (40 kB of padding
-    # before them hid a mail clamd read).
-    return _MIME.search(head) is not None or _BLANK_LINE.search(head, start) is None
+    # Or headers that go on past it (40 kB of padding before the MIME ones
+    # hid a mail clamd read).
+    return _FIRST.match(head, start) is not None and _BLANK_LINE.search(head, start) is None
 
 
 class TooLarge(Exception):
     """Past MAIL_BYTES, or MAIL_PARTS: too costly to parse here."""
 
 
-def payloads(path: str) -> Iterator[bytes]:
+def payloads(path: str) -> Iterator[Payload]:
     """Each leaf part's payload, decoded, in the mail's order (empty ones
     left out); of every message of an mbox (a file starting "From "), as
     clamd splits one.  Raises TooLarge before parsing one too costly."""
@@ -76,33 +84,44 @@ def payloads(path: str) -> Iterator[bytes]:
         box.close()
 
 
-def _leaves(message: Message) -> Iterator[bytes]:
+def _leaves(message: Message) -> Iterator[Payload]:
     for part in message.walk():
         if part.is_multipart():
             continue
         data = part.get_payload(decode=True)
         if not isinstance(data, bytes) or not data:
             continue
-        yield data
-        yield from uu_blocks(data)  # where mailers put uuencoded files
-        if data == _raw(part):
+        # As compat32's get_payload reads it (no strip: "base64 " is not decoded).
+        encoding = str(part.get("content-transfer-encoding", "")).lower()
+        yield Payload(data, as_sent=encoding not in _DECODED)
+        yield from map(Payload, uu_blocks(data))  # where mailers put uuencoded files
+        if encoding not in _DECODED:
             # Not decoded: clamd decodes base64 whatever the header says (a
             # typo, "base64 " or "7bit base64", two of them, folded), and
             # finds the parts of a multipart without a boundary.
-            yield from base64_blocks(data)
+            yield from map(Payload, base64_blocks(data))
 
 
-def _raw(part: Message) -> bytes:
-    raw = part.get_payload(decode=False)
-    return raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else b""
+@dataclass(frozen=True)
+class Payload:
+    data: bytes
+    # Not decoded from a transfer encoding: a mail's own text (a body whose
+    # boundary is missing) is no mail inside it to read again.
+    as_sent: bool = False
+
+
+_DECODED = frozenset({"base64", "quoted-printable", "x-uuencode", "uuencode", "uue", "x-uue"})
 
 
 def base64_blocks(data: bytes) -> Iterator[bytes]:
-    """Each run of lines in ``data`` that are base64 and nothing else, decoded."""
+    """Each run of lines in ``data`` that are base64 and nothing else (blank
+    lines between them too), 64 characters at least, decoded."""
     for block in _BASE64_LINES.finditer(data):
-        decoded = binascii.a2b_base64(block.group(0))
-        if decoded:
-            yield decoded
+        text = block.group(0)
+        if len(text) - text.count(b"\n") >= 64:
+            decoded = binascii.a2b_base64(text)
+            if decoded:
+                yield decoded
 
 
 def is_uu(head: bytes) -> bool:

@@ -83,7 +83,7 @@ def streams(data: mmap.mmap) -> Iterator[Stream]:
             # 16 kB: clamd reads it whole): from its object's start instead.
             low = max(floor, match.start() - _LOOK_BACK)
             start = data.rfind(b"obj", low, match.start())
-        head = data[start : match.start() + 2] if start >= 0 else b""
+        head = _without_strings(data[start : match.start() + 2]) if start >= 0 else b""
         floor = match.end()
         begin = match.end()
         length = pdf_images._number(head, b"Length", objects)
@@ -101,6 +101,22 @@ def streams(data: mmap.mmap) -> Iterator[Stream]:
                 end = told
         filters = _NAME.findall(pdf_images._value(head, b"Filter", objects) or b"")
         yield Stream(tuple(filters), begin, end)
+
+
+# A literal string (balanced parentheses, escapes) or a hex string: what a
+# key inside one says is no key ("/Desc (/Filter /DCTDecode)" hid a stream).
+_STRING = re.compile(rb"\((?:[^()\\]|\\.)*\)|<[0-9A-Fa-f\s]*>(?!>)")
+_NESTING = 8  # strings inside strings, innermost first
+
+
+def _without_strings(head: bytes) -> bytes:
+    for _ in range(_NESTING):
+        if b"(" not in head and b"<" not in head:
+            break
+        head, n = _STRING.subn(b" ", head)
+        if not n:
+            break
+    return head
 
 
 class Late(Exception):

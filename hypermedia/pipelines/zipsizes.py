@@ -78,6 +78,18 @@ class Survey:
     unread: bool = False  # a layer in it could not be unpacked here to be checked
     locked: bool = False  # a PDF in it needs a password to open
 
+    @property
+    def settled(self) -> bool:
+        """Whether it can no longer be clean (a RAR aside: the profile says):
+        looking on changes no verdict, and a file of 25 members full of fake
+        ZIP headers held the survey for a minute."""
+        return bool(
+            self.encrypted or self.hidden or self.unchecked or self.unsized
+            or self.overflowed or self.joined or self.undecoded or self.found
+            or self.unscanned or self.unopened or self.overlarge or self.unread
+            or self.locked
+        )  # fmt: skip
+
     def add(self, inner: Survey) -> None:
         """What a ZIP inside this one declares, counted as this one's (the
         largest known size kept: UNKNOWN is -1)."""
@@ -109,8 +121,11 @@ def survey(path: str) -> Survey:
     unknown = False
     with open(path, "rb") as f:
         starts_as_zip = f.read(4) == LOCAL
-    for offset, size, flags in _local_headers(path):
+    for offset, size, flags, method in _local_headers(path):
         out.encrypted |= bool(flags & _ENCRYPTED)
+        # Also of a ZIP after other bytes whose directory Python cannot find
+        # (more junk after it): clamd finds its members by these headers.
+        out.undecoded |= method not in CLAMD_ZIP_METHODS
         unknown |= size == UNKNOWN
         out.largest = max(out.largest, size)
         if starts_as_zip and not covers(offset):
@@ -332,6 +347,8 @@ def _pdf(path: str, out: Survey, scratch: str, limit: int, depth: int, budget: l
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         try:
             for stream in pdf_streams.streams(data):
+                if out.settled:
+                    return
                 if time.monotonic() > deadline:
                     raise pdf_streams.Late
                 decode = functools.partial(pdf_streams.decoded, data, stream, deadline)
@@ -362,13 +379,17 @@ def _mail(
     try:
         if uu:
             with open(path, "rb") as f:
-                payloads = mail_parts.uu_blocks(f.read())
+                payloads: Iterator[mail_parts.Payload] = map(
+                    mail_parts.Payload, mail_parts.uu_blocks(f.read())
+                )
         else:
             payloads = mail_parts.payloads(path)
         for payload in payloads:
-            if not _decoded_layer(
-                functools.partial(iter, [payload]), out, scratch, limit, depth, budget
-            ):
+            if out.settled:
+                return
+            decode = functools.partial(iter, [payload.data])
+            again = "mail" if payload.as_sent else None  # its own text: read already
+            if not _decoded_layer(decode, out, scratch, limit, depth, budget, skip=again):
                 return
     except mail_parts.TooLarge:
         out.unchecked = True
@@ -383,11 +404,13 @@ def _decoded_layer(
     limit: int,
     depth: int,
     budget: list[int],
+    skip: str | None = None,
 ) -> bool:
     """What a PDF stream or a mail part decodes to (``decode()``'s chunks),
     surveyed when it is a layer, or holds one after other bytes (clamd finds
     a ZIP, a RAR or a 7-Zip anywhere: a program's, a picture's, a NUL's);
-    one past ``limit`` is ``overflowed``.  False once a budget is spent."""
+    one past ``limit`` is ``overflowed``; of the kind ``skip``, not read again
+    as one.  False once a budget is spent."""
     budget[2] -= 1
     if budget[2] < 0:
         out.unchecked = True
@@ -395,6 +418,8 @@ def _decoded_layer(
     chunks = decode()
     head = _first(chunks, _HEAD)
     kind = _layer(head)
+    if kind == skip:  # a kind the caller has read this already as
+        kind = None
     if kind == "rar":
         out.rar = True
     if kind == "rar" or (kind is None and not _marked(head, chunks)):
@@ -629,6 +654,8 @@ def _members(
 ) -> None:
     """Each member of ``box`` that is itself a layer, unpacked and surveyed."""
     for member, size in box.members():
+        if out.settled:
+            return
         if not 0 < size <= limit:
             continue  # empty, or past what clamd reads (said by survey or by clamd)
         budget[2] -= 1
@@ -840,8 +867,9 @@ def _descriptor_size(fd: int, at: int, crc: int, compressed: int, wide: bool) ->
     return UNKNOWN
 
 
-def _local_headers(path: str) -> Iterator[tuple[int, int, int]]:
-    """(offset, declared size, flags) of each plausible local file header, in file order."""
+def _local_headers(path: str) -> Iterator[tuple[int, int, int, int]]:
+    """(offset, declared size, flags, method) of each plausible local file
+    header, in file order."""
     keep = _HEADER.size - 1  # a header that starts in a chunk's last bytes ends in the next
     with open(path, "rb") as f:
         fd, base, data = f.fileno(), 0, b""
@@ -858,16 +886,18 @@ def _local_headers(path: str) -> Iterator[tuple[int, int, int]]:
             data = data[max(end, 0) :]
 
 
-def _declared(fd: int, offset: int, data: bytes, at: int) -> tuple[int, int] | None:
-    """(size, flags) the header at ``data[at:]`` (file ``offset``) declares; None: no header.
+def _declared(fd: int, offset: int, data: bytes, at: int) -> tuple[int, int, int] | None:
+    """(size, flags, method) the header at ``data[at:]`` (file ``offset``)
+    declares; None: no header.
 
-    Plausible only: its method one the ZIP note names, a name of printable
-    characters, its data inside the file.  "PK\\3\\4" occurs in programs
-    that read ZIPs, and such a chance match in a shared library was "a ZIP
-    member is encrypted"."""
+    Plausible only: its method one the ZIP note names, a version needed of
+    1.0 to 6.3, a name of printable characters, its data inside the file.
+    "PK\\3\\4" occurs in programs that read ZIPs, and such a chance match
+    in a shared library was "a ZIP member is encrypted" (libzip's table of
+    signatures, version "0", in a wheel's .so)."""
     fields = _HEADER.unpack_from(data, at)
     _, version, flags, method, _, _, _, compressed, size, name_len, extra_len = fields
-    if method not in _METHODS or version & 0xFF > 100 or name_len == 0:
+    if method not in _METHODS or not 10 <= version & 0xFF <= 63 or name_len == 0:
         return None
     name = os.pread(fd, name_len, offset + _HEADER.size)
     data_at = offset + _HEADER.size + name_len + extra_len
@@ -878,10 +908,11 @@ def _declared(fd: int, offset: int, data: bytes, at: int) -> tuple[int, int] | N
     ):
         return None
     if flags & _DESCRIPTOR and size == 0:
-        return UNKNOWN, flags
+        return UNKNOWN, flags, method
     if size == _ZIP64:
-        return _zip64_size(os.pread(fd, extra_len, offset + _HEADER.size + name_len)), flags
-    return int(size), flags
+        extra = os.pread(fd, extra_len, offset + _HEADER.size + name_len)
+        return _zip64_size(extra), flags, method
+    return int(size), flags, method
 
 
 def _zip64_size(extra: bytes) -> int:

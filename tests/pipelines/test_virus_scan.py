@@ -261,7 +261,7 @@ def test_rars_of_every_kind_and_streams_known_by_odd_starts_are_never_clean(
     rar5 = b"\x04\x00\x00\x00" + bytes(16)  # type 4 (encryption), flags, version, salt
     rar5 = bytes([len(rar5)]) + rar5
     encrypted = b"Rar!\x1a\x07\x01\x00" + struct.pack("<I", zlib.crc32(rar5)) + rar5 + EICAR
-    lc0 = [{"id": lzma.FILTER_LZMA1, "lc": 0, "lp": 0, "pb": 0}]
+    lc0 = [{"id": lzma.FILTER_LZMA1, "lc": 0, "lp": 0, "pb": 1}]  # all three 0: no .lzma
     zstd = _archive(tmp_path, "ustar", {"eicar.com": EICAR}, "zstd")
     for data, reason in (
         (_rar(EICAR, b"eicar.com", comment=b"a comment"), virus.RAR_UNOPENED),
@@ -428,8 +428,17 @@ def test_ordinary_files_stay_clean(tmp_path: Path, clamd: Clamd) -> None:
     with zipfile.ZipFile(many, "w", zipfile.ZIP_DEFLATED) as z:
         for i in range(2001):
             z.writestr(f"t{i}.txt", b"line %d\n" % i)
+    matlab = struct.pack("<iiiii", 0, 1, 1, 0, 2) + b"x\0" + struct.pack("<d", 3.5)  # v4 .mat
+    # libzip's table of signatures in a program: a "local header" of version
+    # 0 whose flags say encrypted (a wheel's .so was "a ZIP member is encrypted").
+    libzip = b"PK\x03\x04\x00PK\x01\x02\x00AE\x00PK\x06\x06\x00PK\x06\x07\x00PK\x05\x06\x00"
+    program = b"\x7fELF" + bytes(1000) + libzip + b"TORRENTZIPPED-%08X\x00" + bytes(1000)
     for data in (
         b"Name,Age\r\nAlice,30\r\nBob,25\r\n",
+        matlab,  # taken for .lzma (lc = lp = pb = 0): scipy's wheels were not_fully_scanned
+        _zip(matlab),
+        program,
+        _zip(program),
         many.getvalue(),
         b"RAR files start with Rar!\x1a\x07\x00 and then a header." + CLEAN,
         gzip.compress(b"Name,Age\r\nAlice,30\r\n"),
@@ -607,6 +616,19 @@ def test_odd_pdfs_and_mails_clamd_reads_are_surveyed_as_it_reads_them(
             b"application/zip\nContent-Transfer-Encoding: base64\n\n" + b64(z)
         ),
         "a blank line first": lambda z: b"\n" + mail(z),
+        "/Filter in a string first": lambda z: _embedded(
+            b"/Desc (/Filter /DCTDecode) /Filter /FlateDecode", zlib.compress(z)
+        ),
+        "text before the mail": lambda z: b"hello world\n<html>\n" + mail(z),
+        "an 8-bit header": lambda z: b"X-A: 1\nX-\xe9: 2\n" + mail(z),
+        "short base64 lines": lambda z: _raw_mail(
+            b"Content-Transfer-Encoding: bas64",
+            b"\n".join(base64.b64encode(z)[i : i + 12] for i in range(0, 4 * len(z), 12)),
+        ),
+        "a blank line in base64": lambda z: _raw_mail(
+            b"Content-Transfer-Encoding: bas64", b64(z).replace(b"\n", b"\n\n", 1)
+        ),
+        "a ZIP between other bytes": lambda z: b"MZ" + bytes(200) + z + b"\xa5" * 70_000,
     }
     settings = {"clamd": clamd.unix_url}
     for what, build in builders.items():

@@ -51,7 +51,7 @@ def mbox(*messages: bytes) -> bytes:
 def _payloads(tmp_path: Path, data: bytes) -> list[bytes]:
     path = tmp_path / "mail"
     path.write_bytes(data)
-    return list(mail_parts.payloads(str(path)))
+    return [p.data for p in mail_parts.payloads(str(path))]
 
 
 def test_each_part_is_decoded_as_it_was_sent(tmp_path: Path) -> None:
@@ -79,7 +79,11 @@ def test_every_message_of_an_mbox_is_read(tmp_path: Path) -> None:
         (b"From a@b Sat Jan  1 00:00:00 2000\nContent-Type: text/plain\n", True),
         (b"Subject: no MIME header at all\n\nbody\n", False),
         (b"Name,Age\nContent-Type,x\n", False),
-        (b"\x89PNG\r\n\x1a\nContent-Type: x\n", False),
+        (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", False),
+        # Other text first: clamd reads the mail after it all the same.
+        (b"hello world\n<html>\nMIME-Version: 1.0\n", True),
+        (b"\xef\xbb\xbfFrom: a@b\n" + b"X-Pad: a\n" * 5000, True),  # BOM; headers go on
+        (b"X-\xe9t\xe9: 1\n" + b"X-Pad: a\n" * 5000, True),  # an 8-bit header name
     ],
 )
 def test_a_mail_is_known_by_a_header_first_and_a_mime_header(head: bytes, said: bool) -> None:
