@@ -104,7 +104,9 @@ def test_a_blob_that_is_no_file_is_a_finding_and_the_scrub_goes_on(
         "objects", "get", str(folder["object_id"]), url=settings.url, home=settings.home
     )
     assert got.returncode == 1
-    assert got.stderr == "error: unsafe storage key: the blob is not a regular file\n"
+    said = f"error: object {folder['object_id']}: unsafe storage key: the blob is not a regular "
+    said += f"file (pool local, key {folder['storage_key']}); `hypermedia objects verify`"
+    assert got.stderr.startswith(said), got.stderr
 
 
 def test_an_object_collected_meanwhile_is_not_a_finding(storage: Storage) -> None:
