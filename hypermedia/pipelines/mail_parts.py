@@ -66,11 +66,10 @@ def payloads(path: str) -> Iterator[Payload]:
     """Each leaf part's payload, decoded, in the mail's order (empty ones
     left out); of every message of an mbox (a file starting "From "), as
     clamd splits one.  Raises TooLarge before parsing one too costly."""
-    with open(path, "rb") as f:
-        data = f.read(MAIL_BYTES + 1)
+    data = _read(path)
     # Python's parser takes ~10 us and ~300 bytes of memory a part: 10 MB of
     # empty parts held an attempt for 19 s and 660 MB.
-    if len(data) > MAIL_BYTES or data.count(b"\n--") > MAIL_PARTS:
+    if data.count(b"\n--") > MAIL_PARTS:
         raise TooLarge
     if not data.startswith(b"From "):
         yield from _leaves(BytesParser(policy=policy.compat32).parsebytes(data))
@@ -82,6 +81,21 @@ def payloads(path: str) -> Iterator[Payload]:
             yield from _leaves(message)
     finally:
         box.close()
+
+
+def uu_payloads(path: str) -> Iterator[Payload]:
+    """Each file uuencoded in the file at ``path`` (one that starts as one),
+    decoded.  Raises TooLarge past MAIL_BYTES."""
+    return map(Payload, uu_blocks(_read(path)))
+
+
+def _read(path: str) -> bytes:
+    """The file, read whole: at most MAIL_BYTES (past that, TooLarge)."""
+    with open(path, "rb") as f:
+        data = f.read(MAIL_BYTES + 1)
+    if len(data) > MAIL_BYTES:
+        raise TooLarge
+    return data
 
 
 def _leaves(message: Message) -> Iterator[Payload]:

@@ -373,17 +373,8 @@ def _mail(
     """Each part of a mail (or each file uuencoded in a file that starts as
     one) whose decoded payload is a layer, surveyed: clamd scans every
     attachment as a file of its own."""
-    if os.path.getsize(path) > mail_parts.MAIL_BYTES:
-        out.unchecked = True  # read in memory: too large to look into here
-        return
     try:
-        if uu:
-            with open(path, "rb") as f:
-                payloads: Iterator[mail_parts.Payload] = map(
-                    mail_parts.Payload, mail_parts.uu_blocks(f.read())
-                )
-        else:
-            payloads = mail_parts.payloads(path)
+        payloads = mail_parts.uu_payloads(path) if uu else mail_parts.payloads(path)
         for payload in payloads:
             if out.settled:
                 return
@@ -391,7 +382,7 @@ def _mail(
             again = "mail" if payload.as_sent else None  # its own text: read already
             if not _decoded_layer(decode, out, scratch, limit, depth, budget, skip=again):
                 return
-    except mail_parts.TooLarge:
+    except mail_parts.TooLarge:  # read in memory: too large to look into here
         out.unchecked = True
     except Exception:  # not a mail Python's parser reads: clamd may have read it
         out.unread = True
