@@ -125,6 +125,10 @@ class InvalidRequest(HypermediaError):
     pass
 
 
+# A listing's cursor that is not one of its own pages' (made up, or another's).
+BAD_CURSOR = "cursor is not valid; use next_cursor from a previous page"
+
+
 class Refused(InvalidRequest):
     """A well-formed request the current state refuses (a credit budget
     spent, a version taken by a concurrent change): the same request may

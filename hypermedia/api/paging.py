@@ -1,9 +1,10 @@
-"""Cursor pages: ``{"items": [...], "next_cursor": ...}``, newest first.
+"""Cursor pages: ``{"items": [...], "next_cursor": ...}``, newest first
+(profiles: by key, oldest first).
 
 A cursor is the last id of a page, opaque to clients (base64 of ``j<id>`` for
-jobs, ``o<id>`` for objects: one listing's cursor is refused by another, where
-it was taken as an id of the other's); pages ask for one row more than they
-show, to know whether another follows.
+jobs, ``o<id>`` for objects, ``v<id>`` for profile versions: one listing's cursor is
+refused by another, where it was taken as an id of the other's); pages ask for
+one row more than they show, to know whether another follows.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import binascii
 from collections.abc import Callable
 from typing import Any
 
-from hypermedia.errors import InvalidRequest
+from hypermedia.errors import BAD_CURSOR, InvalidRequest
 from hypermedia.parse import ascii_int
 
 Row = dict[str, Any]
@@ -21,7 +22,7 @@ Row = dict[str, Any]
 
 # /v0's job list is a list of its own (other jobs, other statuses): "l",
 # so that neither list takes the other's cursor.
-TAGS = {"job_id": "j", "object_id": "o", "v0": "l"}
+TAGS = {"job_id": "j", "object_id": "o", "v0": "l", "profile_id": "v"}
 
 
 def encode_cursor(last_id: int, key: str = "job_id", tag: str | None = None) -> str:
@@ -37,7 +38,7 @@ def decode_cursor(cursor: str, key: str = "job_id", tag: str | None = None) -> i
             return last_id
     except (binascii.Error, UnicodeDecodeError, ValueError):
         pass
-    raise InvalidRequest("cursor is not valid; use next_cursor from a previous page")
+    raise InvalidRequest(BAD_CURSOR)
 
 
 def page(

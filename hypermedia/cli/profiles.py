@@ -9,7 +9,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hypermedia.cli.common import console, engine, json_object, print_json, user_errors
+from hypermedia.cli.common import (
+    console,
+    engine,
+    err_console,
+    json_object,
+    print_json,
+    user_errors,
+)
 from hypermedia.cli.queues import known_queues, warn_unknown_queue
 from hypermedia.errors import InvalidRequest, JobError
 from hypermedia.pipelines import registry, schema
@@ -60,12 +67,23 @@ def _allowed(field: dict[str, Any]) -> str:
 @app.command("ls")
 def ls(
     job_type: str | None = typer.Option(None, "--type", help="only this job type"),
+    key: str | None = typer.Option(None, "--key", help="only this profile key's versions"),
     include_inactive: bool = typer.Option(False, "--all", help="deactivated versions too"),
+    limit: int = typer.Option(500, "--limit", min=1, max=10_000),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """List profile versions (active ones unless --all)."""
+    """List profile versions by key, oldest first (active ones unless --all)."""
     with user_errors():
-        rows = profiles().list(job_type, include_inactive)
+        rows = profiles().list(job_type, include_inactive, key=key, limit=limit + 1)
+        if len(rows) > limit:
+            # By key: what is cut is whole keys, not the oldest rows; say so.
+            rows = rows[:limit]
+            err_console.print(
+                f"note: the first {limit} versions are shown; "
+                "narrow with --key or --type, or raise --limit",
+                markup=False,
+                highlight=False,
+            )
         if as_json:
             print_json(rows)
             return

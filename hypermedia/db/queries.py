@@ -150,10 +150,10 @@ class Tx(
             raise Conflict("this profile version exists") from exc
         return int(res.inserted_primary_key[0])  # type: ignore[index]
 
-    def profile_versions(self, key: str) -> list[Row]:
-        """Every version of one profile key, active or not, oldest first."""
-        q = sa.select(P).where(P.c.profile_key == key).order_by(P.c.profile_id)
-        return _rows(self.conn.execute(q))
+    def has_profile_key(self, key: str) -> bool:
+        """Whether ``key`` has any version, active or not."""
+        q = sa.select(P.c.profile_id).where(P.c.profile_key == key).limit(1)
+        return self.conn.execute(q).first() is not None
 
     def lock_profile_key(self, key: str) -> None:
         """Take the row lock of ``key``'s first version (if any) until the transaction
@@ -168,13 +168,31 @@ class Tx(
         )
         self.conn.execute(q).first()
 
-    def profiles(self, job_type: str | None = None, *, include_inactive: bool = False) -> list[Row]:
+    def profiles(
+        self,
+        job_type: str | None = None,
+        *,
+        include_inactive: bool = False,
+        key: str | None = None,
+        after: Row | None = None,
+        limit: int | None = None,
+    ) -> list[Row]:
+        """Versions by key, then oldest first; from just past the version
+        ``after`` (a page's last row: its key and id) when given."""
         q = sa.select(P)
         if job_type is not None:
             q = q.where(P.c.job_type == job_type)
+        if key is not None:
+            q = q.where(P.c.profile_key == key)
         if not include_inactive:
             q = q.where(P.c.is_active.is_(True))
-        return _rows(self.conn.execute(q.order_by(P.c.profile_key, P.c.profile_id)))
+        if after is not None:
+            k, pid = after["profile_key"], after["profile_id"]
+            q = q.where(
+                sa.or_(P.c.profile_key > k, sa.and_(P.c.profile_key == k, P.c.profile_id > pid))
+            )
+        q = q.order_by(P.c.profile_key, P.c.profile_id)
+        return _rows(self.conn.execute(q if limit is None else q.limit(limit)))
 
     def set_profile_active(self, profile_id: int, active: bool) -> bool:
         q = sa.update(P).where(P.c.profile_id == profile_id).values(is_active=active)

@@ -28,7 +28,14 @@ from hypermedia.db.dialects import is_transient
 from hypermedia.db.photo_queries import VARIANT_ROLES, variant_key
 from hypermedia.db.photo_queries import photo_of_variant_key as photo_of_variant_key
 from hypermedia.db.schema_storage import PHOTO_ROLES
-from hypermedia.errors import HypermediaError, InvalidRequest, JobError, NotFound, StaleTransition
+from hypermedia.errors import (
+    BAD_CURSOR,
+    HypermediaError,
+    InvalidRequest,
+    JobError,
+    NotFound,
+    StaleTransition,
+)
 from hypermedia.parse import storable
 from hypermedia.pipelines import registry
 from hypermedia.queue import states
@@ -710,7 +717,7 @@ def _parse_cursor(cursor: str) -> tuple[datetime, str]:
             raise ValueError(cursor)
         return datetime.fromisoformat(at), pid
     except ValueError:
-        raise InvalidRequest("cursor is not valid; use next_cursor from a previous page") from None
+        raise InvalidRequest(BAD_CURSOR) from None
 
 
 def _render(photo: Row, bindings: Sequence[Row]) -> Row:

@@ -246,7 +246,7 @@ class Enqueuing:
         if profile is None or not profile["is_active"]:
             if profile is not None:
                 raise InvalidRequest(f"profile {ref} is deactivated: new jobs cannot use it")
-            if not version and tx.profile_versions(key):
+            if not version and tx.has_profile_key(key):
                 raise InvalidRequest(
                     f"profile {key} has no active version: every version is deactivated"
                 )

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from hypermedia.errors import Conflict, InvalidRequest, JobError, NotFound
+from hypermedia.errors import BAD_CURSOR, Conflict, InvalidRequest, JobError, NotFound
 from hypermedia.parse import storable
 from hypermedia.pipelines import registry
 from hypermedia.queue.models import UNSTORABLE, check_project_id, check_queue_name
@@ -275,9 +275,26 @@ class Profiles:
                 time.sleep(random.uniform(0, 0.01 * 2**attempt))
         raise Conflict(f"profile {key} is being changed by others; try again")
 
-    def list(self, job_type: str | None = None, include_inactive: bool = False) -> list[Row]:
+    def list(
+        self,
+        job_type: str | None = None,
+        include_inactive: bool = False,
+        *,
+        key: str | None = None,
+        after_id: int | None = None,
+        limit: int | None = None,
+    ) -> list[Row]:
+        """Versions by key, oldest first; a page of ``limit`` from just past
+        version ``after_id`` (the previous page's last) when given."""
         with self.db.read() as tx:
-            rows = tx.profiles(job_type, include_inactive=include_inactive)
+            after = None
+            if after_id is not None:
+                after = tx.profile_by_id(after_id)
+                if after is None:
+                    raise InvalidRequest(BAD_CURSOR)
+            rows = tx.profiles(
+                job_type, include_inactive=include_inactive, key=key, after=after, limit=limit
+            )
         return [_public(r) for r in rows]
 
     def job_type_of(self, key: str) -> str | None:
@@ -315,7 +332,7 @@ class Profiles:
         key, version = parse_ref(ref)
         row = tx.profile(key, version)
         if row is None:
-            if version is None and tx.profile_versions(key):
+            if version is None and tx.has_profile_key(key):
                 raise NotFound(f"profile {key} has no active version")
             raise NotFound(f"no profile {ref}")
         return dict(row)

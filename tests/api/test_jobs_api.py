@@ -392,7 +392,8 @@ def test_where_clamd_listens_is_shown_to_admin_tokens_only(
     def seen(token: str) -> list[dict[str, object]]:
         h = bearer(token)
         listed = client.get("/v1/jobs", params={"job_type": "security.virus_scan"}, headers=h)
-        profiles = client.get("/v1/profiles", headers=h).json()["items"]
+        profiles = client.get("/v1/profiles", params={"key": "virus-scan"}, headers=h)
+        profiles = profiles.json()["items"]
         one = client.get("/v1/profiles/virus-scan", headers=h).json()
         return [
             client.get(f"/v1/jobs/{job_id}", headers=h).json()["params"],

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from fastapi.testclient import TestClient
 
+from hypermedia.api.routes import profiles as profiles_route
 from tests.api.conftest import Project, bearer
 
 
@@ -22,12 +24,79 @@ def create(client: TestClient, token: str, **body: object) -> dict[str, object]:
 
 def test_list_and_filter_profiles(client: TestClient, a: Project) -> None:
     h = bearer(a.scoped["jobs:read"])
-    r = client.get("/v1/profiles", headers=h)
+    r = client.get("/v1/profiles", params={"key": "debug-noop"}, headers=h)
     assert r.status_code == 200
-    refs = {p["ref"] for p in r.json()["items"]}
-    assert "debug-noop:v1" in refs
+    assert [p["ref"] for p in r.json()["items"]] == ["debug-noop:v1"]
     only = client.get("/v1/profiles", params={"job_type": "debug.noop"}, headers=h).json()["items"]
     assert only and {p["job_type"] for p in only} == {"debug.noop"}
+
+
+def test_profiles_are_listed_in_pages(client: TestClient, a: Project) -> None:
+    """By key, oldest first, a page at a time; an inactive version is skipped
+    unless asked for, and a page ends where the next begins."""
+    keys = sorted(new_key() for _ in range(2))
+    for key in keys:
+        for _ in range(3):
+            create(client, a.admin, key=key, job_type="debug.noop")
+    client.post(f"/v1/profiles/{keys[0]}:v2/deactivate", headers=bearer(a.admin))
+    h = bearer(a.scoped["jobs:read"])
+
+    def walk(**params: object) -> tuple[list[str], int]:
+        refs, pages, cursor = [], 0, None
+        while True:
+            query = {"limit": 2, **params, **({"cursor": cursor} if cursor else {})}
+            r = client.get("/v1/profiles", params=query, headers=h)
+            assert r.status_code == 200, r.text
+            refs += [p["ref"] for p in r.json()["items"]]
+            pages, cursor = pages + 1, r.json()["next_cursor"]
+            if cursor is None:
+                return refs, pages
+
+    every = [f"{k}:v{n}" for k in keys for n in (1, 2, 3)]
+    for key in keys:
+        mine = [r for r in every if r.startswith(f"{key}:")]
+        assert walk(key=key, include_inactive=True) == (mine, 2)
+    active = [r for r in every if r != f"{keys[0]}:v2"]
+    refs, _ = walk(job_type="debug.noop", limit=4)
+    assert [r for r in refs if r.split(":")[0] in keys] == active
+    assert len(refs) == len(set(refs))
+
+
+def test_a_profile_cursor_must_be_one_of_its_pages(client: TestClient, a: Project) -> None:
+    h = bearer(a.admin)
+    client.post("/v1/jobs", json={"job_type": "debug.noop"}, headers=h)
+    client.post("/v1/jobs", json={"job_type": "debug.noop"}, headers=h)
+    jobs = client.get("/v1/jobs", params={"limit": 1}, headers=h).json()
+    assert jobs["next_cursor"]
+    # Base64 of "v" and a profile id that does not exist; a job list's cursor.
+    for cursor in ("djk5OTk5OTk5", jobs["next_cursor"], "not-a-cursor"):
+        r = client.get("/v1/profiles", params={"cursor": cursor}, headers=h)
+        assert r.status_code == 422, cursor
+        assert r.json()["message"].startswith("cursor is not valid")
+    page = client.get("/v1/profiles", params={"limit": 1}, headers=h).json()
+    r = client.get("/v1/jobs", params={"cursor": page["next_cursor"]}, headers=h)
+    assert r.status_code == 422
+
+
+def test_a_shown_profile_pages_its_versions(
+    client: TestClient, a: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(profiles_route, "SHOWN_VERSIONS", 2)
+    key = new_key()
+    for _ in range(3):
+        create(client, a.admin, key=key, job_type="debug.noop")
+    h = bearer(a.scoped["jobs:read"])
+    shown = client.get(f"/v1/profiles/{key}:v1", headers=h).json()
+    assert shown["ref"] == f"{key}:v1"
+    assert [v["ref"] for v in shown["versions"]] == [f"{key}:v1", f"{key}:v2"]
+    rest = client.get(
+        "/v1/profiles",
+        params={"key": key, "include_inactive": True, "cursor": shown["versions_next_cursor"]},
+        headers=h,
+    ).json()
+    assert ([v["ref"] for v in rest["items"]], rest["next_cursor"]) == ([f"{key}:v3"], None)
+    monkeypatch.setattr(profiles_route, "SHOWN_VERSIONS", 3)
+    assert client.get(f"/v1/profiles/{key}", headers=h).json()["versions_next_cursor"] is None
 
 
 def test_create_versions_show_and_deactivate(client: TestClient, a: Project) -> None:
@@ -55,10 +124,10 @@ def test_create_versions_show_and_deactivate(client: TestClient, a: Project) -> 
     r = client.post(f"/v1/profiles/{key}:v2/deactivate", headers=bearer(a.admin))
     assert r.status_code == 200 and r.json()["is_active"] is False
     assert client.get(f"/v1/profiles/{key}", headers=h).json()["ref"] == f"{key}:v1"
-    listed = client.get("/v1/profiles", params={"include_inactive": True}, headers=h).json()
-    assert f"{key}:v2" in {p["ref"] for p in listed["items"]}
-    active = client.get("/v1/profiles", headers=h).json()["items"]
-    assert f"{key}:v2" not in {p["ref"] for p in active}
+    listed = client.get("/v1/profiles", params={"include_inactive": True, "key": key}, headers=h)
+    assert [p["ref"] for p in listed.json()["items"]] == [f"{key}:v1", f"{key}:v2"]
+    active = client.get("/v1/profiles", params={"key": key}, headers=h).json()["items"]
+    assert [p["ref"] for p in active] == [f"{key}:v1"]
 
 
 def test_a_profile_of_the_longest_key_can_be_used(client: TestClient, a: Project) -> None:
@@ -87,8 +156,8 @@ def test_invalid_profiles_are_422(client: TestClient, a: Project) -> None:
         r = client.post("/v1/profiles", json=body, headers=h)
         assert r.status_code == 422, body
         assert r.json()["code"] == "invalid_request"
-    listed = client.get("/v1/profiles", params={"include_inactive": True}, headers=h).json()
-    assert key not in {p["profile_key"] for p in listed["items"]}
+    listed = client.get("/v1/profiles", params={"include_inactive": True, "key": key}, headers=h)
+    assert listed.json() == {"items": [], "next_cursor": None}
 
 
 def test_missing_profiles_are_404(client: TestClient, a: Project) -> None:

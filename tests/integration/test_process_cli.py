@@ -610,6 +610,10 @@ def test_profiles_and_credits_commands(procs: Procs) -> None:
     assert js("profiles", "show", key)["settings_schema"] is None  # debug.sleep has none
     listed = [p["ref"] for p in js("profiles", "ls", "--type", "debug.sleep")]
     assert f"{key}:v1" in listed and f"{key}:v2" in listed
+    assert [p["ref"] for p in js("profiles", "ls", "--key", key)] == [f"{key}:v1", f"{key}:v2"]
+    cut = hypermedia("profiles", "ls", "--key", key, "--limit", "1", url=procs.url, home=procs.home)
+    assert cut.returncode == 0 and f"{key}:v1" in cut.stdout and f"{key}:v2" not in cut.stdout
+    assert "the first 1 versions are shown" in cut.stderr
     gone = js("profiles", "deactivate", f"{key}:v2")
     assert gone["is_active"] is False
     assert f"{key}:v2" not in [p["ref"] for p in js("profiles", "ls")]

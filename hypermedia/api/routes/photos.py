@@ -21,7 +21,7 @@ from hypermedia.api.openapi import upload_body
 from hypermedia.api.routes.objects import Upload, receive_upload
 from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.auth.tokens import Principal
-from hypermedia.errors import InvalidRequest
+from hypermedia.errors import BAD_CURSOR, InvalidRequest
 from hypermedia.services import Services
 
 router = APIRouter(prefix="/v1/photos", tags=["photos"], route_class=StrictJSONRoute)
@@ -77,7 +77,7 @@ def decode_cursor(cursor: str) -> str:
             return raw[1:]
     except (binascii.Error, UnicodeDecodeError, ValueError):
         pass
-    raise InvalidRequest("cursor is not valid; use next_cursor from a previous page")
+    raise InvalidRequest(BAD_CURSOR)
 
 
 def _once(name: str, upload: Upload, query: str | None) -> str:

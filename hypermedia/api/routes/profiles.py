@@ -8,20 +8,23 @@ deleted: a new one is created instead.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
-from hypermedia.api.deps import scoped, services, shown
+from hypermedia.api.deps import Whole, scoped, services, shown
+from hypermedia.api.paging import decode_cursor, page
 from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.auth.tokens import Principal
-from hypermedia.queue.profiles import parse_ref
 
 router = APIRouter(prefix="/v1/profiles", tags=["profiles"], route_class=StrictJSONRoute)
 
 Row = dict[str, Any]
+NAME = r"^[a-z0-9._-]+$"
+# What GET /{ref} lists of its key's versions; the rest through GET ?key=.
+SHOWN_VERSIONS = 100
 Ref = PathParam(min_length=1, max_length=120, description="`key` (newest active) or `key:vN`")
 
 
@@ -55,27 +58,40 @@ class ProfileCreate(BaseModel):
 @router.get("", summary="List profile versions (active ones unless told otherwise)")
 def list_profiles(
     request: Request,
-    job_type: str | None = Query(None, max_length=50, pattern=r"^[a-z0-9._-]+$"),
+    job_type: str | None = Query(None, max_length=50, pattern=NAME),
+    key: str | None = Query(None, max_length=100, pattern=NAME),
     include_inactive: bool = Query(False),
+    limit: Annotated[Whole, Query(ge=1, le=500)] = 100,
+    cursor: str | None = Query(None, max_length=40),
     principal: Principal = scoped("jobs:read"),
 ) -> Row:
-    rows = services(request).profiles.list(job_type, include_inactive=include_inactive)
-    return {"items": [shown(p, principal, "settings") for p in rows]}
+    rows = services(request).profiles.list(
+        job_type,
+        include_inactive=include_inactive,
+        key=key,
+        after_id=decode_cursor(cursor, "profile_id") if cursor else None,
+        limit=limit + 1,
+    )
+    return page(rows, limit, "profile_id", lambda p: shown(p, principal, "settings"))
 
 
-@router.get("/{ref}", summary="A profile version, with every version of its key")
+@router.get("/{ref}", summary="A profile version, with its key's versions")
 def show_profile(
     request: Request, ref: str = Ref, principal: Principal = scoped("jobs:read")
 ) -> Row:
     profiles = services(request).profiles
     profile = profiles.show(ref)
-    key, _ = parse_ref(ref)
-    versions = [
-        shown(p, principal, "settings")
-        for p in profiles.list(include_inactive=True)
-        if p["profile_key"] == key
-    ]
-    return {**shown(profile, principal, "settings"), "versions": versions}
+    # The key's first versions, paged on through the list like any other:
+    # a key of 10,000 versions answered 5 MB here.
+    rows = profiles.list(
+        include_inactive=True, key=profile["profile_key"], limit=SHOWN_VERSIONS + 1
+    )
+    versions = page(rows, SHOWN_VERSIONS, "profile_id", lambda p: shown(p, principal, "settings"))
+    return {
+        **shown(profile, principal, "settings"),
+        "versions": versions["items"],
+        "versions_next_cursor": versions["next_cursor"],
+    }
 
 
 @router.post("", status_code=201, summary="Create the next version of a profile (admin)")
