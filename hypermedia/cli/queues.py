@@ -13,7 +13,16 @@ from hypermedia.services import Services
 
 app = typer.Typer(help="See queues; pause and resume them.", no_args_is_help=True)
 
-COLUMNS = ("queue_name", "paused", "queued", "running", "retry_wait", "completed_1h", "failed_1h")
+COLUMNS = (
+    "queue_name",
+    "paused",
+    "served",
+    "queued",
+    "running",
+    "retry_wait",
+    "completed_1h",
+    "failed_1h",
+)
 
 
 @app.command("ls")
@@ -26,10 +35,22 @@ def ls(as_json: bool = typer.Option(False, "--json")) -> None:
         return
     table = Table(*COLUMNS)
     for r in rows:
-        table.add_row(
-            *("yes" if r[c] is True else "" if r[c] is False else str(r[c]) for c in COLUMNS)
-        )
+        table.add_row(*(_cell(c, r[c]) for c in COLUMNS))
     console.print(table)
+    idle = [r["queue_name"] for r in rows if r["queued"] and not r["served"] and not r["paused"]]
+    if idle:
+        err_console.print(
+            f"note: no live worker claims from {', '.join(idle)}: their queued jobs wait "
+            "until one does (`hypermedia worker --queues NAME`)",
+            markup=False,
+            highlight=False,
+        )
+
+
+def _cell(column: str, value: object) -> str:
+    if column == "served":  # said outright: a blank read as "not applicable"
+        return "yes" if value else "NO"
+    return "yes" if value is True else "" if value is False else str(value)
 
 
 @app.command()

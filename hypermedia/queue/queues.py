@@ -13,6 +13,7 @@ from typing import Any
 from hypermedia.queue import durations
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import check_queue_name
+from hypermedia.worker.fleet import Fleet
 
 Row = dict[str, Any]
 COUNTS = ("queued", "running", "retry_wait", "completed_1h", "failed_1h")
@@ -22,6 +23,7 @@ class Queues:
     def __init__(self, engine: Engine) -> None:
         self.db = engine.db
         self.clock = engine.clock
+        self.fleet = Fleet(engine)
 
     def depth(self, project_id: str | None = None) -> list[Row]:
         """Open jobs by queue, status and priority: rows queue_name, status, priority, count."""
@@ -48,7 +50,13 @@ class Queues:
                 names |= set(switches)
             if project_id is not None:
                 names |= tx.job_queue_names(project_id if not everyones else None)
-        return [_summary_row(n, switches.get(n, False), counts.get(n)) for n in sorted(names)]
+        # Why jobs wait for ever: a queue no live worker claims from (a typo,
+        # or a worker started with other --queues) says so.
+        served = self.fleet.serving(names)
+        return [
+            {**_summary_row(n, switches.get(n, False), counts.get(n)), "served": n in served}
+            for n in sorted(names)
+        ]
 
     def pause(self, name: str) -> Row:
         """Workers stop claiming from ``name``; running jobs finish."""

@@ -111,6 +111,7 @@ def test_queues_show_summary_and_depth(client: TestClient, svc: Services, a: Pro
     assert bulk == {
         "queue_name": "bulk",
         "paused": False,
+        "served": False,
         "queued": 4,
         "running": 0,
         "retry_wait": 0,

@@ -96,6 +96,7 @@ def test_every_page_renders(client: TestClient, svc: Services, a: Project) -> No
         assert r.headers["x-frame-options"] == "DENY"
     overview = client.get("/ui").text
     assert 'id="total-queued">1<' in overview and "bulk" in overview
+    assert "no worker</span>" in overview  # its job waits: nothing claims from bulk
     jobs = client.get("/ui/jobs").text
     assert f'href="/ui/jobs/{job_id}"' in jobs
     profiles = client.get("/ui/profiles").text

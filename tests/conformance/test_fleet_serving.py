@@ -1,5 +1,6 @@
 """Which queues a live worker serves: what ``hypermedia process`` asks before
-it runs a worker of its own (``Fleet.serving``)."""
+it runs a worker of its own (``Fleet.serving``), and what a queue summary
+says of each queue."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from hypermedia.db.driver import Driver
 from hypermedia.queue.engine import Engine
+from hypermedia.queue.queues import Queues
 from hypermedia.worker.fleet import Fleet
 from tests.conftest import FakeClock
 
@@ -64,3 +66,18 @@ def test_a_worker_of_this_machine_whose_process_is_gone_serves_nothing(
     assert Fleet(engine).serving({"bulk"}) == set()
     _worker(driver, "w-alive", ["bulk"], heartbeat=clock(), hostname=host, pid=os.getpid())
     assert Fleet(engine).serving({"bulk"}) == {"bulk"}
+
+
+def test_a_queue_summary_says_whether_a_live_worker_serves_each_queue(
+    engine: Engine, driver: Driver, clock: FakeClock
+) -> None:
+    def served() -> dict[str, bool]:
+        return {r["queue_name"]: r["served"] for r in Queues(engine).summary()}
+
+    assert not any(served().values())
+    _worker(driver, "w-draining", ["images"], heartbeat=clock(), status="draining")
+    assert served()["images"] is False
+    _worker(driver, "w-images", ["images"], heartbeat=clock())
+    assert served()["images"] is True and served()["bulk"] is False
+    clock.advance(engine.settings.worker_stale_seconds + 1)  # silent since
+    assert served()["images"] is False

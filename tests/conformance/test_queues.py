@@ -74,6 +74,7 @@ def test_summary_counts_each_queue_and_the_last_hour(
     assert row == {
         "queue_name": "bulk",
         "paused": False,
+        "served": False,
         "queued": 2,
         "running": 2,
         "retry_wait": 1,

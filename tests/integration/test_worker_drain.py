@@ -59,14 +59,14 @@ def test_drain_finishes_the_running_job_and_exits_0(
 def test_queues_and_workers_cli(driver: Driver, live: Engine, procs: Procs) -> None:
     assert "paused" in procs.cli("queues", "pause", "bulk")
     listed = {q["queue_name"]: q for q in json.loads(procs.cli("queues", "ls", "--json"))}
-    assert listed["bulk"]["paused"] is True
+    assert (listed["bulk"]["paused"], listed["bulk"]["served"]) == (True, False)
 
     w = procs.worker("--concurrency", "1", "--no-maintenance")
     job_id = submit(live, {"ms": 0})
     time.sleep(1.5)  # several poll intervals (0.2 s): a paused queue is not claimed
     assert job(driver, job_id)["status"] == "queued"
     bulk = {q["queue_name"]: q for q in json.loads(procs.cli("queues", "ls", "--json"))}["bulk"]
-    assert (bulk["queued"], bulk["paused"]) == (1, True)
+    assert (bulk["queued"], bulk["paused"], bulk["served"]) == (1, True, True)
 
     workers = json.loads(procs.cli("workers", "ls", "--json"))
     (mine,) = [x for x in workers if x["worker_id"] == w.worker_id]
@@ -83,6 +83,9 @@ def test_queues_and_workers_cli(driver: Driver, live: Engine, procs: Procs) -> N
     procs.cli("workers", "drain", w.worker_id)
     assert w.proc.wait(15) == 0
     eventually(lambda: _status(procs, w.worker_id) == "terminated", 5, "terminated")
+    submit(live, {"ms": 0})  # and nobody left to take it: said
+    idle = hypermedia("queues", "ls", url=procs.url, home=procs.home, COLUMNS="200")
+    assert idle.returncode == 0 and "no live worker claims from bulk" in idle.stderr
     refused = hypermedia("queues", "pause", "Not A Queue", url=procs.url, home=procs.home)
     assert refused.returncode == 2
     assert "queue name" in refused.stderr and "Traceback" not in refused.stderr
