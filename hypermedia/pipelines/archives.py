@@ -5,7 +5,7 @@ it finds inside with the same readers as at the top: a ZIP compressed inside
 a 7-Zip hid a signature past MaxFileSize, a RAR inside a CAB went unopened
 (Debian's clamd has no unrar), a CAB member past MaxFileSize was skipped,
 all called clean.  These are walked here through libarchive, member by
-member, for ``zipsizes`` to survey what is inside.  Only a file whose first
+member, for ``nested`` to survey what is inside.  Only a file whose first
 bytes say it is one of them is opened so (``kind_of``), in that format
 alone: libarchive guessing at any file read a CSV as an mtree listing and
 failed on it.
@@ -47,7 +47,7 @@ MAGIC = (
 HEAD_BYTES = 32769 + 5  # enough for every magic above (an ISO's is at 32 kB)
 # Read by clamd as plain bytes: a file holding one is never called clean.
 UNOPENED = frozenset({"ar", "zstd", "lz4", "lzip", "compress", "lzma", "WIM", "WARC"})
-# libarchive's name of each format clamd unpacks and zipsizes does not read.
+# libarchive's name of each format clamd unpacks and nested does not read.
 _FORMATS = {
     "7z": "7zip",
     "cab": "cab",

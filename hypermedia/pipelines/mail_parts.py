@@ -5,11 +5,11 @@ clamd reads a mail's parts and scans each decoded attachment as a file of
 its own, with the same limits as at the top: a ZIP in LZMA or xz streams
 joined, attached to a mail, were OK from clamd and called clean.
 ``payloads`` gives each leaf part's decoded bytes (parts of a forwarded
-message too, and of every message of an mbox), for ``zipsizes`` to tell
+message too, and of every message of an mbox), for ``nested`` to tell
 whether one is a layer to survey.
 
 A mail is parsed whole in memory (Python's ``email``), so one larger than
-MAIL_BYTES is not looked into (``zipsizes`` says so).  Uuencoded files in a
+MAIL_BYTES is not looked into (``nested`` says so).  Uuencoded files in a
 text part are decoded too (``uu_blocks``), as clamd decodes them there and
 in any file that starts as one; BinHex is not.
 """

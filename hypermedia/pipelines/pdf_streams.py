@@ -6,7 +6,7 @@ ZIP there is unzipped, an xz stream unpacked, each with the same limits as
 at the top.  So a ZIP whose member clamd cannot decode (LZMA), a RAR, or
 xz streams joined, embedded in a PDF, were OK from clamd and called clean.
 ``streams`` finds each stream as clamd finds one and ``decoded`` undoes its
-filters lazily, in chunks, for ``zipsizes`` to tell whether what comes out
+filters lazily, in chunks, for ``nested`` to tell whether what comes out
 is a layer to survey, or holds one after other bytes.
 
 A picture's coding (DCT, JPX, JBIG2, CCITT) or a Crypt filter ends the

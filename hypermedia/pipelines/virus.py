@@ -47,8 +47,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from hypermedia.errors import JobError
+from hypermedia.pipelines import nested, zipsizes
 from hypermedia.pipelines import schema as S
-from hypermedia.pipelines import zipsizes
 from hypermedia.pipelines.registry import Context, Pipeline, register
 from hypermedia.redact import redact
 
@@ -373,7 +373,7 @@ def _run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
             reply, member_sent = instream(address, path, max_bytes, timeout)
             return verdict(reply, member_sent, os.path.getsize(path), max_bytes)
 
-        survey = zipsizes.survey_nested(ctx.input_path, ctx.scratch, limit, alone)
+        survey = nested.survey_nested(ctx.input_path, ctx.scratch, limit, alone)
         reason = _zip_reason(survey, limit)
         if reason is None and survey.rar and not params.get("clamd_unpacks_rar", False):
             reason = RAR_UNOPENED

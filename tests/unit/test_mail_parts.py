@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hypermedia.pipelines import mail_parts, zipsizes
+from hypermedia.pipelines import mail_parts, nested, zipsizes
 
 
 def mail(*attachments: bytes, cte: str = "base64") -> bytes:
@@ -93,7 +93,7 @@ def test_a_mail_is_known_by_a_header_first_and_a_mime_header(head: bytes, said: 
 def _survey(tmp_path: Path, data: bytes, limit: int = 1 << 20) -> zipsizes.Survey:
     path = tmp_path / "input"
     path.write_bytes(data)
-    return zipsizes.survey_nested(str(path), str(tmp_path), limit)
+    return nested.survey_nested(str(path), str(tmp_path), limit)
 
 
 def test_layers_attached_to_a_mail_are_surveyed(

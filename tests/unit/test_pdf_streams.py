@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hypermedia.pipelines import pdf_streams, zipsizes
+from hypermedia.pipelines import nested, pdf_streams, zipsizes
 from tests.pdfs import Writer, attached, encrypted, lzw
 
 
@@ -155,7 +155,7 @@ def _lzma_zip(member: bytes) -> bytes:
 def _survey(tmp_path: Path, data: bytes, limit: int = 1 << 20) -> zipsizes.Survey:
     path = tmp_path / "input"
     path.write_bytes(data)
-    return zipsizes.survey_nested(str(path), str(tmp_path), limit)
+    return nested.survey_nested(str(path), str(tmp_path), limit)
 
 
 def test_layers_in_a_pdfs_streams_are_surveyed(tmp_path: Path) -> None:
@@ -177,12 +177,12 @@ def test_a_pdf_of_many_streams_is_looked_into_within_bounds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past NESTED_HEADS streams the survey stops: ``unchecked``, not clean."""
-    monkeypatch.setattr(zipsizes, "NESTED_HEADS", 50)
+    monkeypatch.setattr(nested, "NESTED_HEADS", 50)
     w = Writer()
     kids = [w.add(w.stream(zlib.compress(b"q %d Q" % i))) for i in range(60)]
     pdf = w.build(w.add(b"<< /Type /Catalog /S [%s] >>" % b" ".join(b"%d 0 R" % k for k in kids)))
     assert _survey(tmp_path, pdf).unchecked
-    monkeypatch.setattr(zipsizes, "NESTED_HEADS", 200)
+    monkeypatch.setattr(nested, "NESTED_HEADS", 200)
     assert not _survey(tmp_path, pdf).unchecked
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hypermedia.pipelines import zipsizes
+from hypermedia.pipelines import nested, zipsizes
 
 
 def _zip(members: dict[str, bytes], comment: bytes = b"") -> bytes:
@@ -187,20 +187,20 @@ def test_a_zip_inside_a_compressed_member_adds_what_it_declares(tmp_path: Path) 
     scratch.mkdir()
     path = tmp_path / "outer.zip"
     path.write_bytes(outer)
-    found = zipsizes.survey_nested(str(path), str(scratch), 10**9)
+    found = nested.survey_nested(str(path), str(scratch), 10**9)
     assert found.largest == len(BIG) and not found.unsized and list(scratch.iterdir()) == []
     # A nested member of unknown size keeps the known sizes and says it.
     cut = _streamed({"s": b"y" * 10})
     cut = cut[: cut.find(b"PK\x01\x02")]
     path.write_bytes(_zip({"cut.zip": cut}))
-    found = zipsizes.survey_nested(str(path), str(scratch), 10**9)
+    found = nested.survey_nested(str(path), str(scratch), 10**9)
     assert found.unsized and found.largest == len(cut)
     # Too deep to follow: unchecked, said.
     deep = b"core"
-    for _ in range(zipsizes.NESTED_DEPTH + 2):
+    for _ in range(nested.NESTED_DEPTH + 2):
         deep = _zip({"d.zip": deep})
     path.write_bytes(deep)
-    assert zipsizes.survey_nested(str(path), str(scratch), 10**9).unchecked
+    assert nested.survey_nested(str(path), str(scratch), 10**9).unchecked
 
 
 def test_a_nested_zip_that_cannot_be_read_whole_is_unread(tmp_path: Path) -> None:
@@ -212,21 +212,21 @@ def test_a_nested_zip_that_cannot_be_read_whole_is_unread(tmp_path: Path) -> Non
     inner = _zip({"big": BIG})
     good = _zip({"inner.zip": inner})
 
-    def nested(data: bytes) -> zipsizes.Survey:
+    def walked(data: bytes) -> zipsizes.Survey:
         path = tmp_path / "outer.zip"
         path.write_bytes(data)
-        return zipsizes.survey_nested(str(path), str(scratch), 10**9)
+        return nested.survey_nested(str(path), str(scratch), 10**9)
 
-    assert not nested(good).unread
+    assert not walked(good).unread
     crc_at = good.find(b"PK\x01\x02") + 16  # the directory's CRC of the member
     bad_crc = bytearray(good)
     bad_crc[crc_at] ^= 0xFF
-    assert nested(bytes(bad_crc)).unread
+    assert walked(bytes(bad_crc)).unread
     # A broken member before it: not clean, and nothing after it can change
     # that, so the survey stops there (it looked on through every member).
     broken = bytearray(_zip({"a.txt": b"text " * 2000, "inner.zip": inner}))
     broken[40:60] = b"\xff" * 20  # inside a.txt's deflated data
-    found = nested(bytes(broken))
+    found = walked(bytes(broken))
     assert found.unread and found.settled and found.largest == 10000
     assert list(scratch.iterdir()) == []
 
@@ -235,11 +235,11 @@ def test_many_nested_zips_are_bounded_in_count_and_time(tmp_path: Path) -> None:
     """8,000 tiny ZIPs in a 1.2 MB file held a scan 200 s (the directory read
     again for each)."""
     tiny = _zip({"a": b"x" * 10})
-    many = _zip({f"m{i}.zip": tiny for i in range(zipsizes.NESTED_MEMBERS + 500)})
+    many = _zip({f"m{i}.zip": tiny for i in range(nested.NESTED_MEMBERS + 500)})
     path = tmp_path / "many.zip"
     path.write_bytes(many)
     started = time.monotonic()
-    found = zipsizes.survey_nested(str(path), str(tmp_path), 10**9)
+    found = nested.survey_nested(str(path), str(tmp_path), 10**9)
     assert found.unchecked and time.monotonic() - started < 15  # ~0.3 s
 
 
@@ -284,12 +284,12 @@ def test_a_zip_inside_any_layer_clamd_unpacks_is_surveyed(tmp_path: Path, wrap) 
     scratch.mkdir()
     path = tmp_path / "input"
     path.write_bytes(wrap(_zip({"big": BIG})))
-    found = zipsizes.survey_nested(str(path), str(scratch), 10**6)
+    found = nested.survey_nested(str(path), str(scratch), 10**6)
     assert found.largest == len(BIG) and not found.unchecked and not found.overflowed
     assert list(scratch.iterdir()) == []
     # What holds no ZIP declares nothing more than its own (outer) members.
     path.write_bytes(wrap(b"plain text " * 100))
-    plain = zipsizes.survey_nested(str(path), str(scratch), 10**6)
+    plain = nested.survey_nested(str(path), str(scratch), 10**6)
     assert plain.largest <= 1100 and not (plain.unchecked or plain.overflowed)
 
 
@@ -298,11 +298,11 @@ def test_a_stream_past_max_file_size_or_cut_is_not_surveyed_whole(tmp_path: Path
     scratch.mkdir()
     path = tmp_path / "input"
     path.write_bytes(gzip.compress(b"\0" * 2000))
-    assert zipsizes.survey_nested(str(path), str(scratch), 2000) == zipsizes.Survey()
-    assert zipsizes.survey_nested(str(path), str(scratch), 1999).overflowed  # clamd stops there
+    assert nested.survey_nested(str(path), str(scratch), 2000) == zipsizes.Survey()
+    assert nested.survey_nested(str(path), str(scratch), 1999).overflowed  # clamd stops there
     cut = gzip.compress(os.urandom(5000))[:-100]
     path.write_bytes(cut)
-    assert zipsizes.survey_nested(str(path), str(scratch), 10**6).unread
+    assert nested.survey_nested(str(path), str(scratch), 10**6).unread
     assert list(scratch.iterdir()) == []
 
 
@@ -313,7 +313,7 @@ def test_a_tar_of_many_members_is_read_as_it_goes(tmp_path: Path) -> None:
     path = tmp_path / "many.tar"
     path.write_bytes(_tar({**members, "z.zip": _zip({"big": BIG})}))
     started = time.monotonic()
-    found = zipsizes.survey_nested(str(path), str(tmp_path), 10**6)
+    found = nested.survey_nested(str(path), str(tmp_path), 10**6)
     assert found.largest == len(BIG) and not found.unchecked
     assert time.monotonic() - started < 15  # ~1 s
 
@@ -333,12 +333,12 @@ def test_every_member_of_another_archive_counts_against_the_unpacking_budget(
                 a.add_file_from_memory(name, len(data), data)
         return str(path)
 
-    monkeypatch.setattr(zipsizes, "NESTED_BYTES", 1024 * 1024)
+    monkeypatch.setattr(nested, "NESTED_BYTES", 1024 * 1024)
     one = seven_zip(a=bytes(700_000))
     two = seven_zip(a=bytes(700_000), b=bytes(700_000))
-    assert not zipsizes.survey_nested(one, str(tmp_path), 10**9).unchecked
-    assert zipsizes.survey_nested(two, str(tmp_path), 10**9).unchecked
-    over = zipsizes.survey_nested(one, str(tmp_path), 500_000)  # past clamd's MaxFileSize
+    assert not nested.survey_nested(one, str(tmp_path), 10**9).unchecked
+    assert nested.survey_nested(two, str(tmp_path), 10**9).unchecked
+    over = nested.survey_nested(one, str(tmp_path), 500_000)  # past clamd's MaxFileSize
     assert (over.overlarge, over.unchecked) == (700_000, False)
 
 
@@ -384,14 +384,14 @@ def test_members_sent_to_clamd_alone_are_bounded(
         sent.append(Path(member).read_bytes().decode())
         return "clean", None, None
 
-    assert not zipsizes.survey_nested(str(path), str(tmp_path), 10**9, scan).unchecked
+    assert not nested.survey_nested(str(path), str(tmp_path), 10**9, scan).unchecked
     assert sent == ["abc"] * 5  # the empty one not sent
-    monkeypatch.setattr(zipsizes, "NESTED_SCANS", 3)
+    monkeypatch.setattr(nested, "NESTED_SCANS", 3)
     sent.clear()
-    assert zipsizes.survey_nested(str(path), str(tmp_path), 10**9, scan).unchecked
+    assert nested.survey_nested(str(path), str(tmp_path), 10**9, scan).unchecked
     assert len(sent) == 3
     # What clamd finds in one is the survey's finding, and the walk ends there.
-    found = zipsizes.survey_nested(
+    found = nested.survey_nested(
         str(path), str(tmp_path), 10**9, lambda p: ("infected", "Sig.A", None)
     )
     assert found.found == "Sig.A"
