@@ -18,7 +18,10 @@ Hostile input (DESIGN §10) is met in layers:
   16 MB TIFF of 4,000 channels held 8 GB) or, for a WebP, more than
   ``MAX_WEBP_FRAMES`` frames, counted from its chunk headers before libvips
   opens it (libvips walks a WebP's frames in quadratic time: 200,000 tiny
-  frames in 10 MB ran for minutes);
+  frames in 10 MB ran for minutes), and for a progressive JPEG, more than
+  ``MAX_JPEG_SCANS`` scans (each scan is decoded whole, whatever the
+  shrink-on-load: 2,079 scans of 15 bytes each in a 400 kB flat 8000 x 8000
+  held a worker slot for 25 s of CPU for one thumbnail);
 * decoding fails on the first error (``fail_on="error"``) instead of handing on
   garbage, and a failure's reason never carries a path or libvips' own words.
 """
@@ -29,6 +32,7 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import math
+import mmap
 import os
 import re
 import struct
@@ -44,6 +48,9 @@ DEFAULT_MAX_PIXELS = 100_000_000
 # the channels, which max_pixels does not count.
 MAX_BANDS = 16
 MAX_WEBP_FRAMES = 10_000  # libvips reads 10,000 in well under a second
+# libjpeg-turbo's advice for untrusted input (its fuzzers' limit); encoders
+# write at most a few dozen.  At max_pixels, 500 scans decode in about 10 s.
+MAX_JPEG_SCANS = 500
 
 # Output format → (file extension, media type).
 FORMATS = {
@@ -212,6 +219,7 @@ def check_input(vips: Any, path: str, max_pixels: int) -> Header:
         fields = set(header.get_fields())
         compression = str(header.get("heif-compression")) if "heif-compression" in fields else ""
         turned = "orientation" in fields and header.get("orientation") in (5, 6, 7, 8)
+        progressive = "jpeg-multiscan" in fields and bool(header.get("jpeg-multiscan"))
         extra = bands > _COLOUR_BANDS.get(str(header.interpretation), 3) + 1
     except vips.Error as exc:
         if "labq" in str(exc).lower():
@@ -230,6 +238,9 @@ def check_input(vips: Any, path: str, max_pixels: int) -> Header:
         )
     if bands > MAX_BANDS:
         raise JobError("LIMIT_EXCEEDED", f"the image has {bands} channels, more than {MAX_BANDS}")
+    # Baseline JPEGs (one scan) are not read again: only progressive ones.
+    if progressive and jpeg_scans(path, MAX_JPEG_SCANS) > MAX_JPEG_SCANS:
+        raise JobError("LIMIT_EXCEEDED", f"the JPEG has more than {MAX_JPEG_SCANS} scans")
     icc = "icc-profile-data" in fields
     return Header(width, height, loader, mime, size, icc, compression, turned, extra)
 
@@ -250,6 +261,20 @@ def webp_frames(path: str, cap: int) -> int:
                 count += head[:4] == b"ANMF"
                 f.seek(size + (size & 1), os.SEEK_CUR)
     except OSError:
+        pass  # libvips says what is wrong with it next
+    return count
+
+
+def jpeg_scans(path: str, cap: int) -> int:
+    """How many scans (SOS markers) a JPEG has, counted up to ``cap + 1``.
+    FF DA is a marker wherever it is: in entropy-coded data an FF is always
+    followed by 00 or a restart marker (metadata segments may add to it)."""
+    count = at = 0
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            while count <= cap and (at := m.find(b"\xff\xda", at) + 1):
+                count += 1
+    except (OSError, ValueError):
         pass  # libvips says what is wrong with it next
     return count
 

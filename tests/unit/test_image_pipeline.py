@@ -171,6 +171,72 @@ def webp_frames(count: int) -> bytes:
     return b"RIFF" + struct.pack("<I", len(riff)) + riff
 
 
+def jpeg_scans(side: int, refinements: int) -> bytes:
+    """A flat grey progressive JPEG of ``side`` x ``side`` whose AC bands are
+    sent one coefficient per scan, each then refined ``refinements`` times:
+    1 + 3 * 63 * (1 + refinements) valid scans of a few bytes each (all end
+    of band runs).  A QA finding: 2,079 of them at 8000 x 8000 (400 kB) took
+    25 s of CPU for one thumbnail."""
+    import pyvips
+
+    grey = pyvips.Image.black(side, side).new_from_image([128, 128, 128]).cast("uchar")
+    jpeg = bytes(
+        grey.copy(interpretation="srgb").jpegsave_buffer(
+            interlace=True, Q=90, keep="none", subsample_mode="on"
+        )
+    )
+    head = jpeg[: _end_of_dc_scan(jpeg)]
+    # One AC table: end-of-band runs EOB0..EOB14, 4-bit codes 0..14.
+    symbols = bytes(k << 4 for k in range(15))
+    dht = b"\xff\xc4" + struct.pack(">H", 19 + len(symbols)) + b"\x10"
+    dht += bytes([0, 0, 0, 15] + [0] * 12) + symbols
+    body = b""
+    for comp, blocks in (
+        (1, (side + 7) // 8),
+        (2, (side // 2 + 7) // 8),
+        (3, (side // 2 + 7) // 8),
+    ):
+        data = _eob_runs(blocks * blocks)
+        for k in range(1, 64):
+            for ah, al in [(0, refinements)] + [(a + 1, a) for a in range(refinements - 1, -1, -1)]:
+                sos = b"\xff\xda" + struct.pack(">H", 8) + bytes([1, comp, 0, k, k, ah << 4 | al])
+                body += dht + sos + data
+    return head + body + b"\xff\xd9"
+
+
+def _end_of_dc_scan(jpeg: bytes) -> int:
+    """Where the first (DC) scan's entropy-coded data of a progressive JPEG ends."""
+    at = 2
+    while True:
+        marker, length = jpeg[at + 1], struct.unpack(">H", jpeg[at + 2 : at + 4])[0]
+        end = at + 2 + length
+        if marker != 0xDA:
+            at = end
+            continue
+        while True:  # past the data: FF 00 is a stuffed byte, FF D0-D7 a restart
+            end = jpeg.index(b"\xff", end)
+            if jpeg[end + 1] != 0 and not 0xD0 <= jpeg[end + 1] <= 0xD7:
+                return end
+            end += 2
+
+
+def _eob_runs(blocks: int) -> bytes:
+    """``blocks`` blocks of an AC band coded as end-of-band runs."""
+    bits = ""
+    while blocks > 0:
+        run = min(blocks, 32767)
+        k = run.bit_length() - 1
+        bits += format(k, "04b") + (format(run - (1 << k), f"0{k}b") if k else "")
+        blocks -= run
+    bits += "1" * (-len(bits) % 8)
+    out = bytearray()
+    for i in range(0, len(bits), 8):
+        out.append(int(bits[i : i + 8], 2))
+        if out[-1] == 0xFF:
+            out.append(0)
+    return bytes(out)
+
+
 def jpeg_bytes(width: int = 1000, height: int = 800) -> bytes:
     return bytes(photo(width, height).jpegsave_buffer(Q=85))
 
@@ -249,6 +315,7 @@ HOSTILE: list[Hostile] = [
     ("gif-pixel-flood", "bomb.gif", gif_flood, "LIMIT_EXCEEDED"),
     ("tiff-1000-channels", "bands.tif", lambda: tiff_bands(1000), "LIMIT_EXCEEDED"),
     ("webp-10001-frames", "frames.webp", lambda: webp_frames(10_001), "LIMIT_EXCEEDED"),
+    ("jpeg-2080-scans", "scans.jpg", lambda: jpeg_scans(256, 10), "LIMIT_EXCEEDED"),
     ("jpeg-truncated", "cut.jpg", truncated_jpeg, "CORRUPT_INPUT"),
     ("jpeg-bad-scan-header", "scan.jpg", lambda: corrupt_jpeg("scan"), "CORRUPT_INPUT"),
     ("jpeg-missing-tables", "tables.jpg", lambda: corrupt_jpeg("tables"), "CORRUPT_INPUT"),
@@ -1125,6 +1192,19 @@ def test_channels_and_webp_frames_are_counted_before_decoding(scratch: Path) -> 
     assert time.monotonic() - t0 < 2
     src.write_bytes(webp_frames(3))
     assert run(THUMB, scratch, src, {"format": "png"}).size == (200, 200)
+
+
+def test_a_progressive_jpegs_scans_are_counted_before_decoding(scratch: Path) -> None:
+    src = scratch / "input.jpg"
+    src.write_bytes(jpeg_scans(4000, 10))  # 2,080 scans: ~6 s of CPU to decode here
+    t0 = time.monotonic()
+    with pytest.raises(JobError, match="more than 500 scans"):
+        run(THUMB, scratch, src)
+    assert time.monotonic() - t0 < 2
+    src.write_bytes(jpeg_scans(256, 1))  # 379 scans: read, and grey as made
+    out = run(THUMB, scratch, src, {"format": "png"})
+    assert out.size == (200, 200)
+    assert out.decoded().getpoint(100, 100) == pytest.approx([128, 128, 128], abs=2)
 
 
 def test_a_gif_screen_larger_than_its_frames_is_read_at_its_real_size(scratch: Path) -> None:
