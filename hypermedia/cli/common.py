@@ -334,6 +334,14 @@ def setup_logging(verbose: bool = False) -> None:
     )
     # Alembic lists its plugins as it is imported: seven lines at every start.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    # -v is hypermedia's debug, not its libraries': botocore's logs every S3
+    # request with its headers (the SigV4 Authorization among them), 1.5 MB
+    # in minutes of light load.
+    for library in QUIET_LIBRARIES:
+        logging.getLogger(library).setLevel(logging.INFO)
+
+
+QUIET_LIBRARIES = ("botocore", "boto3", "s3transfer", "urllib3", "httpcore", "httpx", "multipart")
 
 
 def _default(o: Any) -> Any:
