@@ -170,6 +170,11 @@ processing_jobs = sa.Table(
     sa.Index("idx_created", "created_at"),
     sa.Index("idx_available", "status", "available_at"),
     sa.Index("idx_type_status", "job_type", "status"),
+    # A project's jobs of one status, newest first (GET /v1/jobs?status=,
+    # the dashboard's recent failures); and on SQLite, which has no
+    # statistics, a project's jobs newest first: migration 0016 says why.
+    sa.Index("idx_project_status", "project_id", "status", "job_id"),
+    sa.Index("idx_project_job", "project_id", "job_id").ddl_if(dialect="sqlite"),
     # SQLite would give a new job the id of the newest one retention pruned:
     # a client still holding that id would read another job (migration 0009).
     sqlite_autoincrement=True,
