@@ -74,8 +74,8 @@ def ls(
     """Photos of a project, newest first."""
     with user_errors():
         page = photos().list(project, album=album, limit=limit, cursor=cursor)
-        if as_json:
-            print_json(page)
+        if as_json:  # the API's page: items, next_cursor
+            print_json({"items": page["photos"], "next_cursor": page["next_cursor"]})
             return
         table = Table(*COLUMNS)
         for r in page["photos"]:

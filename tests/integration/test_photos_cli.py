@@ -48,7 +48,7 @@ def test_photos_add_ls_show_copy_move_rm(driver: Driver, tmp_path: Path) -> None
     assert text.returncode == 0 and "Sea" in text.stdout
 
     listed = _json(_run("photos", "ls", "--album", "trip", "--json", url=url, home=home))
-    assert [p["id"] for p in listed["photos"]] == [pid]
+    assert [p["id"] for p in listed["items"]] == [pid]
 
     blobs = _blobs(home)
     copied = _json(_run("photos", "copy", pid, "--album", "best", "--json", url=url, home=home))
@@ -59,9 +59,9 @@ def test_photos_add_ls_show_copy_move_rm(driver: Driver, tmp_path: Path) -> None
     moved = _run("photos", "move", copied["id"], "--album", "archive", url=url, home=home)
     assert moved.returncode == 0, moved.stderr
     archive = _json(_run("photos", "ls", "--album", "archive", "--json", url=url, home=home))
-    assert [p["id"] for p in archive["photos"]] == [copied["id"]]
+    assert [p["id"] for p in archive["items"]] == [copied["id"]]
     assert _json(_run("photos", "ls", "--album", "best", "--json", url=url, home=home)) == {
-        "photos": [],
+        "items": [],
         "next_cursor": None,
     }
 
