@@ -323,6 +323,10 @@ def _escape_char(ch: str) -> str:
     return f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
 
 
+# Kept at INFO under -v (see setup_logging).
+QUIET_LIBRARIES = ("botocore", "boto3", "s3transfer", "urllib3", "httpcore", "httpx", "multipart")
+
+
 def setup_logging(verbose: bool = False) -> None:
     """Logging for the long-running commands; SIGUSR1 prints every thread's
     stack to stderr (a worker that will not stop can say where it waits)."""
@@ -339,9 +343,6 @@ def setup_logging(verbose: bool = False) -> None:
     # in minutes of light load.
     for library in QUIET_LIBRARIES:
         logging.getLogger(library).setLevel(logging.INFO)
-
-
-QUIET_LIBRARIES = ("botocore", "boto3", "s3transfer", "urllib3", "httpcore", "httpx", "multipart")
 
 
 def _default(o: Any) -> Any:
