@@ -10,9 +10,13 @@ pixel of its own decoded bitmap (24 for 16-bit RGB and CMYK alike), not of
 the stream.  So the file's image dictionaries are read here instead, as
 bytes: a stream's dictionary is never compressed (PDF 7.5.7: streams are
 not stored in object streams) nor encrypted.  Each image's inflated size is
-its width x height x components x bits per component, when the last of its
-filters is Flate or LZW (``[/FlateDecode /DCTDecode]`` inflates a JPEG,
-which is not capped).  Nothing is decompressed.
+its width x height x components x bits per component, times what the
+codings after its last Flate or LZW spell each byte in (``[/FlateDecode
+/ASCIIHexDecode]`` inflates two hex digits a byte), when those are only such
+text codings (``[/FlateDecode /DCTDecode]`` inflates a JPEG, which is not
+capped).  Streams are found as pdfium finds them (blanks or a comment before
+``stream``, a dictionary of any length, keys inside strings are no keys).
+Nothing is decompressed.
 
 An inline image (``BI … ID … EI`` inside a content stream, which may be
 compressed) has no dictionary in the file's bytes: the image objects of each
@@ -38,7 +42,13 @@ MAX_STEPS = 32  # nested dictionaries passed on the way back to its start
 # attempt for hours (each one looked back over all the others).
 SCAN_SECONDS = 20.0
 
-_STREAM = re.compile(rb">>\s{0,8}stream(?:\r\n|\n|\r)")
+# ">>", blanks and comments, "stream", blanks, an end of line: pdfium (and
+# clamd, pdf_streams) find a stream past 20 spaces or a comment line, where
+# an image drawn by an annotation was not seen and was drawn in part.
+STREAM = re.compile(
+    rb">>(?:[ \t\r\n\f\0]{1,1024}|%[^\r\n]{0,1024}){0,16}stream[ \t\f\0]{0,64}(?:\r\n|\n|\r)"
+)
+LOOK_BACK = 1024 * 1024  # how far back a dictionary too long for _dict_start may begin
 _INT = rb"\s*(\d{1,10})(?![\d.])"
 _MASK = re.compile(rb"/ImageMask\s*true")
 _NAME = re.compile(rb"/([^\s/\[\]<>()]+)")
@@ -46,6 +56,9 @@ _REF = re.compile(rb"(\d{1,10})\s+(\d{1,5})\s+R")
 _N = re.compile(rb"/N" + _INT)
 
 _CAPPED = {b"FlateDecode", b"Fl", b"LZWDecode", b"LZW"}
+# Codings that only spell bytes out, each byte in this many characters: after
+# a capped one, the cap counts the characters, not the pixels' bytes.
+_SPELLED = {b"ASCIIHexDecode": 2.0, b"AHx": 2.0, b"ASCII85Decode": 1.25, b"A85": 1.25}
 _COMPONENTS = {
     b"DeviceGray": 1, b"G": 1, b"CalGray": 1, b"Indexed": 1, b"I": 1, b"Separation": 1,
     b"DeviceRGB": 3, b"RGB": 3, b"CalRGB": 3, b"Lab": 3,
@@ -76,17 +89,15 @@ def scan(path: str) -> Scan:
 def _scanned(data: mmap.mmap, objects: _Objects) -> Scan:
     out = Scan()
     deadline = time.monotonic() + SCAN_SECONDS
-    for n, match in enumerate(_STREAM.finditer(data)):
+    floor = 0
+    for n, match in enumerate(STREAM.finditer(data)):
         if n >= MAX_STREAMS:
             break
         if n % 256 == 0 and time.monotonic() > deadline:
             out.unfinished = True
             break
-        start = _dict_start(data, match.start())
-        if start < 0:
-            continue
-        head = data[start : match.start() + 2]
-        if b"/Image" not in head:
+        head, floor = dictionary(data, match.start(), floor), match.end()
+        if not _is_image(head, objects):
             continue
         w, h = _number(head, b"Width", objects), _number(head, b"Height", objects)
         if w is not None and h is not None:
@@ -94,6 +105,40 @@ def _scanned(data: mmap.mmap, objects: _Objects) -> Scan:
         if out.over is None:
             out.over = _over(head, objects)
     return out
+
+
+def dictionary(data: mmap.mmap, end: int, floor: int) -> bytes:
+    """The dictionary whose ``>>`` is at ``end``, its strings blanked out; ``floor``:
+    where the stream before it ended (no dictionary begins before that)."""
+    start = _dict_start(data, end)
+    if start < 0:
+        # Too long or too nested for that look (padded past 16 kB, or more
+        # than 32 dictionaries deep): from its object's start instead.
+        start = data.rfind(b"obj", max(floor, end - LOOK_BACK), end)
+    return _without_strings(data[start : end + 2]) if start >= 0 else b""
+
+
+# A literal string (balanced parentheses, escapes) or a hex string: what a
+# key inside one says is no key ("/Desc (/Filter /DCTDecode)" hid a stream).
+_STRING = re.compile(rb"\((?:[^()\\]|\\.)*\)|<[0-9A-Fa-f\s]*>(?!>)")
+_NESTING = 8  # strings inside strings, innermost first
+
+
+def _without_strings(head: bytes) -> bytes:
+    for _ in range(_NESTING):
+        if b"(" not in head and b"<" not in head:
+            break
+        head, n = _STRING.subn(b" ", head)
+        if not n:
+            break
+    return head
+
+
+def _is_image(head: bytes, objects: _Objects) -> bool:
+    if b"/Image" in head:
+        return True
+    # "/Subtype 9 0 R", object 9 the name /Image: pdfium follows it.
+    return b"/Subtype" in head and _value(head, b"Subtype", objects) == b"/Image"
 
 
 def _dict_start(data: mmap.mmap, end: int) -> int:
@@ -114,15 +159,30 @@ def _dict_start(data: mmap.mmap, end: int) -> int:
 
 def _over(head: bytes, objects: _Objects) -> tuple[int, int] | None:
     w, h = _number(head, b"Width", objects), _number(head, b"Height", objects)
-    filters = _NAME.findall(_value(head, b"Filter", objects) or b"")
-    if w is None or h is None or not filters or filters[-1] not in _CAPPED:
+    spelled = _spelled(_NAME.findall(_value(head, b"Filter", objects) or b""))
+    if w is None or h is None or spelled is None:
         return None
     if _MASK.search(head):
         bits = 1
     else:
         bpc = _number(head, b"BitsPerComponent", objects)
         bits = (bpc or 8) * _components(head, objects)
-    return (w, h) if (w * bits + 7) // 8 * h > INFLATE_CAP else None
+    return (w, h) if (w * bits + 7) // 8 * h * spelled > INFLATE_CAP else None
+
+
+def _spelled(filters: list[bytes]) -> float | None:
+    """Characters the last capped filter puts out per byte of pixels, or None
+    when no filter is capped or one after it is not a text coding (what a
+    JPEG's or a run-length coding's input is, the pixels do not say)."""
+    capped = [i for i, name in enumerate(filters) if name in _CAPPED]
+    if not capped:
+        return None
+    factor = 1.0
+    for name in filters[capped[-1] + 1 :]:
+        if name not in _SPELLED:
+            return None
+        factor *= _SPELLED[name]
+    return factor
 
 
 def _value(head: bytes, key: bytes, objects: _Objects) -> bytes | None:
@@ -209,10 +269,9 @@ class _Objects:
     def _unpack(self) -> dict[int, bytes]:
         """The objects of every object stream (Flate-coded or not), by number."""
         found: dict[int, bytes] = {}
-        left = self._PACKED
-        for match in _STREAM.finditer(self.data):
-            start = _dict_start(self.data, match.start())
-            head = self.data[start : match.start() + 2] if start >= 0 else b""
+        left, floor = self._PACKED, 0
+        for match in STREAM.finditer(self.data):
+            head, floor = dictionary(self.data, match.start(), floor), match.end()
             if b"/ObjStm" not in head or left <= 0:
                 continue
             length = _number(head, b"Length", self)
@@ -276,20 +335,21 @@ def _inline_over(
     if not raw.FPDFImageObj_GetImagePixelSize(obj, width, height):
         return None
     w, h = width.value, height.value
-    if (w, h) in known or w * h * 32 <= INFLATE_CAP * 8 or not _inflated_last(raw, obj):
+    spelled = _spelled(_filters(raw, obj))
+    if (w, h) in known or spelled is None or w * h * 32 * spelled <= INFLATE_CAP * 8:
         return None
     meta = raw.FPDF_IMAGEOBJ_METADATA()
     if not raw.FPDFImageObj_GetImageMetadata(obj, page, meta):
         return None
     bits = meta.bits_per_pixel or 32  # unknown: the most a pixel takes
-    return (w, h) if (w * bits + 7) // 8 * h > INFLATE_CAP else None
+    return (w, h) if (w * bits + 7) // 8 * h * spelled > INFLATE_CAP else None
 
 
-def _inflated_last(raw: Any, obj: Any) -> bool:
-    """Whether the last of the image's filters is Flate or LZW."""
-    count = raw.FPDFImageObj_GetImageFilterCount(obj)
-    if count < 1:
-        return False
+def _filters(raw: Any, obj: Any) -> list[bytes]:
+    """The image's filters by name, as pdfium read them."""
+    names = []
     buf = ctypes.create_string_buffer(64)
-    n = raw.FPDFImageObj_GetImageFilter(obj, count - 1, buf, len(buf))
-    return 0 < n <= len(buf) and buf.value in _CAPPED
+    for i in range(max(raw.FPDFImageObj_GetImageFilterCount(obj), 0)):
+        n = raw.FPDFImageObj_GetImageFilter(obj, i, buf, len(buf))
+        names.append(buf.value if 0 < n <= len(buf) else b"")
+    return names

@@ -34,12 +34,6 @@ from dataclasses import dataclass
 from hypermedia.pipelines import pdf_images
 
 _CHUNK = 1024 * 1024
-# ">>", blanks and comments, "stream", blanks, an end of line: clamd finds a
-# stream past 20 spaces, a comment line or a blank before the line's end,
-# which pdf_images' stricter look (pdfium's reading) passed over.
-_STREAM = re.compile(
-    rb">>(?:[ \t\r\n\f\0]{1,1024}|%[^\r\n]{0,1024}){0,16}stream[ \t\f\0]{0,64}(?:\r\n|\n|\r)"
-)
 # Codings of pictures, and encryption: clamd undoes none of them, and stops
 # there.  Any other name it does not know it passes over (so is it here).
 _FINAL = frozenset(
@@ -48,7 +42,6 @@ _FINAL = frozenset(
 _SLICE = 64 * 1024  # input taken at a time by decoders whose output may swell
 _NAME = re.compile(rb"/([^\s/\[\]<>()]+)")
 _ENDSTREAM = b"endstream"
-_LOOK_BACK = 1024 * 1024
 _A85_GROUPS = re.compile(rb"(?:z|[!-u]{5})*")
 
 
@@ -73,17 +66,11 @@ def streams(data: mmap.mmap) -> Iterator[Stream]:
     objects = pdf_images._Objects(data)
     floor = 0  # the last stream's start: no dictionary begins before it
     ahead = -2  # the next "endstream" found, -1 if there is none
-    matches = _STREAM.finditer(data)
+    matches = pdf_images.STREAM.finditer(data)  # as clamd finds them too
     following = next(matches, None)
     while (match := following) is not None:
         following = next(matches, None)
-        start = pdf_images._dict_start(data, match.start())
-        if start < 0:
-            # A dictionary too long or too nested for that look (padded past
-            # 16 kB: clamd reads it whole): from its object's start instead.
-            low = max(floor, match.start() - _LOOK_BACK)
-            start = data.rfind(b"obj", low, match.start())
-        head = _without_strings(data[start : match.start() + 2]) if start >= 0 else b""
+        head = pdf_images.dictionary(data, match.start(), floor)
         floor = match.end()
         begin = match.end()
         length = pdf_images._number(head, b"Length", objects)
@@ -101,22 +88,6 @@ def streams(data: mmap.mmap) -> Iterator[Stream]:
                 end = told
         filters = _NAME.findall(pdf_images._value(head, b"Filter", objects) or b"")
         yield Stream(tuple(filters), begin, end)
-
-
-# A literal string (balanced parentheses, escapes) or a hex string: what a
-# key inside one says is no key ("/Desc (/Filter /DCTDecode)" hid a stream).
-_STRING = re.compile(rb"\((?:[^()\\]|\\.)*\)|<[0-9A-Fa-f\s]*>(?!>)")
-_NESTING = 8  # strings inside strings, innermost first
-
-
-def _without_strings(head: bytes) -> bytes:
-    for _ in range(_NESTING):
-        if b"(" not in head and b"<" not in head:
-            break
-        head, n = _STRING.subn(b" ", head)
-        if not n:
-            break
-    return head
 
 
 class Late(Exception):

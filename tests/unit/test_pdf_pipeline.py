@@ -391,6 +391,57 @@ def test_an_image_the_renderer_would_draw_in_part_is_refused(
     )
 
 
+def _disguised(how: str) -> bytes:
+    """A 20,000 x 20,000 RGB image drawn by an annotation, its dictionary
+    written so that a byte reader looking for ">> stream" as pdfium writes it
+    missed it, where pdfium reads it all the same (a QA finding: each drew
+    the image in part, and the preview completed)."""
+    doc = pdfs.image_page(20_000, 20_000, via="annot")
+    at = doc.index(b"/Subtype /Image")
+    end = doc.index(b">>\nstream", at)
+    if how == "blanks":
+        return doc[:end] + b">>" + b" " * 20 + b"\nstream" + doc[end + 9 :]
+    if how == "comment":
+        return doc[:end] + b">>%c\nstream" + doc[end + 9 :]
+    if how == "long":  # past the 16 kB looked back over
+        return doc[:at] + b"/Pad (" + b"x" * 20_000 + b") " + doc[at:]
+    if how == "nested":  # more dictionaries than the 32 passed on the way back
+        nest = b"/Deep " + b"<< /D " * 40 + b"1" + b" >>" * 40 + b" "
+        return doc[:at] + nest + doc[at:]
+    if how == "subtype":  # the name in an object of its own (the xref is repaired)
+        head = doc.index(b"\n") + 1
+        named = doc[:head] + b"99 0 obj\n/Image\nendobj\n" + doc[head:]
+        return named.replace(b"/Subtype /Image", b"/Subtype 99 0 R")
+    raise ValueError(how)
+
+
+@pytest.mark.parametrize("how", ["blanks", "comment", "long", "nested", "subtype"])
+def test_an_image_dictionary_read_as_pdfium_reads_it(scratch: Path, how: str) -> None:
+    err = failure(scratch, put(scratch, _disguised(how)))
+    assert err.code == "LIMIT_EXCEEDED" and "20000x20000" in err.reason
+
+
+@pytest.mark.parametrize(
+    ("size", "filters", "over"),
+    [
+        (14_000, b"[/FlateDecode /ASCIIHexDecode]", True),  # 588 MB of pixels, 1.18 GB of hex
+        (17_000, b"[/FlateDecode /ASCII85Decode]", True),  # 867 MB, 1.08 GB of base 85
+        (10_000, b"[/FlateDecode /ASCIIHexDecode]", False),  # 300 MB, 600 MB of hex
+        (20_000, b"[/FlateDecode /RunLengthDecode]", False),  # run lengths: not known
+        (20_000, b"[/ASCIIHexDecode /FlateDecode]", True),  # hex around the Flate: pixels
+    ],
+)
+def test_what_a_capped_filter_puts_out_is_counted(
+    scratch: Path, size: int, filters: bytes, over: bool
+) -> None:
+    """[/FlateDecode /ASCIIHexDecode]: the Flate puts out two hex digits a
+    byte, and the 1 GiB cap counts those (QA: 14,000 x 14,000 RGB drawn in
+    part, 20,000 x 20,000 lost half)."""
+    page = pdfs.image_page(size, size, filters=filters, via="annot")
+    scan = pdf_images.scan(str(put(scratch, page)))
+    assert (scan.over == (size, size)) is over
+
+
 @pytest.mark.parametrize(
     "page",
     [
