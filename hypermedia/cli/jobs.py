@@ -30,10 +30,11 @@ from hypermedia.cli.common import (
     user_errors,
 )
 from hypermedia.cli.queues import known_queues, warn_unknown_queue
-from hypermedia.errors import InvalidRequest
+from hypermedia.errors import InvalidRequest, NotFound
 from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import NewJob, check_queue_name
+from hypermedia.queue.profiles import Profiles
 from hypermedia.queue.queues import Queues
 from hypermedia.queue.states import TERMINAL
 
@@ -55,7 +56,9 @@ LIST_COLUMNS = (
 
 @app.command()
 def submit(
-    job_type: str = typer.Argument(..., help="e.g. debug.noop, debug.sleep"),
+    job_type: str | None = typer.Argument(
+        None, help="e.g. debug.noop, debug.sleep; left out: --profile's", show_default=False
+    ),
     params: str = typer.Option("{}", "--params", help="JSON object of parameters"),
     priority: int = typer.Option(5, "--priority", min=1, max=10, help="1 highest … 10 lowest"),
     queue: str | None = typer.Option(None, "--queue", help="default: the profile's queue"),
@@ -74,8 +77,10 @@ def submit(
     ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Enqueue COUNT jobs of JOB_TYPE."""
+    """Enqueue COUNT jobs of JOB_TYPE (or of --profile's job type)."""
     with user_errors():
+        if job_type is None and profile is None:
+            raise InvalidRequest("give JOB_TYPE, --profile, or both")
         parsed = json_object(params, "--params")
         if idempotency_key and count > 1:
             raise InvalidRequest("--idempotency-key needs --count 1")
@@ -90,6 +95,11 @@ def submit(
         if queue is not None and queue not in known_queues(Queues(eng)):
             check_queue_name(queue)  # a name no job may have is refused, not warned of
             warn_unknown_queue(queue)  # queued for ever, most likely: said before it is
+        if job_type is None:  # as POST /v1/jobs takes a profile alone
+            try:
+                job_type = str(Profiles(eng).show(str(profile))["job_type"])
+            except NotFound as exc:  # said as with a job type given: "error: no profile …"
+                raise InvalidRequest(str(exc)) from None
         job = NewJob(
             job_type,
             parsed,

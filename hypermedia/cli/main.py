@@ -174,7 +174,8 @@ def worker(
     maintenance: bool = typer.Option(
         True,
         "--maintenance/--no-maintenance",
-        help="stand for leader and run maintenance if elected",
+        help="stand for leader and run maintenance if elected (with none, jobs waiting "
+        "to retry are never queued again, expired leases never released)",
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:

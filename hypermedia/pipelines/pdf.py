@@ -471,7 +471,10 @@ def run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         rendered = []
         count = len(sizes)
         for i, (n, (width, height)) in enumerate(sizes.items()):
-            ctx.progress(5 + 95 * i / count, f"rendering page {n} of {total}")
+            # The step counts what the bar counts: pages 1-10 of 60 were
+            # "page 2 of 60" at 14.5 %.
+            step = f"{n} of {total}" if count == total else f"{n} ({i + 1} of {count})"
+            ctx.progress(5 + 95 * i / count, f"rendering page {step}")
             ctx.budget(p["max_page_seconds"], too_slow(n, p["max_page_seconds"]))
             buf = _render(pdfium, doc, n - 1, (width, height), p["max_page_seconds"], images)
             ctx.budget(None)

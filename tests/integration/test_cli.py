@@ -231,9 +231,8 @@ def test_the_default_worker_serves_a_queue_a_profile_names_later(
             url=url, home=tmp_path,
         )  # fmt: skip
         assert made.returncode == 0, made.stderr
-        done = _run(
-            "jobs", "submit", "debug.sleep", "--profile", name, "--wait", "--json",
-            url=url, home=tmp_path,
+        done = _run(  # the job type left out: the profile's (as POST /v1/jobs takes it)
+            "jobs", "submit", "--profile", name, "--wait", "--json", url=url, home=tmp_path,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         (job,) = json.loads(done.stdout)["jobs"]

@@ -60,6 +60,8 @@ def _case(args: list[str], code: int, said: str, **env: str) -> object:
             ["jobs", "submit", "debug.noop", "--profile", "nope"], USAGE, "error: no profile nope"
         ),
         _case(["process", "{in}", "--profile", "nope"], USAGE, "error: no profile nope"),
+        _case(["jobs", "submit", "--profile", "nope"], USAGE, "error: no profile nope"),
+        _case(["jobs", "submit"], USAGE, "give JOB_TYPE, --profile, or both"),
         _case(["jobs", "submit", "nope.nothing"], USAGE, "unknown job type"),
         _case(
             ["jobs", "submit", "debug.sleep", "--idempotency-key", "once"],
