@@ -20,7 +20,7 @@ from hypermedia.cli.common import (
 from hypermedia.cli.queues import known_queues, warn_unknown_queue
 from hypermedia.errors import InvalidRequest, JobError
 from hypermedia.pipelines import registry, schema
-from hypermedia.queue.profiles import Profiles, price_text
+from hypermedia.queue.profiles import MAX_PRICE, Profiles, price_text
 from hypermedia.queue.queues import Queues
 
 app = typer.Typer(
@@ -148,10 +148,10 @@ def create(
         None, "--settings", help="JSON object of settings (default: KEY's newest version's)"
     ),
     queue: str | None = typer.Option(None, "--queue", help="default: the job type's queue"),
-    base: int | None = typer.Option(None, "--credits-base", min=0),
-    per_mb: int | None = typer.Option(None, "--credits-per-mb", min=0),
-    per_page: int | None = typer.Option(None, "--credits-per-page", min=0),
-    per_minute: int | None = typer.Option(None, "--credits-per-minute", min=0),
+    base: int | None = typer.Option(None, "--credits-base", min=0, max=MAX_PRICE),
+    per_mb: int | None = typer.Option(None, "--credits-per-mb", min=0, max=MAX_PRICE),
+    per_page: int | None = typer.Option(None, "--credits-per-page", min=0, max=MAX_PRICE),
+    per_minute: int | None = typer.Option(None, "--credits-per-minute", min=0, max=MAX_PRICE),
     timeout: int | None = typer.Option(None, "--timeout", help="seconds per attempt"),
     max_input_bytes: int | None = typer.Option(None, "--max-input-bytes"),
     as_json: bool = typer.Option(False, "--json"),
