@@ -142,6 +142,7 @@ class BodyLimit:
     ambiguous: two Content-Lengths, or one with Transfer-Encoding.  The HTTP
     parser took the chunked body; a proxy in front that trusts the length
     reads another request's start in it (request smuggling, RFC 9112 §6.3).
+    So is one that sends its credentials or its origin twice (``ONCE``).
     """
 
     def __init__(
@@ -160,6 +161,10 @@ class BodyLimit:
         chunked = any(k == b"transfer-encoding" for k, _ in scope["headers"])
         if len(lengths) > 1 or (lengths and chunked):
             await refuse(scope, send, 400, "bad_request", AMBIGUOUS)
+            return
+        named = [k for k, _ in scope["headers"] if k in ONCE]
+        if len(named) != len(set(named)):
+            await refuse(scope, send, 400, "bad_request", TWICE)
             return
         declared = lengths[0] if lengths else b""
         # Without a length or chunks HTTP/1.1 has no body (a GET): nothing to
@@ -235,6 +240,11 @@ class BodyLimit:
 
 
 AMBIGUOUS = "the request's length is ambiguous: two Content-Lengths, or one with Transfer-Encoding"
+# Headers a request must send at most once: the API took the first of two
+# Authorization headers (a proxy that checks or logs the last saw another
+# token), the dashboard the first of two Origins.
+ONCE = frozenset({b"authorization", b"origin"})
+TWICE = "send Authorization and Origin at most once each: two could be read differently"
 
 
 Guard = Callable[[Request], Awaitable[object]]

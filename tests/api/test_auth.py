@@ -73,6 +73,23 @@ def test_api_refuses_missing_revoked_and_wrong_scheme(client: TestClient, svc: S
     assert r.status_code == 401 and token not in r.text
 
 
+def test_credentials_or_an_origin_sent_twice_are_refused(client: TestClient, svc: Services) -> None:
+    """The first of two Authorization headers was taken: a proxy that checks
+    or logs the last one saw another token than the API used (QA)."""
+    _, mine = svc.tokens.create("p1", ["jobs:read"])
+    _, theirs = svc.tokens.create("p2", ["jobs:read"])
+    for second in (f"Bearer {theirs}", "Bearer garbage", f"Bearer {mine}"):
+        r = client.get(
+            "/v1/jobs", headers=[("Authorization", f"Bearer {mine}"), ("Authorization", second)]
+        )
+        assert r.status_code == 400, r.text
+        assert r.json()["code"] == "bad_request" and "at most once" in r.json()["message"]
+    origins = [("Origin", "http://testserver"), ("Origin", "http://evil.example")]
+    r = client.post("/ui/login", headers=origins, data={"token": mine}, follow_redirects=False)
+    assert r.status_code == 400
+    assert client.get("/v1/jobs", headers=bearer(mine)).status_code == 200  # once: as ever
+
+
 def test_who_may_ask_is_judged_before_what_is_asked(client: TestClient, svc: Services) -> None:
     """A broken body of a caller with no token, or a token without the
     scope, was told of its JSON (422) before it was told it may not ask."""
