@@ -17,6 +17,9 @@ from hypermedia.parse import ascii_int
 
 # The project of everything made without naming one (CLI, embedded default).
 DEFAULT_PROJECT = "default"
+# HYPERMEDIA_HOME when hypermedia makes it: its user's only (the database,
+# every project's files, the signing key are under it).
+HOME_MODE = 0o700
 
 
 @functools.cache

@@ -35,7 +35,7 @@ from rich.markup import escape
 from sqlalchemy.engine import url as sa_url
 
 from hypermedia import leftovers
-from hypermedia.config import Settings, load_settings
+from hypermedia.config import HOME_MODE, Settings, load_settings
 from hypermedia.db.dialects import is_schema_missing, is_transient
 from hypermedia.db.driver import connect, normalise_url
 from hypermedia.db.ready import not_ready, wait_until_ready
@@ -119,7 +119,8 @@ def make_home(home: Path) -> None:
     read-only one was "OSError: ... '[path]'" (the path, the user's own
     setting, redacted), or from ``worker`` a whole traceback."""
     try:
-        home.mkdir(parents=True, exist_ok=True)
+        # An existing folder keeps its mode (config.HOME_MODE).
+        home.mkdir(mode=HOME_MODE, parents=True, exist_ok=True)
     except OSError as exc:
         raise UnwritableHome(f"HYPERMEDIA_HOME={home} cannot be made: {exc.strerror}") from None
     if not os.access(home, os.W_OK | os.X_OK):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NoReturn, cast
 from urllib.parse import quote
 
-from hypermedia.config import DEFAULT_PROJECT, MIN_SECRET_KEY, Settings
+from hypermedia.config import DEFAULT_PROJECT, HOME_MODE, MIN_SECRET_KEY, Settings
 from hypermedia.db.driver import Driver
 from hypermedia.db.schema_storage import OBJECT_STATES
 from hypermedia.errors import Conflict, HypermediaError, InvalidRequest, NotFound, Refused
@@ -796,7 +796,7 @@ def _home_secret(home: Path) -> bytes:
     # agree on one key, and nobody ever reads a half-written file.
     path = home / "secret.key"
     if not path.exists():
-        home.mkdir(parents=True, exist_ok=True)
+        home.mkdir(mode=HOME_MODE, parents=True, exist_ok=True)
         tmp = home / f".secret.{uuid.uuid4().hex}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with open(fd, "wb") as f:

@@ -22,7 +22,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from hypermedia import said
-from hypermedia.config import connect_ports, sandbox_mode
+from hypermedia.config import HOME_MODE, connect_ports, sandbox_mode
 from hypermedia.db.dialects import is_transient
 from hypermedia.db.ready import wait_until_ready
 from hypermedia.errors import InvalidRequest
@@ -204,7 +204,7 @@ class Worker:
         that is away (restarting, not up yet, its disk full) or not migrated
         yet is waited for, as the claim loop waits for it later: a worker
         started beside its database need not be started again."""
-        self.settings.home.mkdir(parents=True, exist_ok=True)
+        self.settings.home.mkdir(mode=HOME_MODE, parents=True, exist_ok=True)
         if not wait_until_ready(self.engine.db, self.stop_claiming):
             return False
         delay = 0.5  # it may go away again before the insert
