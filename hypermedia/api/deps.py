@@ -336,3 +336,11 @@ def owned(row: dict[str, object], principal: Principal, what: str, ident: object
     """Another project's row answers exactly like a missing one."""
     if row.get("project_id") != principal.project_id:
         raise NotFound(f"{what} {ident} not found")
+
+
+def may_change(job: dict[str, object], principal: Principal) -> bool:
+    """Whether ``principal`` may cancel or retry its project's ``job``: a token
+    without ``jobs:read`` only the jobs it made (the answer, a 409 "it is
+    failed" or the job after a retry, told it which jobs exist and what they
+    hold); any other is answered as a missing one."""
+    return principal.allows("jobs:read") or job.get("created_by") == principal.actor

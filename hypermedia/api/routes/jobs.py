@@ -17,7 +17,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from hypermedia.api.deps import Id, Whole, check_may_run, owned, scoped, services, shown
+from hypermedia.api.deps import (
+    Id,
+    Whole,
+    check_may_run,
+    may_change,
+    owned,
+    scoped,
+    services,
+    shown,
+)
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.api.strict_json import StrictJSONRoute, is_head
 from hypermedia.auth.tokens import Principal
@@ -151,12 +160,9 @@ def check_owner(svc: Services, job_id: int, principal: Principal) -> Row:
 
 
 def check_changeable(svc: Services, job_id: int, principal: Principal) -> Row:
-    """``check_owner`` for a change (cancel, retry).  A token without
-    ``jobs:read`` may change only the jobs it made: any other of its project
-    answers as a missing one, since the answer (a 409 "it is failed", the job
-    after a retry) told it which jobs exist, their state and their details."""
+    """``check_owner`` for a change (cancel, retry): see ``may_change``."""
     job = check_owner(svc, job_id, principal)
-    if not principal.allows("jobs:read") and job.get("created_by") != principal.actor:
+    if not may_change(job, principal):
         raise NotFound(f"job {job_id} not found")
     return job
 

@@ -41,7 +41,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from hypermedia.api.deps import Whole, scoped, services, shown
+from hypermedia.api.deps import Whole, may_change, scoped, services, shown
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.auth.tokens import Principal
@@ -168,11 +168,10 @@ def retry(job_id: Uuid, request: Request, principal: Principal = scoped("jobs:wr
 
 
 def _changeable(svc: Services, job_id: str, principal: Principal) -> Row:
-    """As /v1's check_changeable: a token without ``jobs:read`` changes only
-    the jobs it made; any other answers as a missing one (QA: a jobs:write
-    token cancelled, retried and read its project's other jobs here)."""
+    """The job, if ``principal`` may change it (``may_change``, as on /v1: a
+    jobs:write token cancelled, retried and read its project's other jobs here)."""
     row = svc.legacy.find(job_id, principal.project_id)
-    if not principal.allows("jobs:read") and row.get("created_by") != principal.actor:
+    if not may_change(row, principal):
         raise NotFound(f"processing job {row['job_uuid']} not found")
     return row
 
