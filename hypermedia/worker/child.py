@@ -22,9 +22,9 @@ from typing import Any
 from hypermedia.errors import FILE_TOO_LARGE, SCRATCH_FULL, JobError
 from hypermedia.linux import prctl
 from hypermedia.worker.protocol import (
+    FrameReader,
     encode,
     finite_number,
-    read_frame,
     write_encoded,
     write_frame,
 )
@@ -298,8 +298,9 @@ def main() -> None:
     os.dup2(devnull, 0)
     os.dup2(2, 1)
     memory = _Memory()
+    frames = FrameReader(inp)
     while True:
-        msg = read_frame(inp)
+        msg = frames.read()
         if msg is None or msg.get("op") == "exit":
             return
         if msg.get("op") == "warm":

@@ -20,9 +20,9 @@ from typing import Any
 
 from hypermedia.worker.protocol import (
     MAX_CHILD_FRAME,
+    FrameReader,
     ProtocolError,
     check_report,
-    read_frame,
     write_frame,
 )
 from hypermedia.worker.stderr import relay
@@ -66,6 +66,7 @@ class Child:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._out = self.proc.stdin.fileno()
         self._in = self.proc.stdout.fileno()
+        self._frames = FrameReader(self._in, MAX_CHILD_FRAME)
         assert self.proc.stderr is not None
         self.stderr = relay().watch(self.proc.stderr, self.proc.pid)
         self.attempts = 0
@@ -100,14 +101,15 @@ class Child:
     def poll(self, timeout: float) -> tuple[bool, Any]:
         """(ready, report). A ready None report means the child is gone: it
         exited, or it sent what no child of ours sends and was killed."""
+        if not self._frames.ready():  # else a report came with the last one
+            try:
+                ready, _, _ = select.select([self._in], [], [], max(0.0, timeout))
+            except (OSError, ValueError):
+                return True, None
+            if not ready:
+                return False, None
         try:
-            ready, _, _ = select.select([self._in], [], [], max(0.0, timeout))
-        except (OSError, ValueError):
-            return True, None
-        if not ready:
-            return False, None
-        try:
-            msg = read_frame(self._in, MAX_CHILD_FRAME)
+            msg = self._frames.read()
             return True, None if msg is None else check_report(msg)
         except ProtocolError as exc:
             self.refuse(str(exc))

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from hypermedia.worker.protocol import (
+    FrameReader,
     ProtocolError,
     check_report,
     encode,
-    read_frame,
     write_frame,
 )
 
@@ -38,8 +38,9 @@ def test_a_frame_round_trips(pipe: tuple[int, int]) -> None:
     msg = {"op": "run", "params": {"ms": 3, "names": ["a", "é"]}, "input": None}
     write_frame(w, msg)
     os.close(w)
-    assert read_frame(r) == msg
-    assert read_frame(r) is None  # the other end closed
+    frames = FrameReader(r)
+    assert frames.read() == msg
+    assert frames.read() is None  # the other end closed
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), b"bytes", object()])
@@ -58,7 +59,7 @@ def test_a_pickle_is_refused_without_being_run(pipe: tuple[int, int], tmp_path: 
     r, w = pipe
     _raw(w, pickle.dumps(Opens()))
     with pytest.raises(ProtocolError):
-        read_frame(r, 1 << 20)
+        FrameReader(r, 1 << 20).read()
     assert not marker.exists()
 
 
@@ -67,14 +68,55 @@ def test_json_extensions_and_deep_nesting_are_refused(pipe: tuple[int, int], bod
     r, w = pipe
     _raw(w, body)
     with pytest.raises(ProtocolError):
-        read_frame(r, 1 << 20)
+        FrameReader(r, 1 << 20).read()
 
 
 def test_an_oversized_frame_is_refused_before_its_body_is_read(pipe: tuple[int, int]) -> None:
     r, w = pipe
     os.write(w, struct.pack("!I", 3 << 30))  # no body follows: reading it would block
     with pytest.raises(ProtocolError, match="bytes"):
-        read_frame(r, 1 << 20)
+        FrameReader(r, 1 << 20).read()
+
+
+def test_frames_written_at_once_are_read_one_by_one(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    first, second = {"op": "progress", "percent": 50}, {"op": "done", "status": "completed"}
+    os.write(w, encode(first) + encode(second))  # one write, as a child may send them
+    frames = FrameReader(r)
+    assert not frames.ready()
+    assert frames.read() == first
+    assert frames.ready()  # the second came with the first: no need to wait on the pipe
+    assert frames.read() == second
+    assert not frames.ready()
+
+
+def test_a_frame_split_across_writes_is_read_whole(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    frame = encode({"op": "done", "result": "x" * 200_000})  # longer than one read's chunk
+    os.write(w, frame[:3])  # not even the whole header
+    frames = FrameReader(r)
+    assert not frames.ready()
+    pid = os.fork()
+    if pid == 0:  # the rest a little later, in pieces
+        for at in range(3, len(frame), 50_000):
+            os.write(w, frame[at : at + 50_000])
+        os._exit(0)
+    try:
+        assert frames.read() == {"op": "done", "result": "x" * 200_000}
+    finally:
+        os.waitpid(pid, 0)
+
+
+def test_an_oversized_header_behind_a_frame_is_refused_without_waiting(
+    pipe: tuple[int, int],
+) -> None:
+    r, w = pipe
+    os.write(w, encode({"op": "progress"}) + struct.pack("!I", 3 << 30))
+    frames = FrameReader(r, 1 << 20)
+    assert frames.read() == {"op": "progress"}
+    assert frames.ready()  # the caller must not wait for a body that never comes
+    with pytest.raises(ProtocolError, match="bytes"):
+        frames.read()
 
 
 def _done(**kw: Any) -> dict[str, Any]:
