@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 import jinja2
 from fastapi import Request, Response
@@ -260,10 +261,27 @@ def _origin_of(scheme: str, netloc: str) -> tuple[str, str, int] | None:
     return (scheme, host, port) if host else None
 
 
+# Query parameters never carried into the login's ``next``: a token pasted
+# into a dashboard address (``/ui/jobs?token=hm_…``) would otherwise travel on
+# into the login form, the address after it and the browser's history.
+_SECRET_PARAMS = frozenset({"token", "access_token", "api_key", "apikey", "secret", "password"})
+_TOKEN_VALUE = re.compile(r"(?<![A-Za-z0-9])hms?_[A-Za-z0-9_-]{8,}")  # as redact's
+
+
+def _without_secrets(query: str) -> str:
+    kept = [
+        (k, v)
+        for k, v in parse_qsl(query, keep_blank_values=True)
+        if k.lower() not in _SECRET_PARAMS and not _TOKEN_VALUE.search(v)
+    ]
+    return urlencode(kept)
+
+
 def _login_redirect(request: Request) -> Response:
     target = "/ui/login"
     if request.method in ("GET", "HEAD"):
-        here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        query = _without_secrets(request.url.query)
+        here = request.url.path + (f"?{query}" if query else "")
         target += "?next=" + quote(here, safe="")
     response = RedirectResponse(target, status_code=303)
     if COOKIE in request.cookies:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import re
 import uuid
+from urllib.parse import unquote
 
 import pytest
 from fastapi.testclient import TestClient
@@ -686,3 +687,21 @@ def test_an_unknown_path_is_a_404_whatever_the_method(client: TestClient, a: Pro
     assert (r.status_code, r.headers["allow"]) == (405, "GET, HEAD")
     r = client.patch("/ui/jobs/1/cancel", headers=HTML)
     assert (r.status_code, r.headers["allow"]) == (405, "POST")
+
+
+def test_a_token_in_a_dashboard_address_is_not_carried_into_the_login(
+    client: TestClient, a: Project
+) -> None:
+    """QA: /ui/jobs?token=hm_… sent the token on into the login form's next,
+    the address after the login and the browser's history."""
+    secret = a.admin  # a real token, shaped as tokens are
+    r = client.get(
+        f"/ui/jobs?status=failed&token={secret}&q={secret}&Access_Token=x&type=a.b",
+        follow_redirects=False,
+    )
+    assert r.status_code == 303
+    location = unquote(r.headers["location"])
+    assert location == "/ui/login?next=/ui/jobs?status=failed&type=a.b", location
+    assert "hm_" not in r.headers["location"] and "oken" not in location
+    form = client.get(r.headers["location"])
+    assert secret not in form.text and "status=failed" in form.text
