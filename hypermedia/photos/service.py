@@ -140,8 +140,8 @@ class Photos:
         filename: str = "",
     ) -> Row:
         """Store an image as a new photo; its variants are made by the engine."""
-        _check_text("album", album, 200)
-        _check_text("title", title, 500)
+        _check_name("album", album, 200, blank=False)
+        _check_name("title", title, 500)
         _check_text("project", project_id, 64, empty=False)
         if isinstance(src, str | Path):
             path = Path(src)
@@ -318,7 +318,7 @@ class Photos:
     def copy(self, photo_id: str, *, album: str | None = None) -> Row:
         """A new photo bound to the same objects; no blob is copied."""
         if album is not None:
-            _check_text("album", album, 200)
+            _check_name("album", album, 200, blank=False)
         new_id = _new_id()
         now = self.engine.clock()
         with self.db.tx() as tx:
@@ -345,7 +345,7 @@ class Photos:
         return self.get(new_id)
 
     def move(self, photo_id: str, album: str) -> Row:
-        _check_text("album", album, 200)
+        _check_name("album", album, 200, blank=False)
         with self.db.tx() as tx:
             if not tx.update_photo(photo_id, {"album": album, "updated_at": self.engine.clock()}):
                 raise NotFound(f"photo {photo_id} not found")
@@ -354,10 +354,10 @@ class Photos:
     def update(self, photo_id: str, *, title: str | None = None, album: str | None = None) -> Row:
         values: Row = {}
         if title is not None:
-            _check_text("title", title, 500)
+            _check_name("title", title, 500)
             values["title"] = title
         if album is not None:
-            _check_text("album", album, 200)
+            _check_name("album", album, 200, blank=False)
             values["album"] = album
         if values:
             values["updated_at"] = self.engine.clock()
@@ -698,6 +698,23 @@ def _new_id() -> str:
     import uuid
 
     return str(uuid.uuid4())
+
+
+# Bidirectional controls (ALM, LRM/RLM, the embeddings and overrides, the
+# isolates): "x\u202egnp.exe" shows as "xexe.png".  Others of Unicode's
+# format characters stay: a zero-width joiner is part of many emoji.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _check_name(what: str, value: str, limit: int, *, blank: bool = True) -> None:
+    """An album or title a photo is given: text as _check_text takes it, no
+    bidirectional controls, and without ``blank`` none ("") or more than
+    blanks (an album of spaces looked like no album in every listing)."""
+    _check_text(what, value, limit)
+    if any(c in _BIDI for c in value):
+        raise InvalidRequest(f"{what} must not contain bidirectional control characters")
+    if not blank and value and not value.strip():
+        raise InvalidRequest(f"{what} must be empty or more than blanks")
 
 
 def _check_text(what: str, value: str, limit: int, *, empty: bool = True) -> None:

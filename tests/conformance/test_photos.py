@@ -275,6 +275,32 @@ def test_add_refuses_what_is_not_an_image(photos: Photos, driver: Driver) -> Non
             _add(photos, title=f"a{control}b")
 
 
+def test_names_refuse_bidi_controls_and_blank_albums(photos: Photos, image_jobs: None) -> None:
+    """QA: "x\u202egnp.exe" was taken as an album and shown as "xexe.png"; an
+    album of spaces looked like none in every listing."""
+    for bidi in ("\u202e", "\u2066", "\u200f", "\u061c"):
+        with pytest.raises(InvalidRequest, match="bidirectional"):
+            _add(photos, album=f"x{bidi}gnp.exe")
+        with pytest.raises(InvalidRequest, match="bidirectional"):
+            _add(photos, title=f"a{bidi}b")
+    for blank in (" ", "   ", "\u3000"):
+        with pytest.raises(InvalidRequest, match="blanks"):
+            _add(photos, album=blank)
+    assert photos.list()["photos"] == []
+    row = _add(photos, album="", title=" \U0001f468\u200d\U0001f469\u200d\U0001f467 ")
+    assert row["album"] == "" and "\u200d" in row["title"]  # a joiner is part of the emoji
+    for change in (
+        lambda: photos.move(row["id"], "a\u202eb"),
+        lambda: photos.copy(row["id"], album="  "),
+        lambda: photos.update(row["id"], album="\u202d"),
+        lambda: photos.update(row["id"], title="\u2067x"),
+    ):
+        with pytest.raises(InvalidRequest):
+            change()
+    assert len(photos.list()["photos"]) == 1
+    assert photos.get(row["id"])["album"] == ""
+
+
 def test_add_from_a_path(photos: Photos, tmp_path: Path, image_jobs: None) -> None:
     path = tmp_path / "IMG_1.png"
     path.write_bytes(png(4, 3))
