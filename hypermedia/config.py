@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hypermedia.errors import InvalidRequest
-from hypermedia.parse import ascii_int
+from hypermedia.parse import ascii_int, base_url
 
 # The project of everything made without naming one (CLI, embedded default).
 DEFAULT_PROJECT = "default"
@@ -113,6 +113,10 @@ class Settings:
     # The key before a rotation: links it signed stay good until they expire.
     previous_secret_key: str = ""
     signed_url_seconds: int = 900
+    # The address clients reach this service at (http(s)://HOST[:PORT][/PATH]):
+    # the prefix of the download links it signs.  Unset, a link takes the
+    # request's own Host, which any client may write.
+    public_url: str = ""
     gc_interval_seconds: float = 60.0
     gc_unreferenced_seconds: float = 86400.0
     gc_pending_seconds: float = 21600.0
@@ -204,6 +208,7 @@ _ENV_NAMES = {
     "secret_key": "SECRET_KEY",
     "previous_secret_key": "PREVIOUS_SECRET_KEY",
     "signed_url_seconds": "SIGNED_URL_SECONDS",
+    "public_url": "PUBLIC_URL",
     "gc_interval_seconds": "GC_INTERVAL_SECONDS",
     "gc_unreferenced_seconds": "GC_UNREFERENCED_SECONDS",
     "gc_pending_seconds": "GC_PENDING_SECONDS",
@@ -316,6 +321,7 @@ def load_settings() -> Settings:
         if getattr(settings, name) > MAX_MB:
             raise InvalidRequest(f"HYPERMEDIA_{_ENV_NAMES[name]} must be at most {MAX_MB} (MB)")
     _check_signed_url_seconds(settings.signed_url_seconds)
+    settings = replace(settings, public_url=base_url(settings.public_url, "HYPERMEDIA_PUBLIC_URL"))
     for name in _ABOVE_ZERO:
         if not getattr(settings, name) > 0:
             raise InvalidRequest(f"HYPERMEDIA_{_ENV_NAMES[name]} must be more than 0")

@@ -210,6 +210,12 @@ class FailedAuth:
         self.bucket.take(client_address(request))
 
 
+def link_base(request: Request) -> str:
+    """The prefix of the links this service signs: HYPERMEDIA_PUBLIC_URL, or
+    else the address the request came to (its Host header, the client's word)."""
+    return services(request).settings.public_url or str(request.base_url).rstrip("/")
+
+
 def client_address(request: Request) -> str:
     # Behind a proxy, uvicorn has put the forwarded address here already
     # (from the addresses FORWARDED_ALLOW_IPS trusts).

@@ -20,7 +20,6 @@ from hypermedia.cli.common import (
     MAX_ID,
     an_id,
     as_regular_files,
-    base_url,
     console,
     engine,
     err_console,
@@ -35,6 +34,7 @@ from hypermedia.cli.common import (
     write_whole,
 )
 from hypermedia.errors import Conflict, HypermediaError, InvalidRequest
+from hypermedia.parse import base_url
 from hypermedia.storage.base import StorageError
 from hypermedia.storage.gc import GarbageCollector
 from hypermedia.storage.ledger import POOL_RECHECK_SECONDS, Storage
@@ -221,11 +221,16 @@ def show(object_id: int = an_id("object"), as_json: bool = typer.Option(False, "
 @objects_app.command("url")
 def url(
     object_id: int = an_id("object"),
-    base: str = typer.Option("", "--base-url", help="http(s)://HOST[:PORT][/PATH] of the server"),
+    base: str = typer.Option(
+        "",
+        "--base-url",
+        help="http(s)://HOST[:PORT][/PATH] of the server (default: HYPERMEDIA_PUBLIC_URL)",
+    ),
 ) -> None:
     """A signed download URL that expires (HYPERMEDIA_SIGNED_URL_SECONDS)."""
     with user_errors():
-        prefix = base_url(base)  # before the database: a bad value is refused as it is
+        # Before the database: a bad value is refused as it is.
+        prefix = base_url(base) or settings().public_url
         link = storage().signed_url(object_id, prefix)
         console.print(link, soft_wrap=True)
         if link.startswith("/"):  # a local pool's link, served by serve/api

@@ -10,7 +10,6 @@ from rich.table import Table
 
 from hypermedia.cli.common import (
     as_regular_files,
-    base_url,
     console,
     engine,
     existing_inputs,
@@ -19,6 +18,7 @@ from hypermedia.cli.common import (
     sigterm_as_ctrl_c,
     user_errors,
 )
+from hypermedia.parse import base_url
 from hypermedia.photos.service import Photos
 from hypermedia.storage.ledger import Storage
 
@@ -89,13 +89,17 @@ def ls(
 def show(
     photo_id: str = typer.Argument(...),
     base: str = typer.Option(
-        "", "--base-url", help="http(s)://HOST[:PORT][/PATH] of the server: prefix of the URLs"
+        "",
+        "--base-url",
+        help="http(s)://HOST[:PORT][/PATH] of the server: prefix of the URLs "
+        "(default: HYPERMEDIA_PUBLIC_URL)",
     ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """A photo with its objects, signed URLs and the status of its variants."""
     with user_errors():
-        prefix = base_url(base)  # before the database: a bad value is refused as it is
+        # Before the database: a bad value is refused as it is.
+        prefix = base_url(base) or settings().public_url
         row = photos().get(photo_id, base_url=prefix)
         if as_json:
             print_json(row)

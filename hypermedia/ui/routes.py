@@ -21,6 +21,7 @@ from hypermedia.api.deps import (
     Whole,
     authenticate,
     check_may_run,
+    link_base,
     may_submit,
     services,
     shown,
@@ -367,8 +368,7 @@ async def output_content(request: Request, job_id: str, output_id: str) -> Respo
     need(principal, "jobs:read")  # as the page that shows the link
     svc = services(request)
     ids = _id(job_id, "job"), _id(output_id, "output")
-    base_url = str(request.base_url).rstrip("/")
-    url = await run_in_threadpool(_output_url, svc, *ids, principal, base_url)
+    url = await run_in_threadpool(_output_url, svc, *ids, principal, link_base(request))
     return RedirectResponse(url, status_code=303, headers={"Cache-Control": "no-store"})
 
 

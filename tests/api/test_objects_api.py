@@ -50,6 +50,32 @@ def download(client: TestClient, token: str, object_id: object) -> bytes:
     return got.content
 
 
+def test_links_take_the_public_url_not_the_request_host(
+    svc: Services, client: TestClient, a: Project
+) -> None:
+    """A link built from the request's Host is the client's word: behind a
+    proxy that passes any Host on, a forged one made links to another site."""
+    obj = upload(client, a.admin, b"linked bytes")
+    forged = {**bearer(a.admin), "host": "evil.example"}
+    r = client.get(f"/v1/objects/{obj['object_id']}/url", headers=forged)
+    assert urlsplit(r.json()["url"]).netloc == "evil.example"  # unset: the request's Host
+    public = svc.settings.with_(public_url="https://media.example.com/hm")
+    with TestClient(create_app(Services.from_engine(Engine(svc.engine.db, public)))) as c:
+        body = c.get(f"/v1/objects/{obj['object_id']}/url", headers=forged).json()
+        photo = c.post("/v1/photos", content=png(3, 2), headers=forged).json()
+    url = urlsplit(body["url"])
+    assert (url.scheme, url.netloc, url.path) == (
+        "https",
+        "media.example.com",
+        f"/hm/v1/objects/{obj['object_id']}/content",
+    )
+    expires = datetime.fromisoformat(body["expires_at"].replace("Z", "+00:00")).timestamp()
+    assert f"expires={int(expires)}" in url.query  # read back from the link, as without it
+    assert photo["url"].startswith("https://media.example.com/hm/v1/objects/"), photo
+    got = client.get(f"{url.path.removeprefix('/hm')}?{url.query}")  # as the proxy passes it
+    assert got.content == b"linked bytes"
+
+
 def form(parts: list[tuple[str, str | None, bytes]]) -> bytes:
     """A multipart body by hand: (name, filename or None, value)."""
     out = b""

@@ -137,6 +137,16 @@ def test_base_url_loses_its_trailing_slash(
     assert urls and all(u.startswith(prefix) for u in urls), urls
 
 
+def test_links_default_to_the_public_url(home: Path, photo: dict[str, Any]) -> None:
+    public = {"HYPERMEDIA_PUBLIC_URL": "https://media.example.com/hm/"}
+    link = _ok("objects", "url", str(photo["object_id"]), home=home, **public)
+    assert link.stdout.startswith("https://media.example.com/hm/v1/objects/"), link.stdout
+    assert "--base-url" not in link.stderr  # no "relative to the server" note
+    args = ("objects", "url", str(photo["object_id"]), "--base-url", "http://h")
+    given = _ok(*args, home=home, **public)
+    assert given.stdout.startswith("http://h/v1/objects/")  # the option still wins
+
+
 @pytest.mark.parametrize(
     "given",
     [

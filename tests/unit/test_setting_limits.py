@@ -253,3 +253,14 @@ def test_a_size_in_mb_past_what_setrlimit_takes_is_refused(
         load_settings()
     monkeypatch.setenv(name, str(config.MAX_MB))
     load_settings()
+
+
+def test_the_public_url_is_a_base_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HYPERMEDIA_PUBLIC_URL", "https://media.example.com:8443/hm/")
+    assert load_settings().public_url == "https://media.example.com:8443/hm"  # no "//v1"
+    monkeypatch.setenv("HYPERMEDIA_PUBLIC_URL", "")
+    assert load_settings().public_url == ""  # unset: the request's own address
+    for bad in ("media.example.com", "javascript:alert(1)", "https://u:p@h", "https://h/?a=1"):
+        monkeypatch.setenv("HYPERMEDIA_PUBLIC_URL", bad)
+        with pytest.raises(InvalidRequest, match="HYPERMEDIA_PUBLIC_URL takes http"):
+            load_settings()

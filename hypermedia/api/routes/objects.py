@@ -31,7 +31,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Send
 
 from hypermedia import leftovers
-from hypermedia.api.deps import Id, Whole, owned, scoped, services
+from hypermedia.api.deps import Id, Whole, link_base, owned, scoped, services
 from hypermedia.api.errors import ApiError
 from hypermedia.api.openapi import upload_body
 from hypermedia.api.paging import decode_cursor, page
@@ -504,9 +504,10 @@ def object_url(
     owned_object(svc, object_id, principal)
     # Read the clock first: the URL expires no earlier than what we announce.
     expires_at = svc.storage.epoch() + svc.settings.signed_url_seconds
-    url = svc.storage.signed_url(object_id, str(request.base_url).rstrip("/"))
+    base = link_base(request)
+    url = svc.storage.signed_url(object_id, base)
     ours = parse_qs(urlsplit(url).query).get("expires", [""])[0]
-    if url.startswith(str(request.base_url)) and ascii_int(ours) is not None:
+    if url.startswith(base + "/") and ascii_int(ours) is not None:
         expires_at = int(ours)
     return {"url": url, "expires_at": datetime.fromtimestamp(expires_at, UTC)}
 

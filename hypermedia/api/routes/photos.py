@@ -16,7 +16,7 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from hypermedia.api.deps import NO_CONTROLS, Whole, scoped, services
+from hypermedia.api.deps import NO_CONTROLS, Whole, link_base, scoped, services
 from hypermedia.api.openapi import upload_body
 from hypermedia.api.routes.objects import Upload, receive_upload
 from hypermedia.api.strict_json import StrictJSONRoute
@@ -49,10 +49,6 @@ class PhotoUpdate(BaseModel):
 
     title: str | None = Field(None, max_length=500)
     album: str | None = Field(None, max_length=200)
-
-
-def base_url(request: Request) -> str:
-    return str(request.base_url).rstrip("/")
 
 
 def owned_photo(svc: Services, photo_id: str, principal: Principal, url: str = "") -> Row:
@@ -127,7 +123,7 @@ async def upload_photo(
             "filename": upload.filename or filename or "",
         }
         photo_id = await run_in_threadpool(_add, svc, upload, principal, **text)
-    return await run_in_threadpool(owned_photo, svc, photo_id, principal, base_url(request))
+    return await run_in_threadpool(owned_photo, svc, photo_id, principal, link_base(request))
 
 
 @router.get("", summary="List the project's photos, newest first (no URLs: get one photo)")
@@ -151,7 +147,7 @@ def list_photos(
 def show_photo(
     request: Request, photo_id: str = PhotoId, principal: Principal = scoped("objects:read")
 ) -> Row:
-    return owned_photo(services(request), photo_id, principal, base_url(request))
+    return owned_photo(services(request), photo_id, principal, link_base(request))
 
 
 @router.post(
@@ -168,7 +164,7 @@ def copy_photo(
     svc = services(request)
     owned_photo(svc, photo_id, principal)
     copy = svc.photos.copy(photo_id, album=body.album if body else None)
-    return owned_photo(svc, copy["id"], principal, base_url(request))
+    return owned_photo(svc, copy["id"], principal, link_base(request))
 
 
 @router.post("/{photo_id}/move", summary="Move a photo to another album")
@@ -181,7 +177,7 @@ def move_photo(
     svc = services(request)
     owned_photo(svc, photo_id, principal)
     svc.photos.move(photo_id, body.album)
-    return owned_photo(svc, photo_id, principal, base_url(request))
+    return owned_photo(svc, photo_id, principal, link_base(request))
 
 
 @router.patch("/{photo_id}", summary="Change a photo's title or album")
@@ -194,7 +190,7 @@ def update_photo(
     svc = services(request)
     owned_photo(svc, photo_id, principal)
     svc.photos.update(photo_id, title=body.title, album=body.album)
-    return owned_photo(svc, photo_id, principal, base_url(request))
+    return owned_photo(svc, photo_id, principal, link_base(request))
 
 
 @router.delete(
