@@ -282,8 +282,8 @@ def _decoded_layer(
     """What a PDF stream or a mail part decodes to (``decode()``'s chunks),
     surveyed when it is a layer, or holds one after other bytes (clamd finds
     a ZIP, a RAR or a 7-Zip anywhere: a program's, a picture's, a NUL's);
-    one past ``limit`` is ``overflowed``; of the kind ``skip``, not read again
-    as one.  False once a budget is spent."""
+    one past ``limit``, layer or plain data, is ``overflowed``; of the kind
+    ``skip``, not read again as one.  False once a budget is spent."""
     budget[2] -= 1
     if budget[2] < 0:
         out.unchecked = True
@@ -295,9 +295,15 @@ def _decoded_layer(
         kind = None
     if kind == "rar":
         out.rar = True
-    if kind == "rar" or (kind is None and not _marked(head, chunks)):
         return True
-    if kind is None:  # read to the marker: from the start again, to be kept
+    if kind is None:
+        seen = [len(head)]
+        if not _marked(head, _counted(chunks, seen)):
+            # Read to its end: plain data clamd scans only MaxFileSize of (a
+            # marker 30 MiB into a PDF's stream was called clean).
+            out.overflowed |= seen[0] > limit
+            return True
+        # Read to the marker: from the start again, to be kept.
         chunks = decode()
         head = _first(chunks, _HEAD)
     budget[1] -= 1
@@ -322,6 +328,12 @@ def _decoded_layer(
 
 _MARKERS = (zipsizes.LOCAL, zipsizes.RAR, archives.SEVEN_ZIP)
 _LONGEST = max(len(m) for m in _MARKERS)
+
+
+def _counted(chunks: Iterator[bytes], seen: list[int]) -> Iterator[bytes]:
+    for chunk in chunks:
+        seen[0] += len(chunk)
+        yield chunk
 
 
 def _marked(head: bytes, chunks: Iterator[bytes]) -> bool:

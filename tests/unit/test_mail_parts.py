@@ -102,6 +102,7 @@ def test_layers_attached_to_a_mail_are_surveyed(
     assert _survey(tmp_path, mail(lzma_zip(b"x"))).undecoded
     assert _survey(tmp_path, mail(lzma.compress(b"a") + lzma.compress(b"b"))).joined
     assert _survey(tmp_path, mail(lzma.compress(bytes(2 << 20)))).overflowed
+    assert _survey(tmp_path, mail(bytes(2 << 20) + b"sig")).overflowed  # plain data too
     assert _survey(tmp_path, mbox(mail(b"plain"), mail(lzma_zip(b"y")))).undecoded
     plain = mail(b"just text", b"PK but no ZIP")
     assert _survey(tmp_path, plain) == zipsizes.Survey()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hypermedia.pipelines import nested, pdf_streams, zipsizes
-from tests.pdfs import Writer, attached, encrypted, lzw
+from tests.pdfs import Writer, _one_page, attached, encrypted, lzw
 
 
 def _streams(tmp_path: Path, pdf: bytes) -> list[bytes]:
@@ -167,6 +167,10 @@ def test_layers_in_a_pdfs_streams_are_surveyed(tmp_path: Path) -> None:
     assert _survey(tmp_path, attached(lzw(joined), b"/LZW")).joined
     big = lzma.compress(bytes(2 << 20))
     assert _survey(tmp_path, attached(zlib.compress(big))).overflowed
+    # Plain data past it too (QA: a marker 30 MiB into a stream, clean from a
+    # clamd without AlertExceedsMax); a content stream under it is no finding.
+    assert _survey(tmp_path, attached(zlib.compress(bytes(2 << 20) + b"sig"))).overflowed
+    assert _survey(tmp_path, _one_page(zlib.compress(b" " * (1 << 20)))) == zipsizes.Survey()
     inner = attached(zlib.compress(_lzma_zip(b"x")))
     assert _survey(tmp_path, attached(zlib.compress(inner))).undecoded
     plain = _survey(tmp_path, attached(zlib.compress(b"BT (hello) Tj ET" * 1000)))
