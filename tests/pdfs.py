@@ -17,6 +17,7 @@ all ``Writer`` does.  On top of it:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import random
@@ -192,6 +193,32 @@ def inflating(megabytes: int) -> bytes:
     chunk = b"0 0 m 1 1 l S\n" * 75_000  # ~1 MB
     deflate = zlib.compressobj(1)
     return _one_page(b"".join(deflate.compress(chunk) for _ in range(megabytes)) + deflate.flush())
+
+
+PAST_CAP = (1 << 30) + (8 << 20)  # pdfium keeps 1 GiB of one Flate coding's output
+
+
+@functools.cache
+def blanks_past_cap(tail: bytes = b"") -> bytes:
+    """A GiB and 8 MiB of blanks, then ``tail``, Flate-coded: a 1 MB stream
+    whose end pdfium drops (built once per test process, ~3 s)."""
+    deflate, chunk = zlib.compressobj(9), b" " * (1 << 20)
+    parts = [deflate.compress(chunk) for _ in range(PAST_CAP >> 20)]
+    return b"".join(parts) + deflate.compress(tail) + deflate.flush()
+
+
+def content_past_cap(twice: bool = False) -> bytes:
+    """One page whose content stream draws a black fill after a GiB of
+    blanks: pdfium drew it white.  ``twice``: Flate-coded once more (a few
+    kB of file, ``[/FlateDecode /FlateDecode]``)."""
+    flated = blanks_past_cap(b"\n0 0 612 792 re f\n")
+    if not twice:
+        return _one_page(flated)
+    w = Writer()
+    content = w.add(
+        Writer.stream(zlib.compress(flated, 9), b"/Filter [/FlateDecode /FlateDecode] ")
+    )
+    return _letter_page(w, content)
 
 
 def render_bomb(paths: int) -> bytes:

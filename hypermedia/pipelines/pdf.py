@@ -47,7 +47,7 @@ from importlib import metadata
 from typing import Any
 
 from hypermedia.errors import SCRATCH_FULL, JobError
-from hypermedia.pipelines import imaging, pdf_images
+from hypermedia.pipelines import imaging, pdf_images, pdf_streams
 from hypermedia.pipelines.registry import Context, Pipeline, register
 from hypermedia.pipelines.schema import Field, validator
 from hypermedia.storage import sniff
@@ -425,6 +425,21 @@ def _jpeg(buf: Any, width: int, height: int, path: str, quality: int) -> None:
         raise JobError("INTERNAL", "a page could not be saved as jpeg") from None
 
 
+# How long a document's streams are inflated to find one pdfium would cut.
+STREAM_CHECK_SECONDS = 10.0
+
+
+def _check_streams(path: str) -> None:
+    """Refuse a document one of whose page-drawing streams pdfium would cut
+    at its 1 GiB (pdf_streams.inflated_past_cap)."""
+    if pdf_streams.inflated_past_cap(path, STREAM_CHECK_SECONDS):
+        raise JobError(
+            "LIMIT_EXCEEDED",
+            "the document holds a stream (a page's content, a form or a font) that inflates "
+            "past the renderer's 1 GiB: a page drawing it would be drawn in part",
+        )
+
+
 def run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     if ctx.input_path is None:
         raise JobError("INVALID_PARAMS", "pdf.preview needs an input object")
@@ -444,6 +459,7 @@ def run(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
                 f"the document's images could not all be checked within "
                 f"{pdf_images.SCAN_SECONDS:g} s (too many streams)",
             )
+        _check_streams(ctx.input_path)
         total = len(doc)
         if total > p["max_pages"]:
             raise JobError(

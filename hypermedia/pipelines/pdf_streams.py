@@ -56,6 +56,7 @@ class Stream:
     filters: tuple[bytes, ...]  # by name, first applied first
     start: int  # the raw data's first byte in the file
     end: int  # one past its last
+    kind: bytes = b""  # b"Image", else its /Type (b"EmbeddedFile", b"XObject"…) or b""
 
 
 def streams(data: mmap.mmap) -> Iterator[Stream]:
@@ -87,7 +88,75 @@ def streams(data: mmap.mmap) -> Iterator[Stream]:
             if ahead < 0 or ahead < told or not data[told:ahead].strip():
                 end = told
         filters = _NAME.findall(pdf_images._value(head, b"Filter", objects) or b"")
-        yield Stream(tuple(filters), begin, end)
+        yield Stream(tuple(filters), begin, end, _kind(head, objects))
+
+
+def _kind(head: bytes, objects: pdf_images._Objects) -> bytes:
+    if pdf_images._is_image(head, objects):
+        return b"Image"
+    return (pdf_images._value(head, b"Type", objects) or b"").lstrip(b"/")
+
+
+# pdfium keeps at most INFLATE_CAP of what one Flate or LZW coding puts out
+# and carries on with that: a content stream (or a form, pattern or font)
+# past it draws its page without the end, and nothing says so (a fill after
+# a GiB of blanks was not drawn, and the preview completed).  A stream is
+# inflated to see only when its codings could put out that much: each puts
+# out at most this many bytes a byte (Flate 1,032; LZW under 4,096, as no
+# entry of its table is longer than the table; a run of 128 for 2 bytes).
+_MOST_OUT = {
+    b"FlateDecode": 1032.0, b"Fl": 1032.0, b"LZWDecode": 4096.0, b"LZW": 4096.0,
+    b"RunLengthDecode": 64.0, b"RL": 64.0,
+    b"ASCIIHexDecode": 0.5, b"AHx": 0.5, b"ASCII85Decode": 0.8, b"A85": 0.8,
+}  # fmt: skip
+# Read by nobody drawing a page; images are sized from their dictionaries
+# (pdf_images.scan), not inflated.
+_NOT_DRAWN = frozenset({b"Image", b"EmbeddedFile", b"Metadata"})
+
+
+def inflated_past_cap(path: str, seconds: float) -> bool:
+    """Whether a stream of the PDF at ``path`` that pdfium reads to draw a
+    page inflates past pdf_images.INFLATE_CAP through its last Flate or LZW
+    coding, as far as ``seconds`` of looking tell: zlib inflates a bomb's
+    GiB in ~3 s here, and a document of gigabytes of drawing (a set of
+    plans) would take minutes to look through whole, for pages it mostly
+    does not render.  Past them, the rest is not looked at."""
+    deadline = time.monotonic() + seconds
+    with open(path, "rb") as f:
+        try:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file
+            return False
+    with data:
+        try:
+            for stream in streams(data):
+                if time.monotonic() > deadline:
+                    return False
+                if _inflates_past_cap(data, stream, deadline):
+                    return True
+        except Late:
+            return False
+    return False
+
+
+def _inflates_past_cap(data: mmap.mmap, stream: Stream, deadline: float) -> bool:
+    capped = [i for i, name in enumerate(stream.filters) if name in pdf_images._CAPPED]
+    if stream.kind in _NOT_DRAWN or not capped:
+        return False
+    upto = Stream(stream.filters[: capped[-1] + 1], stream.start, stream.end)
+    most = float(upto.end - upto.start)
+    for name in upto.filters:
+        if name in _FINAL:  # decoded() stops there: nothing capped comes after
+            return False
+        most *= _MOST_OUT.get(name, 1.0)
+    if most <= pdf_images.INFLATE_CAP:
+        return False
+    total = 0
+    for chunk in decoded(data, upto, deadline):
+        total += len(chunk)
+        if total > pdf_images.INFLATE_CAP:
+            return True
+    return False
 
 
 class Late(Exception):

@@ -10,9 +10,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import subprocess
 import sys
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from typing import Any
 import pytest
 
 from hypermedia.errors import JobError
-from hypermedia.pipelines import pdf, pdf_images, registry
+from hypermedia.pipelines import pdf, pdf_images, pdf_streams, registry
 from hypermedia.pipelines.schema import clean_settings
 from hypermedia.storage import sniff
 from tests import pdfs
@@ -460,6 +462,50 @@ def test_what_a_capped_filter_puts_out_is_counted(
 def test_an_image_the_renderer_draws_whole_is_rendered(scratch: Path, page: bytes) -> None:
     out = run(scratch, put(scratch, page), {"width": 64}).result
     assert [r["page"] for r in out["rendered"]] == [1]
+
+
+@pytest.mark.parametrize("twice", [False, True], ids=["flate", "flate twice"])
+def test_a_content_stream_the_renderer_would_cut_is_refused(scratch: Path, twice: bool) -> None:
+    """pdfium keeps 1 GiB of what one Flate coding puts out and draws the
+    page with that: a fill after a GiB of blanks was not drawn, and the
+    preview completed, white."""
+    err = failure(scratch, put(scratch, pdfs.content_past_cap(twice)))
+    assert err.code == "LIMIT_EXCEEDED"
+    assert err.reason == (
+        "the document holds a stream (a page's content, a form or a font) that inflates "
+        "past the renderer's 1 GiB: a page drawing it would be drawn in part"
+    )
+
+
+def test_a_long_stream_under_the_cap_and_a_huge_attachment_are_drawn(scratch: Path) -> None:
+    """Inflated to see (over a MB of Flate could be a GiB), drawn when it is
+    not; an embedded file past the cap draws nothing, so refuses nothing."""
+    noise = random.Random(7).randbytes(600_000).hex().encode()  # 1.2 MB, barely compressible
+    content = b"% " + noise + b"\n0 0 612 792 re f\n"
+    out = run(scratch, put(scratch, pdfs._one_page(zlib.compress(content))), {"width": 64})
+    assert centre(decoded(scratch, out.ctx.outputs[0])) == (0, 0, 0)  # the fill at its end
+    attached = put(scratch, pdfs.attached(pdfs.blanks_past_cap()), "attached.pdf")
+    assert run(scratch, attached, {"width": 64}).result["rendered"][0]["page"] == 1
+
+
+def test_streams_too_short_to_hold_a_gib_are_not_inflated(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look costs nothing for the streams of an everyday document: none
+    is long enough that its codings could put out a GiB."""
+    monkeypatch.setattr(pdf_streams, "decoded", _must_not_render)
+    out = run(scratch, put(scratch, pdfs.realistic(3)), {"width": 64}).result
+    assert [r["page"] for r in out["rendered"]] == [1]
+
+
+def test_the_look_for_a_cut_stream_ends_after_its_seconds(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A document of gigabytes of drawing is not looked through for minutes:
+    past STREAM_CHECK_SECONDS its pages are drawn as pdfium draws them."""
+    monkeypatch.setattr(pdf, "STREAM_CHECK_SECONDS", 0.0)
+    out = run(scratch, put(scratch, pdfs.content_past_cap()), {"width": 64})
+    assert centre(decoded(scratch, out.ctx.outputs[0])) == (255, 255, 255)  # the fill lost
 
 
 def _must_not_render(*args: Any) -> None:
