@@ -117,12 +117,16 @@ def submit(
         # was one per 1000 jobs, leaving the first thousands queued).
         ids = [eng.enqueue(job)] if idempotency_key else eng.enqueue_many([job] * count)
         queued = f"job {ids[0]}" if count == 1 else f"{len(ids)} jobs: {ids[0]} … {ids[-1]}"
+        said = f"{queued} queued"
+        if idempotency_key and (now := eng.get(ids[0])["status"]) != "queued":
+            # The key's first job, which has moved on: nothing was queued now.
+            said = f"{queued} (submitted before with this key: {now})"
         if not wait:
-            with saying_done(f"{queued} queued"):
+            with saying_done(said):
                 if as_json:
                     print_json({"job_ids": ids})
                 else:
-                    console.print(f"{queued} queued")
+                    console.print(said)
             return
         # Said before the wait: a Ctrl-C leaves the jobs running, and their ids known.
         err_console.print(f"{queued} queued; waiting until they end", highlight=False)

@@ -255,6 +255,22 @@ NEEDS_A_DATABASE = [
 CREATE_ONE = {"db upgrade", "serve", "api", "worker", "scheduler", "process"}
 
 
+def test_a_repeated_key_says_what_became_of_the_first_job(home: Path) -> None:
+    """QA: a repeat of a completed job's key said "job 24 queued": nothing was."""
+    submit = ("jobs", "submit", "debug.noop", "--idempotency-key", "twice-said")
+    first = hypermedia(*submit, url="", home=home)
+    assert first.returncode == 0 and first.stdout.strip().endswith("queued"), first.stdout
+    job_id = first.stdout.split()[1]
+    again = hypermedia(*submit, url="", home=home)  # still queued: said as it is
+    assert again.returncode == 0 and again.stdout.strip() == f"job {job_id} queued"
+    assert hypermedia("jobs", "cancel", job_id, url="", home=home).returncode == 0
+    late = hypermedia(*submit, url="", home=home)
+    assert late.returncode == 0
+    assert late.stdout.strip() == f"job {job_id} (submitted before with this key: cancelled)"
+    ids = json.loads(hypermedia(*submit, "--json", url="", home=home).stdout)
+    assert ids == {"job_ids": [int(job_id)]}
+
+
 def test_every_command_is_checked_for_making_no_database() -> None:
     """A command added later is on one list or the other."""
     import typer
