@@ -14,6 +14,7 @@ from typing import Any
 import psutil
 
 from hypermedia.errors import Conflict, NotFound
+from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import EVERY_QUEUE
 
@@ -22,6 +23,13 @@ DRAINABLE = ("active", "idle")
 LIVE = ("active", "idle", "draining")
 # The id prefix of a worker that lives inside a ``process`` command (worker/local.py).
 TEMPORARY = "process-"
+
+
+def every_queue(tx: Any) -> set[str]:
+    """The queues a ``*`` worker claims from: its pipelines' own, and each
+    one a profile or an operator names (``Tx.named_queues``).  A queue only
+    a job names needs a worker that lists it."""
+    return registry.queues() | tx.named_queues()
 
 
 class Fleet:
@@ -72,6 +80,9 @@ class Fleet:
         served: set[str] = set()
         with self.db.read() as tx:  # the rows alone: no metrics wanted here
             rows = tx.workers()
+            # QA: a queue only a job named read as served while any "*" worker ran.
+            anywhere = any(EVERY_QUEUE in (r["queues"] or ()) for r in rows)
+            every = every_queue(tx) if anywhere else set()
         for row in rows:
             if row["status"] not in DRAINABLE or row["last_heartbeat"] < cutoff:
                 continue
@@ -80,7 +91,7 @@ class Fleet:
             if row["hostname"] == host and not psutil.pid_exists(row["pid"] or 0):
                 continue
             named = set(row["queues"] or ())
-            served |= queues if EVERY_QUEUE in named else queues & named
+            served |= queues & (named | every if EVERY_QUEUE in named else named)
         return served
 
     def _shown(self, row: Row, metrics: Row | None) -> Row:

@@ -34,6 +34,7 @@ from hypermedia.redact import brief
 from hypermedia.storage.ledger import Storage
 from hypermedia.worker import sandbox as landlock
 from hypermedia.worker import seccomp
+from hypermedia.worker.fleet import every_queue
 from hypermedia.worker.flusher import Flusher
 from hypermedia.worker.monitor import Monitor, Stats, exit_if_they_die, release_dead, worker_row
 from hypermedia.worker.outage import Outage
@@ -333,7 +334,7 @@ class Worker:
             with self.engine.db.read() as tx:
                 self._paused = tx.paused_queues()
                 if self.every_queue:
-                    self.queues = sorted(registry.queues() | tx.named_queues())
+                    self.queues = sorted(every_queue(tx))
             self._paused_at = time.monotonic()
 
     def _drain_requested(self) -> bool:

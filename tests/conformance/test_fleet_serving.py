@@ -13,6 +13,7 @@ from typing import Any
 
 from hypermedia.db.driver import Driver
 from hypermedia.queue.engine import Engine
+from hypermedia.queue.models import NewJob
 from hypermedia.queue.queues import Queues
 from hypermedia.worker.fleet import Fleet
 from tests.conftest import FakeClock
@@ -54,6 +55,24 @@ def test_serving_names_the_queues_a_live_worker_takes(
     assert fleet.serving(asked) == {"images"}
     _worker(driver, "w-every", ["*"], heartbeat=now)  # every queue
     assert fleet.serving(asked) == asked
+
+
+def test_an_every_queue_worker_serves_only_the_queues_something_names(
+    engine: Engine, driver: Driver, clock: FakeClock
+) -> None:
+    """QA: a queue only a job named (a typo, "qa-x") read as served while a
+    "*" worker ran, which never claims from it; one a profile or an operator
+    names it does claim from."""
+    fleet = Fleet(engine)
+    _worker(driver, "w-every", ["*"], heartbeat=clock())
+    assert fleet.serving({"images", "qa-x", "qa-op"}) == {"images"}
+    Queues(engine).pause("qa-op")  # an operator's switch names it
+    assert fleet.serving({"images", "qa-x", "qa-op"}) == {"images", "qa-op"}
+    _worker(driver, "w-both", ["*", "qa-x"], heartbeat=clock())  # and one it lists itself
+    assert fleet.serving({"images", "qa-x", "qa-op"}) == {"images", "qa-x", "qa-op"}
+    engine.enqueue(NewJob("debug.noop", {}, queue="qa-y"))
+    rows = {r["queue_name"]: r["served"] for r in Queues(engine).summary()}
+    assert rows["qa-y"] is False and rows["images"] is True
 
 
 def test_a_worker_of_this_machine_whose_process_is_gone_serves_nothing(
