@@ -473,6 +473,14 @@ class Tx(
         )
         return _rows(self.conn.execute(q))
 
+    def claimed_in_queue(self, queue_name: str) -> list[Row]:
+        """The jobs claimed from ``queue_name`` and not started, by any
+        worker, locked (idx_status_queue leads with both)."""
+        q = sa.select(*_FENCED).where(J.c.status == "claimed", J.c.queue_name == queue_name)
+        if not self.autocommit:
+            q = q.with_for_update()
+        return _rows(self.conn.execute(q))
+
     def claimed_unstarted(self, worker_id: str) -> list[tuple[int, int]]:
         """(job, attempt) of the jobs this worker claimed and has not started.
 

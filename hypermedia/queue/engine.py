@@ -597,40 +597,41 @@ class Engine(Enqueuing, UserActions):
         why: str = "handed back unstarted by a draining worker",
     ) -> set[int]:
         """Return claimed-but-unstarted jobs to the queue; the attempt never ran."""
-        now = self.clock()
         with self.db.tx() as tx:
             held = tx.fenced(worker_id, items, states.sources("hand_back"))
-            for r in held:
-                tx.update_job(
-                    r["job_id"],
-                    states.sources("hand_back"),
-                    {
-                        "status": "queued",
-                        "attempt_count": r["attempt_count"] - 1,
-                        "claimed_by": None,
-                        "claimed_at": None,
-                        "visibility_timeout": None,
-                        "updated_at": now,
-                    },
-                    attempt=r["attempt_count"],
-                    worker_id=worker_id,
-                )
-                tx.delete_attempt(r["job_id"], r["attempt_count"])
-            tx.insert_events(
-                [
-                    event(
-                        r["job_id"],
-                        now,
-                        "claimed",
-                        "queued",
-                        actor=worker_id,
-                        message=why,
-                    )
-                    for r in held
-                ]
-            )
+            self._handed_back(tx, held, why, worker_id)
             tx.notify({r["queue_name"] for r in held})
         return {r["job_id"] for r in held}
+
+    def hand_back_queue(self, tx: Any, queue_name: str, why: str, actor: str) -> int:
+        """In ``tx``: return every job claimed from ``queue_name`` and not
+        started, whichever worker holds it (a pause: the worker finds it
+        gone when it would start it, and runs nothing)."""
+        held = tx.claimed_in_queue(queue_name)
+        self._handed_back(tx, held, why, actor)
+        return len(held)
+
+    def _handed_back(self, tx: Any, held: Sequence[Row], why: str, actor: str) -> None:
+        now = self.clock()
+        for r in held:
+            tx.update_job(
+                r["job_id"],
+                states.sources("hand_back"),
+                {
+                    "status": "queued",
+                    "attempt_count": r["attempt_count"] - 1,
+                    "claimed_by": None,
+                    "claimed_at": None,
+                    "visibility_timeout": None,
+                    "updated_at": now,
+                },
+                attempt=r["attempt_count"],
+                worker_id=r["claimed_by"],
+            )
+            tx.delete_attempt(r["job_id"], r["attempt_count"])
+        tx.insert_events(
+            [event(r["job_id"], now, "claimed", "queued", actor=actor, message=why) for r in held]
+        )
 
     def hand_back_lost_claims(self, worker_id: str, held: Collection[int]) -> set[int]:
         """Hand back the jobs this worker claimed and does not hold (``held``):

@@ -1,7 +1,8 @@
 """Queues as operators see them: depth, a summary per queue, pause and resume.
 
 Pausing is a switch in ``queue_states``: workers skip paused queues when they
-claim (see ``worker.runner``); jobs already claimed run on.
+claim (see ``worker.runner``); jobs claimed and not started go back to the
+queue with it; jobs started run on.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from hypermedia.worker.fleet import Fleet
 
 Row = dict[str, Any]
 COUNTS = ("queued", "running", "retry_wait", "completed_1h", "failed_1h")
+PAUSED = "handed back unstarted: its queue was paused"
 
 
 class Queues:
     def __init__(self, engine: Engine) -> None:
         self.db = engine.db
         self.clock = engine.clock
+        self.engine = engine
         self.fleet = Fleet(engine)
 
     def depth(self, project_id: str | None = None) -> list[Row]:
@@ -59,7 +62,8 @@ class Queues:
         ]
 
     def pause(self, name: str) -> Row:
-        """Workers stop claiming from ``name``; running jobs finish."""
+        """Workers stop claiming from ``name``; the jobs they claimed ahead
+        from it go back to it, in the same transaction; running jobs finish."""
         return self._switch(name, True)
 
     def resume(self, name: str) -> Row:
@@ -102,6 +106,13 @@ class Queues:
         def switch(tx: Any) -> Row | None:
             if paused or tx.queue_state(name) is not None:
                 tx.set_queue_paused(name, paused, self.clock())
+                # Workers read the switches again now (runner._on_notify), not
+                # a poll interval later.
+                tx.notify({name})
+            if paused:
+                # QA: claimed ahead, they started up to a poll interval after
+                # the pause had answered, while the worker's view was old.
+                self.engine.hand_back_queue(tx, name, PAUSED, actor="pause")
             return tx.queue_state(name)
 
         state = self.db.tx_retrying(switch)  # concurrent first switches race

@@ -30,6 +30,7 @@ from hypermedia.linux import name_native
 from hypermedia.pipelines import registry
 from hypermedia.queue.engine import Engine
 from hypermedia.queue.models import EVERY_QUEUE, AttemptResult, Claimed
+from hypermedia.queue.queues import PAUSED
 from hypermedia.redact import brief
 from hypermedia.storage.ledger import Storage
 from hypermedia.worker import sandbox as landlock
@@ -371,6 +372,9 @@ class Worker:
 
     def _on_notify(self, queue_name: str) -> None:
         if queue_name == "*" or self.every_queue or queue_name in self.queues:
+            # A pause notifies too: its jobs claimed ahead here were handed
+            # back, and the switches are read again before a slot takes one.
+            self._paused_at = 0.0
             self.wake.set()
 
     # -- running -----------------------------------------------------------------
@@ -396,11 +400,18 @@ class Worker:
                 if rj.dropped:  # cancelled while it waited: ended already
                     continue
                 rj.taken = True
+                lost = rj.lost.is_set()  # no longer ours (a pause handed it back): never run
+                if lost:
+                    self._running.pop(rj.job.job_id, None)
+            if lost:
+                if self.stager is not None:
+                    self.stager.drop(rj.job, rj.staging)
+                continue
             if self.stop_claiming.is_set():  # draining or stopping: never start new work
                 self._hand_back([rj])
                 continue
             if rj.job.queue_name in self._paused:  # paused since it was claimed ahead
-                self._hand_back([rj], "handed back unstarted: its queue was paused")
+                self._hand_back([rj], PAUSED)
                 continue
             # A reported job stays ours until its result is written (see
             # _on_result): the monitor keeps renewing its lease meanwhile.

@@ -140,6 +140,38 @@ def test_no_claim_takes_a_job_from_a_queue_once_its_pause_answered(
     assert sorted(c.job_id for c in engine.claim("w-1", ["images", "bulk"], 10)) == bulk
 
 
+def test_a_pause_hands_back_the_jobs_claimed_ahead_from_its_queue(
+    queues: Queues, engine: Engine
+) -> None:
+    """QA: jobs a worker had claimed ahead started up to a poll interval after
+    the pause had answered.  Now they are queued again by the pause itself,
+    uncharged, and the worker's start of one is refused; started ones run on."""
+    ids = [new_job(engine) for _ in range(3)]
+    other = new_job(engine, queue="images")
+    claimed = {c.job_id: c for c in engine.claim("w-1", ["bulk"], 10)}
+    engine.claim("w-2", ["images"], 10)
+    running = ids[0]
+    assert engine.start("w-1", [(running, claimed[running].attempt)]) == {running}
+    queues.pause("bulk")
+    for job_id in ids[1:]:
+        job = engine.get(job_id)
+        assert (job["status"], job["attempt_count"], job["claimed_by"]) == ("queued", 0, None)
+        assert job["attempts"] == []  # the attempt never ran: no row of it
+        last = job["events"][-1]
+        assert (last["from_status"], last["to_status"], last["actor"]) == (
+            "claimed",
+            "queued",
+            "pause",
+        )
+        assert last["message"] == "handed back unstarted: its queue was paused"
+        assert engine.start("w-1", [(job_id, claimed[job_id].attempt)]) == set()
+    assert engine.get(running)["status"] == "processing"  # started: runs on
+    assert engine.get(other)["status"] == "claimed"  # another queue's: untouched
+    queues.resume("bulk")
+    again = engine.claim("w-3", ["bulk"], 10)
+    assert sorted(c.job_id for c in again) == ids[1:] and {c.attempt for c in again} == {1}
+
+
 def test_resuming_a_queue_never_switched_writes_nothing(queues: Queues) -> None:
     """The API wrote a switch for any name it was asked to resume: a typo
     ("imagse") became a queue listed from then on."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import pytest
@@ -154,3 +155,41 @@ def test_jobs_claimed_ahead_of_a_pause_go_back_to_their_queue(
     for j in ahead:
         wait_job(driver, j, {"processing"}, timeout=10)
         live.cancel(j)
+
+
+def test_a_pause_stops_the_jobs_a_worker_claimed_ahead(
+    driver: Driver, live: Engine, procs: Procs
+) -> None:
+    """QA: jobs a worker had claimed ahead (listed claimed) started after the
+    pause had answered, until the worker reread the switches a poll interval
+    later (5 s here).  Now none of them runs: the pause hands them back."""
+    w = procs.worker(
+        "--concurrency", "1", "--no-maintenance", HYPERMEDIA_POLL_INTERVAL_SECONDS="5"
+    )
+    ids = [submit(live, {"ms": 700}) for _ in range(5)]
+
+    def running() -> int | None:
+        rows = [job(driver, j) for j in ids]
+        busy = [r["job_id"] for r in rows if r["status"] == "processing"]
+        return busy[0] if busy and any(r["status"] == "claimed" for r in rows) else None
+
+    eventually(running, 20, "one job running, others claimed ahead")
+    procs.cli("queues", "pause", "bulk")
+    now = {j: job(driver, j)["status"] for j in ids}
+    assert "claimed" not in now.values(), now  # handed back by the pause itself
+    started = [j for j in ids if now[j] in ("processing", "completed")]
+    assert started and len(started) < len(ids), now  # what a slot had taken runs on
+    for j in started:
+        assert wait_job(driver, j, timeout=20)["status"] == "completed"
+    time.sleep(1.5)  # the slot's next take, the monitor's next look
+    for j in ids:
+        if j not in started:
+            after = job(driver, j)
+            assert (after["status"], after["attempt_count"]) == ("queued", 0), after
+            assert attempts(driver, j) == [], "a job claimed ahead ran after the pause"
+    procs.cli("queues", "resume", "bulk")
+    for j in ids:
+        assert wait_job(driver, j, timeout=30)["status"] == "completed"
+    assert all(len(attempts(driver, j)) == 1 for j in ids)  # each ran once
+    w.proc.send_signal(signal.SIGTERM)  # a drain is read only every poll interval
+    assert w.proc.wait(15) == 0
