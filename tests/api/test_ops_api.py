@@ -155,6 +155,11 @@ def test_bad_queue_names_are_422(client: TestClient, svc: Services, a: Project) 
         assert r.status_code == 422, (name, r.text)
         assert r.json()["code"] == "invalid_request"
     assert svc.queues.paused() == set()
+    # QA: a NUL in ?project= was a 200 on MariaDB, a 422 on PostgreSQL.
+    for project in ("qa%00x", "a%0Ab", "%7F"):
+        r = client.get(f"/v1/queues?project={project}", headers=bearer(a.admin))
+        assert r.status_code == 422, (project, r.text)
+        assert r.json()["code"] == "invalid_request"
 
 
 def test_queue_and_worker_routes_need_admin(client: TestClient, a: Project) -> None:

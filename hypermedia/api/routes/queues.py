@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
-from hypermedia.api.deps import scoped, services
+from hypermedia.api.deps import NO_CONTROLS, scoped, services
 from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.auth.tokens import Principal
 
@@ -22,7 +22,10 @@ Row = dict[str, Any]
 @router.get("", summary="Every known queue: switch, counts, and open jobs by status and priority")
 def list_queues(
     request: Request,
-    project: str | None = Query(None, min_length=1, max_length=64, description="count only"),
+    # No control characters (QA: a NUL was a 200 on MariaDB, a 422 on PostgreSQL).
+    project: str | None = Query(
+        None, min_length=1, max_length=64, pattern=NO_CONTROLS, description="count only"
+    ),
     principal: Principal = scoped("admin"),
 ) -> Row:
     queues = services(request).queues
