@@ -163,9 +163,7 @@ def test_a_pause_stops_the_jobs_a_worker_claimed_ahead(
     """QA: jobs a worker had claimed ahead (listed claimed) started after the
     pause had answered, until the worker reread the switches a poll interval
     later (5 s here).  Now none of them runs: the pause hands them back."""
-    w = procs.worker(
-        "--concurrency", "1", "--no-maintenance", HYPERMEDIA_POLL_INTERVAL_SECONDS="5"
-    )
+    w = procs.worker("--concurrency", "1", "--no-maintenance", HYPERMEDIA_POLL_INTERVAL_SECONDS="5")
     ids = [submit(live, {"ms": 700}) for _ in range(5)]
 
     def running() -> int | None:
