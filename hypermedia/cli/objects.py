@@ -215,7 +215,7 @@ def show(object_id: int = an_id("object"), as_json: bool = typer.Option(False, "
             print_json(row)
         else:
             for k, v in row.items():
-                console.print(f"{k:>12}: {v}")
+                console.print(f"{k:>12}: {'-' if v is None else v}")  # not Python's None
 
 
 @objects_app.command("url")

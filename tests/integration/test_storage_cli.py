@@ -78,6 +78,8 @@ def test_objects_put_get_ls_show(driver: Driver, tmp_path: Path) -> None:
     assert {r["object_id"] for r in listed} == {row["object_id"], *(r["object_id"] for r in rows)}
     shown = json.loads(_ok("objects", "show", str(row["object_id"]), "--json", url=url, home=home))
     assert shown["checksum"] == checksum_of(pic.read_bytes())
+    human = _ok("objects", "show", str(rows[0]["object_id"]), url=url, home=home)
+    assert "pages: -" in human and "None" not in human  # not Python's None (QA)
 
 
 def test_corrupted_download_is_refused_and_not_written(driver: Driver, tmp_path: Path) -> None:
