@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import sys
 import threading
+from pathlib import Path
 
 import typer
 from rich.markup import escape
@@ -249,6 +251,55 @@ def _print_where(base: str, token_file: str | None) -> None:
     )
 
 
+def _say_serving(
+    token: str | None, token_file: Path, home: Path, queues: str, served: list[str], base: str
+) -> None:
+    """What serve prints before it answers: the first admin token, where the data is, its URLs."""
+    if token:
+        # Shown before anything else can fail: it is never shown again.
+        console.print(
+            "[bold]first start: an admin token of project 'default' was created.[/] "
+            "It is shown only this once:",
+            markup=True,
+            soft_wrap=True,
+            highlight=False,
+        )
+        console.print(f"  {token}", soft_wrap=True, highlight=False, markup=False)
+        console.print(f"and written to {token_file} (mode 0600)", soft_wrap=True, highlight=False)
+    elif token_file.exists():
+        console.print(f"admin token: in {token_file}", soft_wrap=True, highlight=False)
+    else:
+        console.print(
+            "admin token: none kept in this home; make one with "
+            "`hypermedia tokens create --project default --scopes admin`",
+            soft_wrap=True,
+            highlight=False,
+        )
+    # Said before the server answers: whoever waits for /readyz then finds it.
+    console.print(
+        f"hypermedia serving: data in {home}, queues {queues}, {_job_types_line(served)}",
+        soft_wrap=True,
+        highlight=False,
+    )
+    _print_where(base, str(token_file) if token_file.exists() else None)
+
+
+def _broken_pipe() -> None:
+    raise BrokenPipeError
+
+
+def _stdout_gone(token_file: Path) -> None:
+    console.quiet = True
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # later writes, and the flush at exit, go nowhere
+    os.close(devnull)
+    log.warning(
+        "standard output was closed: serving on, saying nothing more there "
+        "(the admin token, if one was made, is in %s)",
+        token_file,
+    )
+
+
 @app.command()
 def serve(
     host: str = typer.Option("127.0.0.1", "--host"),
@@ -282,34 +333,17 @@ def serve(
         svc = Services.from_settings(s)
         token = svc.tokens.first_admin(s.home)
     token_file = s.home.resolve() / "admin-token"
-    if token:
-        # Shown before anything else can fail: it is never shown again.
-        console.print(
-            "[bold]first start: an admin token of project 'default' was created.[/] "
-            "It is shown only this once:",
-            markup=True,
-            soft_wrap=True,
-            highlight=False,
-        )
-        console.print(f"  {token}", soft_wrap=True, highlight=False, markup=False)
-        console.print(f"and written to {token_file} (mode 0600)", soft_wrap=True, highlight=False)
-    elif token_file.exists():
-        console.print(f"admin token: in {token_file}", soft_wrap=True, highlight=False)
-    else:
-        console.print(
-            "admin token: none kept in this home; make one with "
-            "`hypermedia tokens create --project default --scopes admin`",
-            soft_wrap=True,
-            highlight=False,
-        )
-    # Said before the server answers: whoever waits for /readyz then finds it.
-    console.print(
-        f"hypermedia serving: data in {s.home.resolve()}, queues {queues}, "
-        f"{_job_types_line(served)}",
-        soft_wrap=True,
-        highlight=False,
-    )
-    _print_where(_base_url(host, port), str(token_file) if token_file.exists() else None)
+    base = _base_url(host, port)
+    # Rich answers a closed pipe with SystemExit(1): for a command that
+    # prints and ends, but this one serves on.
+    console.on_broken_pipe = _broken_pipe  # type: ignore[method-assign]
+    try:
+        _say_serving(token, token_file, s.home.resolve(), queues, served, base)
+        sys.stdout.flush()  # now: a closed pipe is found here, not at exit
+    except BrokenPipeError:
+        # `serve | head -3`: the reader went, the server goes on (QA: it
+        # exited 1, silently, right after its banner).
+        _stdout_gone(token_file)
     with user_errors():
         w = Worker(svc.engine, served, concurrency=concurrency)
         app = create_app(svc)

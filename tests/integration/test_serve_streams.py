@@ -136,3 +136,37 @@ def test_head_answers_as_get_without_a_body_and_opens_no_stream(tmp_path: Path) 
     finally:
         stop(server, signal.SIGKILL)
     assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+def test_serve_goes_on_when_its_output_is_closed(tmp_path: Path) -> None:
+    """`serve | head -1`: it exited 1, silently, right after its banner, and
+    took the service with it."""
+    import subprocess
+    import sys
+
+    from tests.harness import answers_ready, cli_env
+    from tests.ports import free_port
+
+    home, port = tmp_path / "home", free_port()
+    base = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "serve.err", "wb") as err:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "hypermedia", "serve", "--port", str(port)],
+            env=cli_env("", home),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+        assert server.stdout is not None
+        assert server.stdout.readline().startswith(b"first start")  # as `head -1` reads
+        server.stdout.close()  # and goes
+        wait_for(lambda: answers_ready(base), 30, what="serve answers /readyz")
+        time.sleep(1.0)
+        assert server.poll() is None and answers_ready(base)
+        assert stop(server, signal.SIGTERM) == 0
+    finally:
+        stop(server, signal.SIGKILL)
+    said = (tmp_path / "serve.err").read_text()
+    assert "standard output was closed: serving on" in said, said[-2000:]
+    assert str(home.resolve() / "admin-token") in said and "Traceback" not in said
