@@ -9,7 +9,8 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
 import httpx
 import pytest
@@ -50,6 +51,12 @@ def download(client: TestClient, token: str, object_id: object) -> bytes:
     return got.content
 
 
+def _link(body: dict[str, Any]) -> tuple[SplitResult, float]:
+    """A /url answer's link, split, and its expires_at as a timestamp."""
+    expires = datetime.fromisoformat(body["expires_at"].replace("Z", "+00:00")).timestamp()
+    return urlsplit(body["url"]), expires
+
+
 def test_links_take_the_public_url_not_the_request_host(
     svc: Services, client: TestClient, a: Project
 ) -> None:
@@ -63,13 +70,12 @@ def test_links_take_the_public_url_not_the_request_host(
     with TestClient(create_app(Services.from_engine(Engine(svc.engine.db, public)))) as c:
         body = c.get(f"/v1/objects/{obj['object_id']}/url", headers=forged).json()
         photo = c.post("/v1/photos", content=png(3, 2), headers=forged).json()
-    url = urlsplit(body["url"])
+    url, expires = _link(body)
     assert (url.scheme, url.netloc, url.path) == (
         "https",
         "media.example.com",
         f"/hm/v1/objects/{obj['object_id']}/content",
     )
-    expires = datetime.fromisoformat(body["expires_at"].replace("Z", "+00:00")).timestamp()
     assert f"expires={int(expires)}" in url.query  # read back from the link, as without it
     assert photo["url"].startswith("https://media.example.com/hm/v1/objects/"), photo
     got = client.get(f"{url.path.removeprefix('/hm')}?{url.query}")  # as the proxy passes it
@@ -118,13 +124,12 @@ def test_the_signed_url_and_its_download_headers(client: TestClient, a: Project)
     r = client.get(f"/v1/objects/{obj['object_id']}/url", headers=bearer(a.admin))
     body = r.json()
     assert set(body) == {"url", "expires_at"}
-    url = urlsplit(body["url"])
+    url, expires = _link(body)
     assert (url.scheme, url.netloc, url.path) == (
         "http",
         "testserver",
         f"/v1/objects/{obj['object_id']}/content",
     )
-    expires = datetime.fromisoformat(body["expires_at"].replace("Z", "+00:00")).timestamp()
     assert before + 890 <= expires <= time.time() + 900
     assert f"expires={int(expires)}" in url.query
     got = client.get(body["url"])
