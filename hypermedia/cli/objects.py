@@ -234,7 +234,10 @@ def url(
         link = storage().signed_url(object_id, prefix)
         console.print(link, soft_wrap=True)
         if link.startswith("/"):  # a local pool's link, served by serve/api
-            err_console.print("relative to the server that serves it: give --base-url URL")
+            err_console.print(
+                "relative to the server that serves it: give --base-url URL "
+                "or set HYPERMEDIA_PUBLIC_URL"
+            )
 
 
 @objects_app.command("ls")
