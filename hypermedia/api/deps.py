@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hypermedia.api.errors import ApiError
 from hypermedia.auth.tokens import Principal
-from hypermedia.errors import Forbidden, NotFound, Unauthorized
+from hypermedia.errors import Forbidden, IdempotencyConflict, NotFound, Unauthorized
 from hypermedia.pipelines import registry
 from hypermedia.services import Services
 
@@ -342,6 +342,16 @@ def owned(row: dict[str, object], principal: Principal, what: str, ident: object
     """Another project's row answers exactly like a missing one."""
     if row.get("project_id") != principal.project_id:
         raise NotFound(f"{what} {ident} not found")
+
+
+def repeated_for(job: dict[str, object], principal: Principal) -> dict[str, object]:
+    """``job``, found by a create's Idempotency-Key, as the answer to the
+    repeat: to a token without ``jobs:read``, only a job it made (QA: the
+    same key from a write-only token answered another token's job whole);
+    another's key is "used for a different request", as a different body's."""
+    if not may_change(job, principal):
+        raise IdempotencyConflict("this Idempotency-Key was already used for a different request")
+    return job
 
 
 def may_change(job: dict[str, object], principal: Principal) -> bool:

@@ -236,6 +236,29 @@ def test_a_token_that_may_not_read_jobs_changes_only_those_it_made(
     assert r.status_code == 200 and "attempts" in r.json() and "events" in r.json()
 
 
+def test_a_write_only_token_repeating_anothers_key_is_answered_as_a_conflict(
+    client: TestClient, a: Project, svc: Services
+) -> None:
+    """QA: the same Idempotency-Key from a jobs:write token without jobs:read
+    answered another token's job whole (status, result, who made it), in
+    /v1 and /v0 alike.  Its own repeats still answer its job."""
+    _, uploader = svc.tokens.create(a.id, ["objects:write", "jobs:write"])
+    obj = client.post("/v1/objects", content=png(8, 8), headers=bearer(uploader)).json()
+    body = {"profile": "image-thumbnail", "object_id": obj["object_id"]}
+    v0 = {"file_id": obj["object_id"], "job_type": "thumbnail_generation"}
+    for path, sent in (("/v1/jobs", body), ("/v0/processing-jobs", v0)):
+        theirs = client.post(path, json=sent, headers={**bearer(a.admin), "Idempotency-Key": path})
+        assert theirs.status_code == 201, theirs.text
+        r = client.post(path, json=sent, headers={**bearer(uploader), "Idempotency-Key": path})
+        assert r.status_code == 422, (path, r.text)
+        assert r.json()["code"] == "idempotency_conflict" and "result" not in r.text
+        again = client.post(path, json=sent, headers={**bearer(a.admin), "Idempotency-Key": path})
+        assert again.status_code == 201 and again.json() == theirs.json()  # a reader: the job
+        key = {**bearer(uploader), "Idempotency-Key": f"mine-{path}"}
+        mine, repeat = (client.post(path, json=sent, headers=key) for _ in range(2))
+        assert mine.status_code == repeat.status_code == 201 and mine.json() == repeat.json()
+
+
 def test_a_job_type_that_reads_an_input_is_refused_without_one(
     client: TestClient, a: Project
 ) -> None:

@@ -23,6 +23,7 @@ from hypermedia.api.deps import (
     check_may_run,
     may_change,
     owned,
+    repeated_for,
     scoped,
     services,
     shown,
@@ -193,7 +194,7 @@ def create_job(
 ) -> Row:
     svc = services(request)
     job_id = svc.engine.enqueue(_new_job(svc, body, principal, idempotency_key))
-    return public_job(owned_job(svc, job_id, principal), principal)
+    return public_job(repeated_for(owned_job(svc, job_id, principal), principal), principal)
 
 
 @router.get("", summary="List jobs, newest first")

@@ -41,7 +41,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from hypermedia.api.deps import Whole, may_change, scoped, services, shown
+from hypermedia.api.deps import Whole, may_change, repeated_for, scoped, services, shown
 from hypermedia.api.paging import decode_cursor, page
 from hypermedia.api.strict_json import StrictJSONRoute
 from hypermedia.auth.tokens import Principal
@@ -119,7 +119,7 @@ def create(
             object_id=body.file_id,
         )
     )
-    return _seed_job(svc.engine.get(job_id), principal)
+    return _seed_job(repeated_for(svc.engine.get(job_id), principal), principal)
 
 
 @router.get("", summary="List processing jobs, newest first")
