@@ -340,3 +340,18 @@ def test_create_still_takes_numbers_as_seed_clients_sent_them(
     assert r.status_code == 201, r.text
     job = r.json()
     assert (job["file_id"], job["priority"], job["max_retries"]) == (fid, 2, 4)
+    # A priority of seed clients may be negative, in text too.
+    r = client.post(URL, json={**body, "priority": "-3"}, headers=bearer(a.admin))
+    assert r.status_code == 201 and r.json()["priority"] == -3, r.text
+
+
+@pytest.mark.parametrize("given", ["1_0", " 1 ", "1\n", "\u0661", "+1", "0x1"])
+def test_create_takes_digits_only_in_a_text_number(
+    client: TestClient, svc: Services, a: Project, given: str
+) -> None:
+    """QA: int() read "1_0" as 10 and " 1 " as 1: a job was made on object 10."""
+    _file(svc, a)
+    body = {"file_id": given, "job_type": "virus_scan"}
+    r = client.post(URL, json=body, headers=bearer(a.admin))
+    assert r.status_code == 422 and r.json()["code"] == "invalid_request", r.text
+    assert client.get(URL, headers=bearer(a.admin)).json()["items"] == []

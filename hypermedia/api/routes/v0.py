@@ -34,6 +34,7 @@ Another project's job is a 404.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, Literal
@@ -69,6 +70,9 @@ SeedStatus = Literal["pending", "running", "completed", "failed", "cancelled"]
 Uuid = str
 
 
+_DIGITS = re.compile(r"-?[0-9]{1,20}")
+
+
 class ProcessingJobCreate(BaseModel):
     # Lax, as seed-001 clients were served ("file_id": "12" and 12.0 are 12),
     # except for booleans: `"file_id": true` made a job on object 1.
@@ -85,6 +89,10 @@ class ProcessingJobCreate(BaseModel):
     def _no_boolean(cls, value: object) -> object:
         if isinstance(value, bool):
             raise ValueError("a boolean is not a number")
+        # Digits only, as the list's ?file_id= takes: int() reads "1_0" as 10
+        # and " 1 " as 1 (QA: a job was made on object 10).
+        if isinstance(value, str) and not _DIGITS.fullmatch(value):
+            raise ValueError("a number is written in ASCII digits")
         return value
 
 
