@@ -229,9 +229,13 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 400 and exc.detail == UNPARSED:
-            # FastAPI's words for a body it could not decode (not UTF-8, or
-            # nested past Python's recursion limit), where bad JSON is a 422.
-            message = "the request body could not be read (not UTF-8, or nested too deeply)"
+            # FastAPI's words for a body it could not decode (not UTF-8,
+            # nested past Python's recursion limit, or an integer past
+            # Python's 4,300 digits), where bad JSON is a 422.
+            message = (
+                "the request body could not be read (not UTF-8, nested too deeply, "
+                "or a number of 4,300 digits or more)"
+            )
             return error_response(request, 422, "invalid_request", message)
         code = _HTTP_CODES.get(exc.status_code, "error")
         message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")

@@ -469,6 +469,14 @@ def test_params_nested_deep_enough_to_pass_the_parser_are_never_a_500(
         assert r.status_code == 422, (path, r.status_code, r.text[:300])
 
 
+def test_an_integer_too_long_to_read_is_said_as_such(client: TestClient, a: Project) -> None:
+    """QA: 5,000 digits were "not UTF-8, or nested too deeply": neither."""
+    h = {**bearer(a.admin), "Content-Type": "application/json"}
+    body = '{"job_type": "debug.noop", "params": {"n": ' + "9" * 5000 + "}}"
+    r = client.post("/v1/jobs", content=body.encode(), headers=h)
+    assert r.status_code == 422 and "a number of 4,300 digits or more" in r.json()["message"]
+
+
 def test_a_key_named_twice_is_422_naming_it(client: TestClient, a: Project) -> None:
     """``{"priority": 1, "priority": 10}`` was a job of priority 10 here and of
     priority 1 to a reader that keeps the first: one body, two requests."""
