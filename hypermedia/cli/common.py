@@ -529,11 +529,29 @@ def user_errors() -> Iterator[None]:
         err_console.print(f"[red]error:[/] {escape(redact(exc))}", markup=True)
         raise typer.Exit(EXIT_FAILED) from None
     except Exception as exc:  # database down, bad URL…: say what kind, not the internals
+        if _while_interrupted(exc):
+            raise KeyboardInterrupt from None
         said = brief(exc)
         if is_schema_missing(exc):
             said = f"{said}: is the database migrated? run `hypermedia db upgrade`"
         err_console.print(f"[red]error:[/] {escape(said)}", markup=True, highlight=False)
         raise typer.Exit(EXIT_FAILED) from None
+
+
+def _while_interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while a Ctrl-C or SIGTERM was on its way
+    out: SQLAlchemy cut mid-commit by it trips its own ``assert`` as the
+    transaction is rolled back, and `objects get` said "error:
+    AssertionError" and exit 1 for an interrupted download (CI).  Each link
+    of the chain is looked at once: a chain can loop."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if isinstance(link, KeyboardInterrupt):
+            return True
+        seen.add(id(link))
+        link = link.__context__
+    return False
 
 
 def _stdout_gone() -> bool:
