@@ -382,6 +382,49 @@ def pools_ls(as_json: bool = typer.Option(False, "--json")) -> None:
         console.print(table)
 
 
+@gc_app.command("orphans")
+def gc_orphans(
+    pool: str | None = typer.Option(None, "--pool", help="one pool (default: every pool)"),
+    older_than_hours: float = typer.Option(
+        24.0, "--older-than-hours", help="leave alone blobs written more recently than this"
+    ),
+    delete: bool = typer.Option(False, "--delete", help="delete them (through GC)"),
+    force: bool = typer.Option(
+        False, "--force", help="delete even when orphans are more than half of a pool's blobs"
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """List the blobs in a pool's store that no object row leads to (GC never
+    finds them); with --delete, delete them."""
+    from hypermedia.storage.orphans import find_orphans
+
+    with user_errors():
+        if not 0 <= older_than_hours <= 100 * 365 * 24:
+            raise InvalidRequest("--older-than-hours must be 0 or more (and under a century)")
+        report = find_orphans(
+            storage(),
+            pool=pool,
+            grace_seconds=older_than_hours * 3600,
+            delete=delete,
+            force=force,
+        )
+        if as_json:
+            print_json(report.as_dict())
+        else:
+            for line in report.lines():
+                console.print(line, highlight=False, markup=False)
+            if delete:
+                console.print(f"deleted: {report.deleted}", highlight=False)
+        refused = [p.pool for p in report.pools if p.refused]
+        if refused:
+            raise HypermediaError(f"orphans not deleted in pool(s) {', '.join(refused)}: see why")
+        if report.not_deleted:
+            raise HypermediaError(
+                f"{report.not_deleted} blob(s) not deleted; `hypermedia gc run-once` says why "
+                "and tries again"
+            )
+
+
 @gc_app.command("run-once")
 def gc_run_once(as_json: bool = typer.Option(False, "--json")) -> None:
     """Mark and sweep once, now (the leader also runs this every HYPERMEDIA_GC_INTERVAL_SECONDS)."""

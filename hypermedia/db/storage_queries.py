@@ -151,6 +151,13 @@ class StorageQueries:
             q = q.with_for_update()
         return {i: str(st) for i, st in self.conn.execute(q)}
 
+    def taken_keys(self, keys: Sequence[str]) -> set[str]:
+        """Those of ``keys`` a row has, in any pool and state (the key is unique)."""
+        if not keys:
+            return set()
+        q = sa.select(OB.c.storage_key).where(OB.c.storage_key.in_(list(keys)))
+        return {str(k) for (k,) in self.conn.execute(q)}
+
     def record_orphan(self, pool_id: int, key: str, project_id: str, now: datetime) -> bool:
         """A ``deleting`` row for a blob no row leads to (an output whose reserved
         row GC swept while it was stored), so that GC deletes it; False when a

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
@@ -88,6 +89,16 @@ class Stored:
     checksum: str  # "<algorithm>:<lowercase hex>", see storage/checksum.py
 
 
+@dataclass(frozen=True)
+class Listed:
+    """A blob as a store lists it: its key, size and when it was last written
+    (seconds since the epoch)."""
+
+    key: str
+    size: int
+    modified: float
+
+
 class Backend(Protocol):
     def put(self, key: str, src: BinaryIO) -> Stored:
         """Stream ``src`` to ``key``; return once the blob is durable."""
@@ -110,6 +121,10 @@ class Backend(Protocol):
         """Remove every blob under ``prefix`` (``keys.object_prefix``: one object's)."""
 
     def exists(self, key: str) -> bool: ...
+
+    def list_blobs(self, prefix: str) -> Iterator[Listed]:
+        """Every blob under ``prefix`` (``objects/``), in no promised order."""
+        ...
 
     def check_writable(self) -> None:
         """Raise StorageError unless the pool answers and takes a write (``pools add``)."""

@@ -20,7 +20,7 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -29,6 +29,7 @@ from hypermedia.storage.base import (
     CHUNK,
     BlobMissing,
     ChecksumMismatch,
+    Listed,
     StorageUnavailable,
     Stored,
     UnsafeKey,
@@ -283,6 +284,28 @@ class LocalBackend:
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def list_blobs(self, prefix: str) -> Iterator[Listed]:
+        """The files of ``prefix``'s folders, as keys: ``objects/{id}/{name}``
+        is two levels down.  A symlink is listed as itself, never followed
+        (one planted in the pool's folder leads outside it)."""
+        top = self._checked(prefix.rstrip("/"))
+        try:
+            with os.scandir(top) as dirs:
+                folders = [d for d in dirs if d.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:  # nothing stored yet
+            return
+        except OSError as exc:
+            raise unavailable("could not list local storage", exc) from exc
+        for folder in folders:
+            with contextlib.suppress(FileNotFoundError), os.scandir(folder.path) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        continue  # not a blob: no key is three levels deep
+                    with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+                        st = entry.stat(follow_symlinks=False)
+                        key = f"{prefix.rstrip('/')}/{folder.name}/{entry.name}"
+                        yield Listed(key, st.st_size, st.st_mtime)
 
     def ping(self) -> None:
         """A look into the pool's folder (/readyz): raises if it cannot be read,

@@ -60,6 +60,7 @@ from hypermedia.storage.base import (
     BucketMissing,
     ChecksumMismatch,
     HashingReader,
+    Listed,
     SourceChanged,
     StorageError,
     StorageUnavailable,
@@ -266,6 +267,15 @@ class S3Backend:
             for page in pages.paginate(Bucket=self.bucket, Prefix=prefix):
                 for item in page.get("Contents", []):
                     self.delete(item["Key"])
+
+    def list_blobs(self, prefix: str) -> Iterator[Listed]:
+        check_key(prefix.rstrip("/"))
+        with self._errors("list"):
+            pages = self._client.get_paginator("list_objects_v2")
+            for page in pages.paginate(Bucket=self.bucket, Prefix=prefix):
+                for item in page.get("Contents", []):
+                    modified = item["LastModified"].timestamp()
+                    yield Listed(item["Key"], int(item["Size"]), modified)
 
     def exists(self, key: str) -> bool:
         check_key(key)

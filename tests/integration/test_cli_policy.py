@@ -242,6 +242,7 @@ NEEDS_A_DATABASE = [
     ["pools", "rm", "more"],
     ["pools", "set-url", "more", "file:///tmp/more"],
     ["gc", "run-once"],
+    ["gc", "orphans"],
     ["photos", "copy", "x"],
     ["photos", "move", "x", "--album", "a"],
     ["photos", "rm", "x"],
