@@ -415,6 +415,9 @@ def gc_orphans(
                 console.print(line, highlight=False, markup=False)
             if delete:
                 console.print(f"deleted: {report.deleted}", highlight=False)
+        unlisted = [p.pool for p in report.pools if p.error]
+        if unlisted:
+            raise HypermediaError(f"pool(s) {', '.join(unlisted)} not listed to the end: see why")
         refused = [p.pool for p in report.pools if p.refused]
         if refused:
             raise HypermediaError(f"orphans not deleted in pool(s) {', '.join(refused)}: see why")

@@ -192,7 +192,7 @@ class GarbageCollector(Backlogged):
             except (StorageError, OSError) as exc:  # said with the run's other failures
                 # OSError: a local pool's folder that is a file, a dead NFS
                 # mount; it ended the whole run, and the pools after it.
-                why = str(exc) if isinstance(exc, StorageError) else _os_error(exc)
+                why = str(exc) if isinstance(exc, StorageError) else os_error(exc)
                 self.report.uploads_not_swept[pool["name"]] = why
 
     def sweep(self) -> None:
@@ -281,7 +281,7 @@ class GarbageCollector(Backlogged):
             return True
         except (StorageError, OSError) as exc:
             # The store is away, or refuses (access denied): keep the row.
-            kind = str(exc) if isinstance(exc, StorageError) else _os_error(exc)
+            kind = str(exc) if isinstance(exc, StorageError) else os_error(exc)
             key = (pool, kind)
             self.report.failures[key] = self.report.failures.get(key, 0) + 1
             self.report.failed += 1
@@ -296,6 +296,6 @@ def _ids(ids: list[int]) -> str:
     return shown + (", …" if len(ids) > SHOWN_IDS else "")
 
 
-def _os_error(exc: OSError) -> str:
+def os_error(exc: OSError) -> str:
     """A local store's error without its path (paths are not shown to people)."""
     return f"local storage failed ({exc.strerror or type(exc).__name__})"

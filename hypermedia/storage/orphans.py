@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hypermedia.storage.base import Listed, UnsafeKey
-from hypermedia.storage.gc import GarbageCollector
+from hypermedia.storage.base import Listed, StorageError, UnsafeKey
+from hypermedia.storage.gc import GarbageCollector, os_error
 from hypermedia.storage.keys import check_key
 from hypermedia.storage.ledger import Storage
 from hypermedia.storage.reserve import is_placeholder
@@ -49,6 +49,7 @@ class PoolOrphans:
     handed_to_gc: int = 0  # given a ``deleting`` row (--delete)
     keys: list[str] = field(default_factory=list)  # the first SHOWN orphans
     refused: str | None = None  # why --delete handed none to GC
+    error: str | None = None  # why the pool's store could not be listed (the rest still are)
 
 
 @dataclass
@@ -75,6 +76,8 @@ class OrphanReport:
             said += [f"  {key}" for key in p.keys]
             if p.orphans > len(p.keys):
                 said.append(f"  … and {p.orphans - len(p.keys)} more")
+            if p.error:
+                said.append(f"pool {p.pool}: not listed to the end: {p.error}")
             if p.refused:
                 said.append(f"pool {p.pool}: none deleted: {p.refused}")
             elif p.handed_to_gc:
@@ -96,10 +99,14 @@ def find_orphans(
     report = OrphanReport()
     cutoff = time.time() - grace_seconds
     for row in rows:
-        found = _survey(storage, row, cutoff)
+        found = PoolOrphans(row["name"])
         report.pools.append(found)
-        if delete:
-            _hand_to_gc(storage, row, found, cutoff, force)
+        try:
+            _survey(storage, row, cutoff, found)
+            if delete:
+                _hand_to_gc(storage, row, found, cutoff, force)
+        except (StorageError, OSError) as exc:  # this pool's store: the others are still looked at
+            found.error = str(exc) if isinstance(exc, StorageError) else os_error(exc)
     if any(p.handed_to_gc for p in report.pools):
         gc = GarbageCollector(storage, log_failures=False)
         gc.sweep()
@@ -107,8 +114,7 @@ def find_orphans(
     return report
 
 
-def _survey(storage: Storage, pool: dict[str, Any], cutoff: float) -> PoolOrphans:
-    found = PoolOrphans(pool["name"])
+def _survey(storage: Storage, pool: dict[str, Any], cutoff: float, found: PoolOrphans) -> None:
     for page in _pages(storage, pool):
         found.listed += len(page.listed)
         found.unrecognised += page.unrecognised
@@ -120,7 +126,6 @@ def _survey(storage: Storage, pool: dict[str, Any], cutoff: float) -> PoolOrphan
             found.orphan_bytes += blob.size
             if len(found.keys) < SHOWN:
                 found.keys.append(blob.key)
-    return found
 
 
 def _hand_to_gc(

@@ -135,3 +135,23 @@ def test_orphans_in_s3(s3_storage: Storage) -> None:
     assert report.deleted == 1 and not backend.exists("objects/9300000/original.bin")
     for row in (kept, other):
         assert backend.exists(row["storage_key"])
+
+
+def test_a_pool_that_cannot_be_listed_is_said_and_the_others_are_listed(
+    storage: Storage, settings: Settings, tmp_path: Path
+) -> None:
+    """A pool's folder that is a file (a mount gone wrong): said for that
+    pool, and the command exits 1; the default pool is still looked at."""
+    not_a_folder = tmp_path / "plain-file"
+    not_a_folder.write_bytes(b"")
+    storage.add_pool("broken", f"file://{not_a_folder}", check=False)
+    _local(storage, "objects/9400000/original.bin", b"q" * 3)
+    storage.put(io.BytesIO(b"a"))
+    storage.put(io.BytesIO(b"b"))
+    report = find_orphans(storage, delete=True)
+    by = {p.pool: p for p in report.pools}
+    assert by["broken"].error and "could not list local storage" in by["broken"].error
+    assert str(tmp_path) not in by["broken"].error, "no path shown"
+    assert (by["local"].orphans, report.deleted) == (1, 1)
+    done = hypermedia("gc", "orphans", url=settings.url, home=settings.home)
+    assert done.returncode == 1 and "pool broken: not listed to the end" in done.stdout
