@@ -392,13 +392,17 @@ def gc_orphans(
     force: bool = typer.Option(
         False, "--force", help="delete even when orphans are more than half of a pool's blobs"
     ),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="the report as JSON"),
 ) -> None:
     """List the blobs in a pool's store that no object row leads to (GC never
     finds them); with --delete, delete them."""
     from hypermedia.storage.orphans import find_orphans
 
     with user_errors():
+        if pool == "":
+            raise InvalidRequest("--pool needs a pool's name")
+        if force and not delete:
+            raise InvalidRequest("--force goes with --delete")
         if not 0 <= older_than_hours <= 100 * 365 * 24:
             raise InvalidRequest("--older-than-hours must be 0 or more (and under a century)")
         report = find_orphans(

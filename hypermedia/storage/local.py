@@ -287,25 +287,28 @@ class LocalBackend:
 
     def list_blobs(self, prefix: str) -> Iterator[Listed]:
         """The files of ``prefix``'s folders, as keys: ``objects/{id}/{name}``
-        is two levels down.  A symlink is listed as itself, never followed
-        (one planted in the pool's folder leads outside it)."""
-        top = self._checked(prefix.rstrip("/"))
+        is two levels down.  Anything else there is listed as what it is (a
+        file one level down, a folder two down, a symlinked folder: names
+        that are no key), never followed or walked into: a symlink planted in
+        the pool's folder leads outside it."""
+        base = prefix.rstrip("/")
         try:
-            with os.scandir(top) as dirs:
-                folders = [d for d in dirs if d.is_dir(follow_symlinks=False)]
+            with os.scandir(self._checked(base)) as top:
+                entries = list(top)
         except FileNotFoundError:  # nothing stored yet
             return
         except OSError as exc:
             raise unavailable("could not list local storage", exc) from exc
-        for folder in folders:
-            with contextlib.suppress(FileNotFoundError), os.scandir(folder.path) as entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        continue  # not a blob: no key is three levels deep
-                    with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
-                        st = entry.stat(follow_symlinks=False)
-                        key = f"{prefix.rstrip('/')}/{folder.name}/{entry.name}"
-                        yield Listed(key, st.st_size, st.st_mtime)
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                yield from _listed(entry, f"{base}/{entry.name}")
+                continue
+            with contextlib.suppress(FileNotFoundError), os.scandir(entry.path) as inner:
+                for blob in inner:
+                    key = f"{base}/{entry.name}/{blob.name}"
+                    if blob.is_dir(follow_symlinks=False):
+                        key += "/"  # a folder where blobs are: no key of ours
+                    yield from _listed(blob, key)
 
     def ping(self) -> None:
         """A look into the pool's folder (/readyz): raises if it cannot be read,
@@ -353,6 +356,15 @@ class LocalBackend:
             return self._path(key).stat().st_size
         except FileNotFoundError as exc:
             raise BlobMissing("no blob under this key") from exc
+
+
+def _listed(entry: os.DirEntry[str], key: str) -> Iterator[Listed]:
+    """``entry`` as listed under ``key`` (nothing if it went meanwhile)."""
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    yield Listed(key, 0 if key.endswith("/") else st.st_size, st.st_mtime)
 
 
 def _parents(path: str, root: str) -> list[str]:

@@ -62,7 +62,7 @@ class OrphanReport:
         return asdict(self)
 
     def lines(self) -> list[str]:
-        said = []
+        said = [] if self.pools else ["no pools (nothing stored yet)"]
         for p in self.pools:
             line = (
                 f"pool {p.pool}: {p.listed} blob(s) listed, {p.orphans} orphan(s) "
@@ -95,7 +95,7 @@ def find_orphans(
 ) -> OrphanReport:
     """Every pool's orphans (or ``pool``'s); with ``delete``, handed to GC
     and swept."""
-    rows = [storage.pool(pool)] if pool else storage.pools()
+    rows = [storage.pool(pool)] if pool is not None else storage.pools()
     report = OrphanReport()
     cutoff = time.time() - grace_seconds
     for row in rows:
@@ -115,6 +115,21 @@ def find_orphans(
 
 
 def _survey(storage: Storage, pool: dict[str, Any], cutoff: float, found: PoolOrphans) -> None:
+    _survey_pages(storage, pool, cutoff, found)
+    if found.listed:
+        return
+    with storage.db.read() as tx:
+        ready = tx.pool_users(pool["pool_id"])[0].get("ready", 0)
+    if ready:  # an unmounted volume, another bucket: not an empty pool
+        found.error = (
+            f"its store lists no blob, yet the ledger has {ready} ready object(s) in it: "
+            "is it mounted, or the right bucket?"
+        )
+
+
+def _survey_pages(
+    storage: Storage, pool: dict[str, Any], cutoff: float, found: PoolOrphans
+) -> None:
     for page in _pages(storage, pool):
         found.listed += len(page.listed)
         found.unrecognised += page.unrecognised
@@ -135,20 +150,26 @@ def _hand_to_gc(
     the moment its row is written (record_orphan: none if a row has its key)."""
     if not found.orphans:
         return
-    if found.orphans > found.listed * MOST and not force:
+    # Young ones count as no row's too: a wrong database that owns nothing
+    # must not get past this because the store's newest blobs are many.
+    unowned, keys = found.orphans + found.too_young, found.listed - found.unrecognised
+    if unowned > keys * MOST and not force:
         found.refused = (
-            f"{found.orphans} of its {found.listed} blobs would go: is this the service's "
+            f"{unowned} of its {keys} blobs have no row: is this the service's "
             "own database? (--force deletes them anyway)"
         )
         return
     now = storage.clock()
     for page in _pages(storage, pool):
         old = [b.key for b in page.orphans if b.modified < cutoff]
-        if not old:
-            continue
-        with storage.db.tx() as tx:
-            for key in old:
-                found.handed_to_gc += tx.record_orphan(pool["pool_id"], key, "", now)
+        if old:
+            # Another `gc orphans` at once: InnoDB may pick this one as a
+            # deadlock's victim; run again, the keys it took are skipped.
+            found.handed_to_gc += storage.db.tx_retrying(
+                lambda tx, old=old: sum(  # type: ignore[misc]
+                    tx.record_orphan(pool["pool_id"], key, "", now) for key in old
+                )
+            )
 
 
 @dataclass
@@ -193,4 +214,8 @@ def _object_id(key: str) -> int | None:
         return None
     parts = key.split("/")
     ok = len(parts) == 3 and parts[1].isascii() and parts[1].isdigit() and "." in parts[2]
-    return int(parts[1]) if ok and len(parts[1]) <= 18 else None
+    if not ok or len(parts[1]) > 18:
+        return None
+    object_id = int(parts[1])
+    # As object_key writes it: "007" or "0" is nobody's (ids start at 1).
+    return object_id if object_id > 0 and str(object_id) == parts[1] else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -87,10 +88,98 @@ def test_a_pool_mostly_orphans_is_refused_unless_forced(storage: Storage) -> Non
     storage.put(io.BytesIO(b"mine"))
     blobs = [_local(storage, f"objects/{9100000 + i}/original.bin", b"b") for i in range(3)]
     report = find_orphans(storage, delete=True)
-    assert report.pools[0].refused and "3 of its 4 blobs would go" in report.pools[0].refused
+    assert report.pools[0].refused and "3 of its 4 blobs have no row" in report.pools[0].refused
     assert report.pools[0].handed_to_gc == 0 and all(b.exists() for b in blobs)
     report = find_orphans(storage, delete=True, force=True)
     assert report.deleted == 3 and not any(b.exists() for b in blobs)
+
+
+def test_young_blobs_and_foreign_names_do_not_dilute_the_refusal(storage: Storage) -> None:
+    """QA: against an empty database, 4 old blobs beside 5 new ones (or
+    beside 4 names that are no key) went without --force: 4 of 9 listed."""
+    old = [_local(storage, f"objects/{9500000 + i}/original.jpg", b"o") for i in range(4)]
+    for i in range(5):
+        _local(storage, f"objects/{9600000 + i}/original.jpg", b"n", age=60)
+    for i in range(4):
+        _local(storage, f"objects/{9500000 + i}/README", b"r")
+    storage.put(io.BytesIO(b"the one row"))
+    report = find_orphans(storage, delete=True)
+    (local,) = report.pools
+    assert (local.listed, local.orphans, local.too_young, local.unrecognised) == (14, 4, 5, 4)
+    assert local.refused and "9 of its 10 blobs have no row" in local.refused
+    assert all(b.exists() for b in old) and report.deleted == 0
+
+
+def test_names_the_service_never_makes_are_left_alone(storage: Storage, tmp_path: Path) -> None:
+    """Leading zeros, id 0, a file beside the folders, a folder inside
+    one, a symlinked folder: counted as no key of ours, never deleted."""
+    storage.put(io.BytesIO(b"a row, so that the pool has one"))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "original.jpg").write_bytes(b"not ours")
+    left = [
+        _local(storage, "objects/007/original.jpg", b"z"),
+        _local(storage, "objects/0/original.jpg", b"z"),
+        _local(storage, "objects/top.jpg", b"t"),
+        _local(storage, "objects/902/sub/deep.jpg", b"d"),
+    ]
+    (Path(storage.settings.home) / "storage/objects/903").symlink_to(outside)
+    (local,) = find_orphans(storage, delete=True, force=True).pools
+    assert (local.orphans, local.unrecognised, local.handed_to_gc) == (0, 5, 0)
+    assert all(p.exists() for p in left) and (outside / "original.jpg").exists()
+
+
+def test_a_store_that_lists_nothing_for_ready_objects_is_an_error(
+    storage: Storage, settings: Settings, tmp_path: Path
+) -> None:
+    """An unmounted volume looked like an empty pool: 0 listed, exit 0."""
+    storage.add_pool("mounted", f"file://{tmp_path / 'mnt'}", check=False)
+    row = storage.put(io.BytesIO(b"on the volume"), pool="mounted")
+    assert find_orphans(storage, pool="mounted").pools[0].error is None
+    (tmp_path / "mnt" / row["storage_key"]).unlink()  # the volume "unmounted"
+    (found,) = find_orphans(storage, pool="mounted").pools
+    assert found.error and "lists no blob, yet the ledger has 1 ready object(s)" in found.error
+
+
+def test_the_command_refuses_what_makes_no_sense(tmp_path: Path) -> None:
+    run = {"url": "", "home": tmp_path / "fresh"}  # embedded, nothing stored yet
+    assert hypermedia("db", "upgrade", **run).returncode == 0  # type: ignore[arg-type]
+    done = hypermedia("gc", "orphans", **run)  # type: ignore[arg-type]
+    assert done.returncode == 0 and "no pools (nothing stored yet)" in done.stdout
+    done = hypermedia("gc", "orphans", "--pool", "", **run)  # type: ignore[arg-type]
+    assert done.returncode == 2 and "--pool needs a pool's name" in done.stderr
+    done = hypermedia("gc", "orphans", "--force", **run)  # type: ignore[arg-type]
+    assert done.returncode == 2 and "--force goes with --delete" in done.stderr
+
+
+def test_two_runs_at_once_hand_each_orphan_over_once(storage: Storage) -> None:
+    """QA: on PostgreSQL the loser said a raw unique-key error, on MariaDB a
+    deadlock, and printed no report."""
+    storage.put(io.BytesIO(b"row"))
+    for i in range(150):
+        _local(storage, f"objects/{9700000 + i}/original.bin", b"x")
+    results: list[object] = []
+
+    def run() -> None:
+        try:
+            results.append(find_orphans(storage, delete=True, force=True))
+        except Exception as exc:  # the failure is what is asserted
+            results.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(not isinstance(r, Exception) for r in results), results
+    # Each one at least once (one run may hand over a blob another's sweep
+    # has just deleted, listed before it went: its delete is a no-op).
+    handed = sum(r.pools[0].handed_to_gc for r in results)  # type: ignore[union-attr]
+    assert handed >= 150
+    assert find_orphans(storage).pools[0].orphans == 0
+    assert len(list(Path(storage.settings.home, "storage", "objects").iterdir())) == 1
+    with storage.db.read() as tx:
+        assert tx.deleting_objects(100, 0, []) == []
 
 
 def test_the_command_lists_deletes_and_says_a_refusal(storage: Storage, settings: Settings) -> None:
@@ -103,7 +192,7 @@ def test_the_command_lists_deletes_and_says_a_refusal(storage: Storage, settings
     assert "objects/9200001/original.jpg" in done.stdout
     done = hypermedia("gc", "orphans", "--delete", **run)  # type: ignore[arg-type]
     assert done.returncode == 1, done.stdout
-    assert "pool local: none deleted: 2 of its 3 blobs would go" in done.stdout
+    assert "pool local: none deleted: 2 of its 3 blobs have no row" in done.stdout
     assert "orphans not deleted in pool(s) local" in done.stderr
     assert all(b.exists() for b in blobs)
     done = hypermedia("gc", "orphans", "--delete", "--force", "--json", **run)  # type: ignore[arg-type]
