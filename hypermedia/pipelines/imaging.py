@@ -288,6 +288,12 @@ _NO_MEMORY = (
 )
 
 
+# A side past which libvips' "bad dimensions" is about the side, not damage:
+# it refuses to make an image with a side near 100,000,000 (VIPS_MAX_COORD,
+# with its resize kernels' margins), however few its pixels.
+LONG_SIDE = 10_000_000
+
+
 def failure(exc: Any, header: Header) -> BaseException:
     """What a libvips error while decoding or saving means for the job."""
     text = f"{getattr(exc, 'message', '')} {getattr(exc, 'detail', '')}".lower()
@@ -307,6 +313,13 @@ def failure(exc: Any, header: Header) -> BaseException:
         # The sandbox refused a file libvips wanted (see temp_in): the
         # attempt's doing, not the input's (PERMISSION_DENIED in the child).
         return PermissionError()
+    if "bad dimensions" in text and max(header.upright) > LONG_SIDE:
+        # A sound strip wider than libvips works with (a 100,000,000 x 1 PNG):
+        # it was "damaged or truncated", which sent the user looking for damage.
+        w, h = header.upright
+        return JobError(
+            "LIMIT_EXCEEDED", f"the image is {w:,} x {h:,} pixels: too long a side to resize"
+        )
     if header.loader == "heifload" and ("not been built in" in text or "plugin" in text):
         kind = (header.compression or "this").upper()
         return JobError(

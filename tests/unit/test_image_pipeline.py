@@ -1485,3 +1485,17 @@ def test_an_8_bit_cielab_tiff_is_unsupported_not_corrupt(scratch: Path) -> None:
         )
     else:  # a libvips that reads it (8.14) converts it like any other
         assert run(THUMB, scratch, src).size == (200, 200)
+
+
+@pytest.mark.parametrize("pipeline", [PREVIEW, COMPRESS], ids=["preview", "compress"])
+def test_a_strip_wider_than_libvips_resizes_is_said_as_such(
+    scratch: Path, pipeline: registry.Pipeline
+) -> None:
+    """QA: a sound 100,000,000 x 1 PNG failed "damaged or truncated" (libvips:
+    "bad dimensions", a side near its 100,000,000); thumbnails crop first."""
+    strip = pyvips.Image.black(100_000_000, 1).cast("uchar").copy(interpretation="b-w")
+    src = write(scratch, "input.png", strip)
+    err = failure(pipeline, scratch, src)
+    assert err.code == "LIMIT_EXCEEDED"
+    assert err.reason == "the image is 100,000,000 x 1 pixels: too long a side to resize"
+    assert run(THUMB, scratch, src).size == (200, 200)
