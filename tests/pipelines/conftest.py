@@ -99,6 +99,7 @@ class Clamd:
                     f"StreamMaxLength {STREAM_MAX // 1024}K",
                     f"MaxFileSize {MAX_FILE // 1024}K",
                     "AlertExceedsMax yes",
+                    "ScanImageFuzzyHash no",  # as docs/pipelines.md advises
                     "SelfCheck 0",
                     "",
                 ]

@@ -112,6 +112,24 @@ def test_a_body_signature_inside_a_larger_file_is_found(tmp_path: Path, clamd: C
     assert (result["verdict"], result["signature"]) == ("infected", f"{MARKER_NAME}.UNOFFICIAL")
 
 
+def test_a_strip_png_is_scanned_with_the_advised_clamd_conf(tmp_path: Path, clamd: Clamd) -> None:
+    """QA: a sound 97 kB PNG of 100,000,000 x 1 pixels made clamd 1.4 allocate
+    51 GB for its fuzzy hash and die; with ScanImageFuzzyHash off (as
+    docs/pipelines.md advises, and this clamd runs) it is scanned, and clamd
+    lives on to find EICAR next."""
+    pixels = zlib.compress(b"\0" * (1 + 100_000_000), 9)
+    header = struct.pack(">IIBBBBB", 100_000_000, 1, 8, 0, 0, 0, 0)  # 8-bit grey
+    png = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", pixels)
+    png += _chunk(b"IEND", b"")
+    result, _ = _scan(tmp_path, png, {"clamd": clamd.unix_url})
+    assert result["verdict"] == "clean", result
+    assert _scan(tmp_path, EICAR, {"clamd": clamd.unix_url})[0]["verdict"] == "infected"
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
 def test_an_empty_file_is_clean(tmp_path: Path, clamd: Clamd) -> None:
     result, _ = _scan(tmp_path, b"", {"clamd": clamd.unix_url})
     assert (result["verdict"], result["bytes_sent"]) == ("clean", 0)
