@@ -253,6 +253,19 @@ def test_a_form_framed_two_ways_is_422(client: TestClient, a: Project, svc: Serv
     )
     r = client.post("/v1/objects", content=alone, headers={**h, **FORM})
     assert r.status_code == 201 and r.json()["filename"] == "\u20ac rate.txt", r.text
+    # A name that does not decode is refused, as ?filename=%FF is (QA: it was
+    # stored with U+FFFD in place of each bad byte); so is an unknown charset.
+    for disposition, said in (
+        (b'filename="\xff\xfe.png"', "the file part's filename is not UTF-8"),
+        (b"filename*=UTF-8''%FF%FE.png", "is not in the charset its filename* names"),
+        (b"filename*=x-no-such''a.png", "names an unknown charset"),
+    ):
+        bad = part(b'Content-Disposition: form-data; name="file"; ' + disposition)
+        r = client.post("/v1/objects", content=bad, headers={**h, **FORM})
+        assert r.status_code == 422 and said in r.json()["message"], (disposition, r.text)
+    latin = part(b"Content-Disposition: form-data; name=file; filename*=ISO-8859-1''%E9t%E9.txt")
+    r = client.post("/v1/objects", content=latin, headers={**h, **FORM})
+    assert r.status_code == 201 and r.json()["filename"] == "\u00e9t\u00e9.txt", r.text
     # A "; name=" inside a quoted file name is no parameter.
     odd = part(b'Content-Disposition: form-data; name="file"; filename="a; name=b.txt"')
     r = client.post("/v1/objects", content=odd, headers={**h, **FORM})

@@ -334,13 +334,20 @@ def _filename(disposition: bytes, options: dict[bytes, bytes]) -> str:
     params = {m.group(1).lower(): m.group(2) for m in _PARAMETER.finditer(disposition)}
     extended = params.get(b"filename*")
     if extended is None:
-        return options.get(b"filename", b"").decode("utf-8", "replace")
-    charset, _, rest = extended.strip().strip(b'"').partition(b"'")
-    encoded = unquote_to_bytes(rest.partition(b"'")[2])
+        raw, charset = options.get(b"filename", b""), "utf-8"
+    else:
+        declared, _, rest = extended.strip().strip(b'"').partition(b"'")
+        raw = unquote_to_bytes(rest.partition(b"'")[2])
+        charset = declared.decode("ascii", "replace") or "utf-8"
+    # Refused, as ``?filename=%FF`` is: U+FFFD in place of each bad byte
+    # stored a name the client never sent.
     try:
-        return encoded.decode(charset.decode("ascii", "replace") or "utf-8", "replace")
-    except LookupError:  # a charset Python does not know
-        return encoded.decode("utf-8", "replace")
+        return raw.decode(charset)
+    except LookupError:
+        raise InvalidRequest("the file part's filename* names an unknown charset") from None
+    except UnicodeDecodeError:
+        said = "UTF-8" if extended is None else "in the charset its filename* names"
+        raise InvalidRequest(f"the file part's filename is not {said}") from None
 
 
 class _Form:
