@@ -529,7 +529,7 @@ def user_errors() -> Iterator[None]:
         err_console.print(f"[red]error:[/] {escape(redact(exc))}", markup=True)
         raise typer.Exit(EXIT_FAILED) from None
     except Exception as exc:  # database down, bad URL…: say what kind, not the internals
-        if _while_interrupted(exc):
+        if while_interrupted(exc):
             raise KeyboardInterrupt from None
         said = brief(exc)
         if is_schema_missing(exc):
@@ -538,7 +538,7 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(EXIT_FAILED) from None
 
 
-def _while_interrupted(exc: BaseException) -> bool:
+def while_interrupted(exc: BaseException) -> bool:
     """Whether ``exc`` was raised while a Ctrl-C or SIGTERM was on its way
     out: SQLAlchemy cut mid-commit by it trips its own ``assert`` as the
     transaction is rolled back, and `objects get` said "error:

@@ -50,6 +50,7 @@ from hypermedia.cli.common import (
     through_outages,
     user_errors,
     wait_for_schema,
+    while_interrupted,
 )
 from hypermedia.config import Settings
 from hypermedia.errors import HypermediaError, InvalidRequest, JobError, NotFound
@@ -194,7 +195,10 @@ def _enqueue(eng: Engine, store: Storage, new: list[NewJob]) -> list[int]:
     except HypermediaError:  # a budget, say: the uploads are of no use now
         store.discard([j.object_id for j in new if j.object_id is not None])
         raise
-    except KeyboardInterrupt:  # (SIGTERM too) they stayed ready, unreferenced, for a day
+    except BaseException as exc:  # (SIGTERM too) they stayed ready, unreferenced, for a day
+        # Also what SQLAlchemy raises when the interrupt cut its commit short.
+        if not while_interrupted(exc):
+            raise
         ignore_stop_signals()  # the rest is cleaning up: a second press would cut it short
         # Any that the enqueue took after all are referenced: discard keeps them.
         store.discard([j.object_id for j in new if j.object_id is not None])
