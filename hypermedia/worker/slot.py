@@ -284,7 +284,15 @@ class Slot:
             if stop is LOST:
                 self._kill()
                 self._replace(rj)
-                log.warning("job %s: lease lost, attempt %s abandoned", job.job_id, job.attempt)
+                # Not only a lease that ran out: a pause hands back a job whose
+                # start the flusher had not written yet ("lease lost" sent
+                # operators looking for a clock fault after a routine pause).
+                log.warning(
+                    "job %s: no longer this worker's (its lease ran out, or its queue was "
+                    "paused before its start was recorded); attempt %s abandoned",
+                    job.job_id,
+                    job.attempt,
+                )
                 return None
             if stop is not None:
                 elapsed_ms = int((time.monotonic() - t0) * 1000)  # the kill is not the attempt's
