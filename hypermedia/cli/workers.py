@@ -36,7 +36,9 @@ def ls(
 ) -> None:
     """Workers, newest first, with health and their latest metrics."""
     with user_errors():
-        rows = Services.from_engine(engine()).fleet.list(include_terminated=all_)
+        fleet = Services.from_engine(engine()).fleet
+        rows = fleet.list(include_terminated=all_)
+        leader = fleet.leader() if not as_json else None
     if as_json:
         print_json(rows)
         return
@@ -45,6 +47,9 @@ def ls(
     for w in rows:
         table.add_row(*_cells(w))
     console.print(table)
+    # Schedulers lead too and are no workers: named here, from the lease.
+    said = leader or "none (no scheduler, serve or worker with maintenance runs)"
+    console.print(f"maintenance leader: {said}", markup=False, highlight=False)
 
 
 @app.command()

@@ -39,11 +39,30 @@ class Fleet:
         self.settings = engine.settings
 
     def list(self, *, include_terminated: bool = False) -> list[Row]:
-        """Workers, newest first, each with ``last_metrics`` and ``healthy``."""
+        """Workers, newest first, each with ``last_metrics``, ``healthy`` and
+        ``leads_maintenance`` (whether it holds the leader's lease now)."""
         with self.db.read() as tx:
             rows = tx.workers(include_terminated=include_terminated)
             metrics = tx.latest_metrics([r["worker_id"] for r in rows])
-        return [self._shown(r, metrics.get(r["worker_id"])) for r in rows]
+            leader = self._leader(tx)
+        return [
+            {
+                **self._shown(r, metrics.get(r["worker_id"])),
+                "leads_maintenance": r["worker_id"] == leader,
+            }
+            for r in rows
+        ]
+
+    def leader(self) -> str | None:
+        """Who runs the maintenance services now (a worker's id, or a
+        scheduler's or serve's node id), or None while nobody holds the lease."""
+        with self.db.read() as tx:
+            return self._leader(tx)
+
+    def _leader(self, tx: Any) -> str | None:
+        from hypermedia.scheduler.leader import LEASE_NAME  # the scheduler imports workers
+
+        return tx.lease_holder(LEASE_NAME, self.clock())
 
     def get(self, worker_id: str) -> Row:
         with self.db.read() as tx:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -76,6 +77,22 @@ def test_queues_and_workers_cli(driver: Driver, live: Engine, procs: Procs) -> N
     assert mine["queues"] == ["bulk"]
     table = hypermedia("workers", "ls", url=procs.url, home=procs.home, COLUMNS="200")
     assert table.returncode == 0 and w.worker_id in table.stdout  # the Rich table too
+    # Who leads maintenance (QA: only the logs or SQL said): none here...
+    assert "maintenance leader: none" in table.stdout and mine["leads_maintenance"] is False
+    # ...then a scheduler (no worker row), then this worker.
+    for holder in ("scheduler-elsewhere-1", w.worker_id):
+        with driver.tx() as tx:
+            tx.release_lease("maintenance", "scheduler-elsewhere-1")
+            assert tx.take_lease(
+                "maintenance", holder, live.clock(), live.clock() + timedelta(seconds=60)
+            )
+        table = hypermedia("workers", "ls", url=procs.url, home=procs.home, COLUMNS="200")
+        assert f"maintenance leader: {holder}\n" in table.stdout
+        listed = json.loads(procs.cli("workers", "ls", "--json"))
+        leads = [x["worker_id"] for x in listed if x["leads_maintenance"]]
+        assert leads == ([w.worker_id] if holder == w.worker_id else [])
+    with driver.tx() as tx:
+        tx.release_lease("maintenance", w.worker_id)
 
     procs.cli("queues", "resume", "bulk")
     assert wait_job(driver, job_id, timeout=10)["status"] == "completed"
