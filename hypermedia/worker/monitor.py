@@ -208,7 +208,9 @@ def worker_row(
     return {
         "worker_id": worker_id,
         "worker_type": "vps",
-        "status": "active",
+        # Nothing claimed yet: it was listed "active 0/N" until its first
+        # heartbeat, beside idle workers doing as little.
+        "status": "idle",
         "queues": queues,
         "max_concurrency": min(concurrency, 127),
         "current_jobs": 0,

@@ -27,6 +27,8 @@ def test_the_heartbeat_counts_only_attempts_a_slot_runs(tmp_path: Path) -> None:
     engine = Engine(Driver(url), Settings(home=tmp_path, database_url=url))
     with engine.db.tx() as tx:
         tx.insert_worker(worker_row("w1", ["bulk"], 1, tmp_path, engine.clock()))
+    with engine.db.read() as tx:  # QA: "active 0/1" until its first heartbeat
+        assert (tx.worker("w1")["status"], tx.worker("w1")["current_jobs"]) == ("idle", 0)
     held = [
         _running(1, started=True, ended=True),  # done: its result waits for the flusher
         _running(2, started=True, ended=False),  # running in the one slot
