@@ -293,22 +293,22 @@ class LocalBackend:
         the pool's folder leads outside it."""
         base = prefix.rstrip("/")
         try:
-            with os.scandir(self._checked(base)) as top:
-                entries = list(top)
+            top = os.scandir(self._checked(base))
         except FileNotFoundError:  # nothing stored yet
             return
         except OSError as exc:
             raise unavailable("could not list local storage", exc) from exc
-        for entry in entries:
-            if not entry.is_dir(follow_symlinks=False):
-                yield from _listed(entry, f"{base}/{entry.name}")
-                continue
-            with contextlib.suppress(FileNotFoundError), os.scandir(entry.path) as inner:
-                for blob in inner:
-                    key = f"{base}/{entry.name}/{blob.name}"
-                    if blob.is_dir(follow_symlinks=False):
-                        key += "/"  # a folder where blobs are: no key of ours
-                    yield from _listed(blob, key)
+        with top:  # read as it goes: a pool of millions is never held in memory
+            for entry in top:
+                if not entry.is_dir(follow_symlinks=False):
+                    yield from _listed(entry, f"{base}/{entry.name}")
+                    continue
+                with contextlib.suppress(FileNotFoundError), os.scandir(entry.path) as inner:
+                    for blob in inner:
+                        key = f"{base}/{entry.name}/{blob.name}"
+                        if blob.is_dir(follow_symlinks=False):
+                            key += "/"  # a folder where blobs are: no key of ours
+                        yield from _listed(blob, key)
 
     def ping(self) -> None:
         """A look into the pool's folder (/readyz): raises if it cannot be read,
