@@ -38,7 +38,7 @@ from hypermedia.api.routes import (
 from hypermedia.redact import brief
 from hypermedia.services import Services
 from hypermedia.ui import routes as ui
-from hypermedia.ui.web import dashboard_error
+from hypermedia.ui.web import dashboard_error, dashboard_methods
 
 DESCRIPTION = """\
 Durable media processing jobs over a storage ledger.
@@ -324,6 +324,7 @@ def create_app(svc: Services) -> FastAPI:
     errors.install(app)
     openapi.install(app)
     app.state.error_page = dashboard_error  # errors under /ui are its HTML page
+    app.state.allowed_methods = dashboard_methods  # and its 405s name the page's methods
     objects.sweep_uploads(svc.settings.home)  # of a server here killed mid-upload
     svc.storage.secret()  # an unusable URL-signing key stops the start, not a download
 

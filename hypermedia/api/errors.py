@@ -102,6 +102,9 @@ def request_id(request: Request) -> str:
 # fails before its routes run (a 413 of the body limit, a 405) under /ui is
 # still its HTML page.
 PageHook = Callable[[Request, int, str], Response | None]
+# ``app.state.allowed_methods(request)``: the methods of the page at its path
+# (the dashboard's), or None where the routes are to be asked.
+MethodsHook = Callable[[Request], "set[str] | None"]
 
 
 def error_response(
@@ -197,7 +200,12 @@ async def refused_by(
 
 def _allowed(request: Request) -> set[str]:
     """Every method this path takes: Starlette's 405 names the first
-    matching route's only (``PUT /v1/jobs`` said ``Allow: POST``)."""
+    matching route's only (``PUT /v1/jobs`` said ``Allow: POST``).  Under
+    /ui the dashboard says (``app.state.allowed_methods``): its catch-all
+    ("no such page") takes every path there, so matching names its methods."""
+    hook: MethodsHook | None = getattr(request.app.state, "allowed_methods", None)
+    if hook is not None and (said := hook(request)) is not None:
+        return said
     allowed: set[str] = set()
     for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"):
         # Asked of each route as a request: an included router lists no methods.
@@ -243,7 +251,10 @@ def install(app: FastAPI) -> None:
             message = "no such resource"
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
-            headers["Allow"] = ", ".join(sorted(_allowed(request)))
+            allowed = _allowed(request)
+            if not allowed:  # only a catch-all took the path: no page, whatever the method
+                return error_response(request, 404, "not_found", "no such resource")
+            headers["Allow"] = ", ".join(sorted(allowed))
         return error_response(request, exc.status_code, code, message, headers=headers)
 
     # Starlette hands a handler of Exception itself the error and then raises

@@ -549,18 +549,27 @@ async def profiles_page(request: Request) -> Response:
     )
 
 
+def page_methods(request: Request) -> set[str]:
+    """The methods of the page at this request's path (none: no page), the
+    catch-all below left out.  Also ``app.state.allowed_methods`` (api/errors.py):
+    a method the catch-all does not take either (TRACE) was answered 405 with
+    the catch-all's own methods, for a page and for no page alike."""
+    allowed: set[str] = set()
+    for route in router.routes:
+        if getattr(route, "endpoint", None) is not not_found:
+            match, _ = route.matches({**request.scope, "method": "GET"})
+            if match in (Match.FULL, Match.PARTIAL):  # the path; the method aside
+                allowed |= getattr(route, "methods", None) or set()
+    return allowed
+
+
 # Anything else under /ui: a page, not the API's JSON 404; or, for a page
 # that exists with other methods (`GET /ui/logout`), the 405 it is elsewhere.
 # Through the API's error_response: the page for a browser, the API's JSON
 # for a client that asks for JSON.
 @router.api_route("/{rest:path}", methods=METHODS)
 async def not_found(request: Request, rest: str) -> Response:
-    allowed: set[str] = set()
-    for route in router.routes:
-        if getattr(route, "endpoint", None) is not not_found:
-            match, _ = route.matches(request.scope)
-            if match is Match.PARTIAL:  # the path, not the method
-                allowed |= getattr(route, "methods", None) or set()
+    allowed = page_methods(request)
     if not allowed:
         return error_response(request, 404, "not_found", "no such page")
     return error_response(

@@ -179,6 +179,15 @@ def is_dashboard(request: Request) -> bool:
     return path == "/ui" or path.startswith("/ui/")
 
 
+def dashboard_methods(request: Request) -> set[str] | None:
+    """``app.state.allowed_methods`` (api/errors.py): under /ui, the page's."""
+    if not is_dashboard(request):
+        return None
+    from hypermedia.ui.routes import page_methods  # the routes import this module
+
+    return page_methods(request)
+
+
 def dashboard_error(request: Request, status: int, message: str) -> Response | None:
     """``app.state.error_page`` (api/errors.py): what fails before a page's
     route runs (a 413 of the body limit, a 405, a HEAD refused) under /ui is

@@ -687,6 +687,15 @@ def test_an_unknown_path_is_a_404_whatever_the_method(client: TestClient, a: Pro
     assert (r.status_code, r.headers["allow"]) == (405, "GET, HEAD")
     r = client.patch("/ui/jobs/1/cancel", headers=HTML)
     assert (r.status_code, r.headers["allow"]) == (405, "POST")
+    # A method nothing takes (QA: TRACE was a 405 naming every method the
+    # catch-all takes, for a page and for no page alike).
+    for method in ("TRACE", "CONNECT", "FOO"):
+        r = client.request(method, "/ui/jobs/1", headers=HTML)
+        assert (r.status_code, r.headers["allow"]) == (405, "GET, HEAD"), method
+        r = client.request(method, "/ui/no/such/page", headers=HTML)
+        assert r.status_code == 404 and "allow" not in r.headers, method
+    r = client.request("TRACE", "/v1/jobs", headers={"Accept": "application/json"})
+    assert (r.status_code, r.headers["allow"]) == (405, "GET, HEAD, POST")
 
 
 def test_a_token_in_a_dashboard_address_is_not_carried_into_the_login(
