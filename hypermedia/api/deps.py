@@ -259,6 +259,25 @@ def _bearer(request: Request) -> str | None:
     return None
 
 
+def _session_cookie(request: Request) -> str | None:
+    """The dashboard's session cookie.  Refused when sent twice: a sibling
+    subdomain can set one for the parent domain beside ours (cookie
+    tossing), and the server read the last, so an attacker's own session
+    could stand in for the user's (a login into the attacker's account)."""
+    names = [
+        part.partition("=")[0].strip()
+        for header in request.headers.getlist("cookie")
+        for part in header.split(";")
+    ]
+    if names.count(COOKIE) > 1:
+        raise ApiError(
+            400,
+            f"the request carries two {COOKIE} cookies (one may be set for a parent "
+            "domain by another site): clear this site's cookies, then log in again",
+        )
+    return request.cookies.get(COOKIE)
+
+
 async def authenticate(request: Request, *, cookie: bool = False) -> Principal:
     cached = getattr(request.state, "principal", None)
     if cached is not None:
@@ -268,7 +287,7 @@ async def authenticate(request: Request, *, cookie: bool = False) -> Principal:
     # its session cookie only (a bearer header there ran its pages and forms
     # as the header's project, over the cookie's).
     token = None if cookie else _bearer(request)
-    secret = request.cookies.get(COOKIE) if cookie else None
+    secret = _session_cookie(request) if cookie else None
     if not token and not secret:
         raise Unauthorized("a bearer token is required" if not cookie else "log in first")
     failures: FailedAuth = request.app.state.auth_failures

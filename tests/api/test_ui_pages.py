@@ -714,3 +714,18 @@ def test_a_token_in_a_dashboard_address_is_not_carried_into_the_login(
     assert "hm_" not in r.headers["location"] and "oken" not in location
     form = client.get(r.headers["location"])
     assert secret not in form.text and "status=failed" in form.text
+
+
+def test_a_session_cookie_sent_twice_is_refused(client: TestClient, a: Project) -> None:
+    """QA: with two hm_session cookies the last was read, so one tossed in by
+    a sibling subdomain for the parent domain (an attacker's own session)
+    could stand in for the user's."""
+    login(client, a.admin)
+    mine = client.cookies.get(COOKIE)
+    client.cookies.clear()
+    for both in (f"{COOKIE}=hms_theirs; {COOKIE}={mine}", f"{COOKIE}={mine}; {COOKIE}=hms_theirs"):
+        r = client.get("/ui", headers={**HTML, "Cookie": both}, follow_redirects=False)
+        assert r.status_code == 400, r.text
+        assert f"two {COOKIE} cookies" in r.text and "clear this site" in r.text
+    r = client.get("/ui", headers={**HTML, "Cookie": f"{COOKIE}={mine}; other=1"})
+    assert r.status_code == 200  # one, beside other cookies: as ever
