@@ -259,17 +259,24 @@ def _bearer(request: Request) -> str | None:
     return None
 
 
+def session_cookies(request: Request) -> list[str]:
+    """Every ``hm_session`` value the request carries, in every Cookie
+    header (a part with no ``=`` is a value with no name, not this one)."""
+    values = []
+    for header in request.headers.getlist("cookie"):
+        for part in header.split(";"):
+            name, eq, value = part.partition("=")
+            if eq and name.strip() == COOKIE:
+                values.append(value.strip().strip('"'))
+    return values
+
+
 def _session_cookie(request: Request) -> str | None:
     """The dashboard's session cookie.  Refused when sent twice: a sibling
     subdomain can set one for the parent domain beside ours (cookie
     tossing), and the server read the last, so an attacker's own session
     could stand in for the user's (a login into the attacker's account)."""
-    names = [
-        part.partition("=")[0].strip()
-        for header in request.headers.getlist("cookie")
-        for part in header.split(";")
-    ]
-    if names.count(COOKIE) > 1:
+    if len(session_cookies(request)) > 1:
         raise ApiError(
             400,
             f"the request carries two {COOKIE} cookies (one may be set for a parent "

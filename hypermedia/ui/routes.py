@@ -24,6 +24,7 @@ from hypermedia.api.deps import (
     link_base,
     may_submit,
     services,
+    session_cookies,
     shown,
 )
 from hypermedia.api.errors import ApiError, error_response
@@ -156,8 +157,9 @@ async def login(request: Request) -> Response:
             next=target,
             error="That token is not valid: unknown, expired or revoked.",
         )
-    previous = request.cookies.get(COOKIE)
-    if previous:  # logging in again ends the session this browser had
+    # Logging in again ends the session this browser had: each of them, when
+    # it carries two (one tossed in for the parent domain: docs/dashboard.md).
+    for previous in session_cookies(request):
         await run_in_threadpool(svc.tokens.end_session, previous)
     if target in ("/ui", "/ui/"):  # no page asked for: one this token can open
         target = home(principal)[1]
@@ -176,8 +178,9 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    secret = request.cookies.get(COOKIE)
-    if secret:  # revoked on the server: a copy of the cookie stops working too
+    # Revoked on the server, every one it carries: a copy of the cookie stops
+    # working too.
+    for secret in session_cookies(request):
         await run_in_threadpool(services(request).tokens.end_session, secret)
     response = RedirectResponse("/ui/login", status_code=303)
     response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")

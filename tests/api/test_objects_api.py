@@ -258,7 +258,10 @@ def test_a_form_framed_two_ways_is_422(client: TestClient, a: Project, svc: Serv
     for disposition, said in (
         (b'filename="\xff\xfe.png"', "the file part's filename is not UTF-8"),
         (b"filename*=UTF-8''%FF%FE.png", "is not in the charset its filename* names"),
-        (b"filename*=x-no-such''a.png", "names an unknown charset"),
+        (b"filename*=x-no-such''a.png", "names a charset other than UTF-8 or ISO-8859-1"),
+        # QA: punycode's bare UnicodeError was a 500; utf-7 made a name of its own.
+        (b"filename*=punycode''caf-dma.png", "names a charset other than UTF-8 or ISO-8859-1"),
+        (b"filename*=utf-7''a+AOk-.png", "names a charset other than UTF-8 or ISO-8859-1"),
     ):
         bad = part(b'Content-Disposition: form-data; name="file"; ' + disposition)
         r = client.post("/v1/objects", content=bad, headers={**h, **FORM})

@@ -729,3 +729,20 @@ def test_a_session_cookie_sent_twice_is_refused(client: TestClient, a: Project) 
         assert f"two {COOKIE} cookies" in r.text and "clear this site" in r.text
     r = client.get("/ui", headers={**HTML, "Cookie": f"{COOKIE}={mine}; other=1"})
     assert r.status_code == 200  # one, beside other cookies: as ever
+    r = client.get("/ui", headers={**HTML, "Cookie": f"{COOKIE}={mine}; {COOKIE}"})
+    assert r.status_code == 200  # a value with no name is no second one
+    # Logging out (or in again) ends every session it carries (QA: only the
+    # last one read was ended, the other stayed valid).
+    login(client, a.admin)
+    theirs = client.cookies.get(COOKIE)
+    login(client, a.admin)
+    mine = client.cookies.get(COOKIE)
+    client.cookies.clear()
+    both = f"{COOKIE}={mine}; {COOKIE}={theirs}"
+    r = client.post("/ui/logout", headers={"Cookie": both}, follow_redirects=False)
+    assert r.status_code == 303
+    for secret in (mine, theirs):
+        r = client.get(
+            "/ui", headers={**HTML, "Cookie": f"{COOKIE}={secret}"}, follow_redirects=False
+        )
+        assert r.status_code == 303, "ended"

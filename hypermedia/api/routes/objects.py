@@ -9,6 +9,7 @@ signature is the capability, and a bad, expired or forged one gets one answer.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import logging
 import os
@@ -340,14 +341,26 @@ def _filename(disposition: bytes, options: dict[bytes, bytes]) -> str:
         raw = unquote_to_bytes(rest.partition(b"'")[2])
         charset = declared.decode("ascii", "replace") or "utf-8"
     # Refused, as ``?filename=%FF`` is: U+FFFD in place of each bad byte
-    # stored a name the client never sent.
+    # stored a name the client never sent.  RFC 5987's two charsets (and
+    # the Windows one browsers send for Latin-1): not every Python codec
+    # (punycode raised a bare UnicodeError, a 500; utf-7 and unicode_escape
+    # made names of their own).
+    try:
+        known = codecs.lookup(charset).name in _CHARSETS
+    except LookupError:
+        known = False
+    if not known:
+        raise InvalidRequest(
+            "the file part's filename* names a charset other than UTF-8 or ISO-8859-1"
+        )
     try:
         return raw.decode(charset)
-    except LookupError:
-        raise InvalidRequest("the file part's filename* names an unknown charset") from None
-    except UnicodeDecodeError:
+    except UnicodeError:
         said = "UTF-8" if extended is None else "in the charset its filename* names"
         raise InvalidRequest(f"the file part's filename is not {said}") from None
+
+
+_CHARSETS = frozenset({"utf-8", "iso8859-1", "cp1252", "ascii"})
 
 
 class _Form:
